@@ -1,0 +1,1 @@
+"""kv-canary code generator: kernels.yaml -> generated/ (see docs/schema.md)."""

@@ -1,0 +1,266 @@
+"""Semantic checks on a parsed schema. Every problem is collected; none stops the others."""
+from __future__ import annotations
+
+import keyword
+import re
+
+from .diagnostics import Diagnostics, Loc
+from .model import (
+    CHAINABLE_ROLES, CONSTANT_TYPES, KERNEL_TEMPLATES, REAL_KV_SOURCE_FIELDS, REQUIRED_CANARY_ROLES,
+    REQUIRED_CONSTANTS, REQUIRED_ENUMS, REQUIRED_FLAGS, VIOLATION_CARRIES, Schema,
+)
+
+# Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
+# schema text from injecting code into the generated sources.
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CPP_KEYWORDS = frozenset("""
+alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
+char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
+co_return co_yield decltype default delete do double dynamic_cast else enum explicit export extern
+false float for friend goto if inline int long mutable namespace new noexcept not not_eq nullptr
+operator or or_eq private protected public register reinterpret_cast requires return short signed
+sizeof static static_assert static_cast struct switch template this thread_local throw true try
+typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
+""".split())
+# Names the generated code itself uses at the same scope; a schema name equal to one would shadow it.
+RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64"})
+
+MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
+MAX_THREADS = 1024
+
+
+def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
+    if not _IDENT.match(name):
+        d.error(loc, f"{what} '{name}' is not a valid identifier (letters, digits and '_', not starting "
+                     f"with a digit)")
+        return False
+    if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in CPP_KEYWORDS:
+        d.error(loc, f"{what} '{name}' is a reserved word in Python or C++")
+        return False
+    if name in RESERVED_NAMES or name.startswith("__"):
+        d.error(loc, f"{what} '{name}' is reserved by the generated code")
+        return False
+    return True
+
+
+def _duplicates(d: Diagnostics, items, what: str, key=lambda x: x.name) -> None:
+    seen = {}
+    for item in items:
+        k = key(item)
+        if k in seen:
+            d.error(item.loc, f"duplicate {what} '{k}' (first defined at line {seen[k].line})")
+        else:
+            seen[k] = item.loc
+
+
+def check_schema(schema: Schema, d: Diagnostics) -> None:
+    _check_constants(schema, d)
+    _check_canary(schema, d)
+    _check_other_records(schema, d)
+    _check_value_sets(schema, d)
+    _check_kernels(schema, d)
+
+
+def _check_constants(schema: Schema, d: Diagnostics) -> None:
+    for c in schema.constants:
+        check_name(d, c.name, c.loc, "constant name")
+        _, lo, hi = CONSTANT_TYPES[c.type]
+        if not lo <= c.value <= hi:
+            d.error(c.where.get("value", c.loc),
+                    f"constant '{c.name}' value {c.value} does not fit its type {c.type} [{lo}, {hi}]")
+    _duplicates(d, schema.constants, "constant")
+    names = {c.name: c for c in schema.constants}
+    for name, ctype in REQUIRED_CONSTANTS.items():
+        if name not in names:
+            d.error(Loc(schema.source_name, 1, 1), f"missing required constant '{name}' of type {ctype}")
+        elif names[name].type != ctype:
+            d.error(names[name].where.get("type", names[name].loc),
+                    f"constant '{name}' must have type {ctype}, got {names[name].type}")
+    align = names.get("REAL_KV_LOAD_ALIGN_BYTES")
+    if align is not None and (align.value <= 0 or align.value % 8):
+        d.error(align.where.get("value", align.loc),
+                f"REAL_KV_LOAD_ALIGN_BYTES must be a positive multiple of 8, got {align.value}")
+    partial = names.get("REAL_KV_PARTIAL_READ_BYTES")
+    if partial is not None and align is not None and align.value > 0 and \
+            (partial.value <= 0 or partial.value % align.value):
+        d.error(partial.where.get("value", partial.loc),
+                f"REAL_KV_PARTIAL_READ_BYTES must be a positive multiple of REAL_KV_LOAD_ALIGN_BYTES="
+                f"{align.value}, got {partial.value}")
+    mx = names.get("MAX_REAL_KV_SOURCES")
+    if mx is not None and not 1 <= mx.value <= 16:
+        d.error(mx.where.get("value", mx.loc), f"MAX_REAL_KV_SOURCES must be in [1, 16], got {mx.value}")
+
+
+def _check_canary(schema: Schema, d: Diagnostics) -> None:
+    rec = schema.canary
+    if rec.word != "int64":
+        d.error(rec.where.get("word", rec.loc), f"record 'canary' word must be int64, got {rec.word}")
+    for f in rec.fields:
+        check_name(d, f.name, f.loc, "field name")
+    _duplicates(d, rec.fields, "field")
+    for role in REQUIRED_CANARY_ROLES:
+        holders = [f for f in rec.fields if f.role == role]
+        if not holders:
+            d.error(rec.where.get("fields", rec.loc), f"record 'canary' has no field with required role '{role}'")
+        for extra in holders[1:]:
+            d.error(extra.where.get("role", extra.loc),
+                    f"role '{role}' is already held by field '{holders[0].name}'; a record has one '{role}' field")
+    stride = rec.stride_bytes
+    stride_loc = rec.where.get("slot_stride_bytes", rec.loc)
+    if stride <= 0 or stride % 8:
+        d.error(stride_loc, f"slot_stride_bytes must be a positive multiple of 8, got {stride}")
+    elif rec.record_bytes > stride:
+        last = rec.fields[stride // 8] if len(rec.fields) > stride // 8 else rec.fields[-1]
+        d.error(last.loc, f"field '{last.name}' at byte offset {last.offset} does not fit the slot stride of "
+                          f"{stride} bytes ({len(rec.fields)} fields need {rec.record_bytes} bytes)")
+    flags = {m.name for fs in schema.flags if fs.name == "FailReason" for m in fs.members}
+    for f in rec.fields:
+        if f.verify is not None and f.verify.fail_reason not in flags:
+            d.error(f.verify.loc, f"field '{f.name}' verify fail_reason '{f.verify.fail_reason}' is not a "
+                                  f"FailReason member")
+    builtin_bits = set(REQUIRED_FLAGS["FailReason"])
+    used = {}
+    for f in rec.fields:
+        if f.verify is None:
+            continue
+        r = f.verify.fail_reason
+        if r in builtin_bits:
+            d.error(f.verify.loc, f"field '{f.name}' verify fail_reason '{r}' is a built-in reason; "
+                                  f"declare a FailReason bit of its own")
+        elif r in used:
+            d.error(f.verify.loc, f"fail_reason '{r}' is already used by field '{used[r]}'")
+        used[r] = f.name
+    chain = rec.chain
+    if chain is None:
+        return
+    anchor = next((c for c in schema.constants if c.name == chain.anchor), None)
+    if anchor is None:
+        d.error(chain.where.get("anchor", chain.loc), f"chain anchor '{chain.anchor}' is not a declared constant")
+    elif anchor.type != "u64":
+        d.error(chain.where.get("anchor", chain.loc),
+                f"chain anchor '{chain.anchor}' must be a u64 constant, got {anchor.type}")
+    by_name = {f.name: f for f in rec.fields}
+    if not chain.fold:
+        d.error(chain.where.get("fold", chain.loc), "chain fold must name at least one field")
+    seen = set()
+    for name, loc in zip(chain.fold, chain.fold_locs):
+        f = by_name.get(name)
+        if f is None:
+            d.error(loc, f"chain fold names unknown field '{name}'")
+        elif f.role not in CHAINABLE_ROLES:
+            d.error(loc, f"chain fold names field '{name}' with role '{f.role}', which cannot be chained "
+                         f"(chainable roles: {', '.join(CHAINABLE_ROLES)})")
+        if name in seen:
+            d.error(loc, f"chain fold names field '{name}' twice")
+        seen.add(name)
+
+
+def _check_other_records(schema: Schema, d: Diagnostics) -> None:
+    vio = schema.violation
+    if vio.word != "int64":
+        d.error(vio.where.get("word", vio.loc), f"record 'violation' word must be int64, got {vio.word}")
+    for f in vio.fields:
+        check_name(d, f.name, f.loc, "field name")
+    _duplicates(d, vio.fields, "field")
+    _duplicates(d, vio.fields, "violation column for", key=lambda f: f.carries)
+    carried = {f.carries for f in vio.fields}
+    for c in VIOLATION_CARRIES:
+        if c not in carried:
+            d.error(vio.where.get("fields", vio.loc), f"record 'violation' has no field that carries '{c}'")
+    src = schema.real_kv_source
+    if src.word != "int32":
+        d.error(src.where.get("word", src.loc), f"record 'real_kv_source' word must be int32, got {src.word}")
+    names = tuple(f.name for f in src.fields)
+    if names != REAL_KV_SOURCE_FIELDS:
+        d.error(src.where.get("fields", src.loc),
+                f"record 'real_kv_source' fields must be {', '.join(REAL_KV_SOURCE_FIELDS)} in this order, "
+                f"got {', '.join(names) or 'none'}")
+
+
+def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
+    all_sets = schema.flags + schema.enums
+    for vs in all_sets:
+        check_name(d, vs.name, vs.loc, f"{vs.kind} set name")
+        for m in vs.members:
+            check_name(d, m.name, m.loc, f"{vs.kind} member name")
+        _duplicates(d, vs.members, f"member of '{vs.name}'")
+        if not vs.members:
+            d.error(vs.loc, f"{vs.kind} set '{vs.name}' has no members")
+    _duplicates(d, all_sets, "flag or enum set")
+    for fs in schema.flags:
+        seen = {}
+        for m in fs.members:
+            if m.value <= 0 or m.value & (m.value - 1) or m.value.bit_length() - 1 > MAX_FLAG_BIT:
+                d.error(m.loc, f"flag '{fs.name}.{m.name}' value {m.value} is not a single bit in "
+                               f"[1, 2^{MAX_FLAG_BIT}]")
+            elif m.value in seen:
+                d.error(m.loc, f"flag '{fs.name}.{m.name}' reuses bit value {m.value} of '{seen[m.value]}'")
+            else:
+                seen[m.value] = m.name
+    for es in schema.enums:
+        seen = {}
+        for m in es.members:
+            if not -(1 << 31) <= m.value < (1 << 31):
+                d.error(m.loc, f"enum '{es.name}.{m.name}' value {m.value} does not fit int32")
+            elif m.value in seen:
+                d.error(m.loc, f"enum '{es.name}.{m.name}' value {m.value} collides with '{seen[m.value]}'")
+            else:
+                seen[m.value] = m.name
+    for required, table, kind in ((REQUIRED_FLAGS, schema.flags, "flag"), (REQUIRED_ENUMS, schema.enums, "enum")):
+        present = {vs.name: vs for vs in table}
+        for name, members in required.items():
+            if name not in present:
+                d.error(Loc(schema.source_name, 1, 1), f"missing required {kind} set '{name}'")
+                continue
+            have = {m.name for m in present[name].members}
+            for member in members:
+                if member not in have:
+                    d.error(present[name].loc, f"{kind} set '{name}' is missing required member '{member}'")
+
+
+def _check_kernels(schema: Schema, d: Diagnostics) -> None:
+    _duplicates(d, schema.kernels, "kernel")
+    for k in schema.kernels:
+        check_name(d, k.name, k.loc, "kernel name")
+        spec = KERNEL_TEMPLATES.get(k.template)
+        if spec is None:
+            d.error(k.where.get("template", k.loc), f"kernel '{k.name}' uses unknown template '{k.template}'; "
+                                                    f"known templates: {', '.join(KERNEL_TEMPLATES)}")
+            continue
+        launch = k.launch
+        if launch.shape not in spec.shapes:
+            d.error(launch.where.get("shape", launch.loc),
+                    f"kernel '{k.name}' (template '{k.template}') cannot use launch shape '{launch.shape}'; "
+                    f"allowed: {', '.join(spec.shapes)}")
+        if not 1 <= launch.threads <= MAX_THREADS:
+            d.error(launch.where.get("threads", launch.loc),
+                    f"kernel '{k.name}' launch threads must be in [1, {MAX_THREADS}], got {launch.threads}")
+        elif k.warp_reduction and launch.threads % 32:
+            d.error(launch.where.get("threads", launch.loc),
+                    f"kernel '{k.name}' uses a warp reduction, so its thread count must be a multiple of 32, "
+                    f"got {launch.threads}")
+        if launch.shape == "persistent" and not 1 <= launch.blocks_per_sm <= 64:
+            d.error(launch.where.get("blocks_per_sm", launch.loc),
+                    f"kernel '{k.name}' launch blocks_per_sm must be in [1, 64], got {launch.blocks_per_sm}")
+        if launch.shape == "fixed_grid" and not 1 <= launch.blocks <= 65535:
+            d.error(launch.where.get("blocks", launch.loc),
+                    f"kernel '{k.name}' launch blocks must be in [1, 65535], got {launch.blocks}")
+        names = {s.name for s in k.specializations}
+        for s in k.specializations:
+            if s.name not in spec.specializations:
+                allowed = ", ".join(spec.specializations) or "none"
+                d.error(s.loc, f"kernel '{k.name}' (template '{k.template}') has no specialization '{s.name}'; "
+                               f"allowed: {allowed}")
+        for required in spec.specializations:
+            if required not in names:
+                d.error(k.loc, f"kernel '{k.name}' must declare specialization '{required}'")
+    for template in KERNEL_TEMPLATES:
+        if not schema.kernels_by_template(template):
+            d.error(Loc(schema.source_name, 1, 1), f"no kernel uses template '{template}'; every template "
+                                                   f"needs exactly one kernel")
+        for extra in schema.kernels_by_template(template)[1:]:
+            d.error(extra.where.get("template", extra.loc),
+                    f"template '{template}' is already used by kernel "
+                    f"'{schema.kernels_by_template(template)[0].name}'")
+
+

@@ -1,0 +1,68 @@
+"""Entry point of the front end: text -> located YAML -> frozen model -> checked model."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .checks import check_schema
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError
+from .messages import resolve_messages
+from .model import Schema
+from .parse import Parser
+from .yaml_loader import load_yaml
+
+
+def load_schema_text(text: str, display_name: str = "kernels.yaml") -> Schema:
+    """Parse and check a schema; raise SchemaError listing every problem (sorted)."""
+    root = load_yaml(text, display_name)
+    d = Diagnostics()
+    schema = Parser(d).schema(root, display_name)
+    if schema is None:
+        if not d:
+            d.error(Loc(display_name, 1, 1), "the schema is incomplete")
+        d.raise_if_any()
+    check_schema(schema, d)
+    schema = resolve_messages(schema, d)
+    d.raise_if_any()
+    return schema
+
+
+def load_schema(path: Path, display_name: str | None = None) -> Schema:
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SchemaError([Diagnostic(Loc(str(path), 1, 1), f"cannot read schema: {exc.strerror}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SchemaError([Diagnostic(Loc(display_name or path.name, 1, 1),
+                                      f"schema is not UTF-8: {exc.reason} at byte {exc.start}")]) from None
+    return load_schema_text(text, display_name or path.name)
+
+
+def layout_description(schema: Schema) -> dict:
+    """The layout-relevant part of the schema as plain data (what the ABI fingerprint hashes)."""
+    def rec(r):
+        return {
+            "word": r.word, "stride": r.stride_bytes,
+            "fields": [[f.name, f.offset, f.role, f.carries,
+                        [f.verify.expected, f.verify.fail_reason] if f.verify else None] for f in r.fields],
+        }
+    return {
+        "abi_version": schema.abi_version,
+        "constants": [[c.name, c.type, c.value] for c in schema.constants],
+        "canary": rec(schema.canary),
+        "chain": [schema.canary.chain.anchor, list(schema.canary.chain.fold)],
+        "violation": rec(schema.violation),
+        "real_kv_source": rec(schema.real_kv_source),
+        "flags": [[vs.name, [[m.name, m.value] for m in vs.members]] for vs in schema.flags],
+        "enums": [[vs.name, [[m.name, m.value] for m in vs.members]] for vs in schema.enums],
+    }
+
+
+def layout_fingerprint(schema: Schema) -> str:
+    """16 hex digits identifying the binary layout; generated code of every backend embeds it."""
+    blob = json.dumps(layout_description(schema), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -1,0 +1,88 @@
+"""Run-time error messages (SEMANTICS.md §7) declared in the schema.
+
+A message may quote schema values as ``{schema.NAME}`` (substituted at generation time, so the
+numbers always match the layout) and run-time values as ``{name}`` (filled by the validator).
+Each message key has a fixed set of run-time placeholders that the validators pass.
+"""
+from __future__ import annotations
+
+import dataclasses
+import string
+
+from .diagnostics import Diagnostics
+from .model import Schema
+
+# message key -> the run-time placeholders its validator provides
+REQUIRED_MESSAGES = {
+    "real_kv_page_size": ("page_size",),
+    "real_kv_num_bytes_per_token": ("n",),
+    "real_kv_read_bytes": ("n", "r"),
+    "real_kv_tensor_rank": ("shape",),
+    "real_kv_row_stride": ("b", "shape", "strides", "dtype"),
+    "real_kv_row_width": ("b", "p", "n", "m"),
+    "real_kv_source_count": ("n",),
+    "canary_stride": ("n",),
+    "not_contiguous": ("name",),
+    "expected_inputs_required": (),
+    "expected_inputs_forbidden": (),
+    "verify_capacity": ("n",),
+    "write_capacity": ("n",),
+    "swa_index": ("s", "n"),
+}
+
+
+def schema_values(schema: Schema) -> dict[str, int]:
+    """Values a message can quote as {schema.NAME}: constants plus derived layout sizes."""
+    values = {c.name: c.value for c in schema.constants}
+    values.update(
+        CANARY_FIELDS_PER_SLOT=len(schema.canary.fields),
+        CANARY_RECORD_BYTES=schema.canary.record_bytes,
+        CANARY_SLOT_STRIDE_BYTES=schema.canary.stride_bytes,
+        VIOLATION_FIELDS=len(schema.violation.fields),
+    )
+    return values
+
+
+def resolve_messages(schema: Schema, d: Diagnostics) -> Schema:
+    """Check every message and substitute its {schema.X} references; returns the updated schema."""
+    values = schema_values(schema)
+    resolved = []
+    present = set()
+    for msg in schema.messages:
+        present.add(msg.key)
+        if msg.key not in REQUIRED_MESSAGES:
+            d.error(msg.loc, f"unknown message '{msg.key}'; known messages: prefix, {', '.join(REQUIRED_MESSAGES)}")
+            continue
+        try:
+            parts = list(string.Formatter().parse(msg.text))
+        except ValueError as exc:
+            d.error(msg.loc, f"message '{msg.key}' is not a valid format string: {exc}")
+            continue
+        out, runtime = [], []
+        for literal, field_name, spec, conv in parts:
+            out.append(literal.replace("{", "{{").replace("}", "}}"))
+            if field_name is None:
+                continue
+            if spec or conv:
+                d.error(msg.loc, f"message '{msg.key}' placeholder '{field_name}' must not use a format spec")
+            if field_name.startswith("schema."):
+                key = field_name[len("schema."):]
+                if key not in values:
+                    d.error(msg.loc, f"message '{msg.key}' quotes unknown schema value '{key}'; "
+                                     f"known: {', '.join(sorted(values))}")
+                    continue
+                out.append(str(values[key]))
+            else:
+                runtime.append(field_name)
+                out.append("{" + field_name + "}")
+        expected = REQUIRED_MESSAGES[msg.key]
+        if sorted(set(runtime)) != sorted(expected):
+            d.error(msg.loc, f"message '{msg.key}' must use exactly the placeholders "
+                             f"{', '.join('{' + p + '}' for p in expected) or '(none)'}, got "
+                             f"{', '.join('{' + p + '}' for p in runtime) or '(none)'}")
+        resolved.append(dataclasses.replace(msg, text="".join(out), placeholders=tuple(runtime)))
+    for key in REQUIRED_MESSAGES:
+        if key not in present:
+            d.error(schema.messages[0].loc if schema.messages else schema.canary.loc,
+                    f"missing required message '{key}'")
+    return dataclasses.replace(schema, messages=tuple(resolved))

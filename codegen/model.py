@@ -1,0 +1,307 @@
+"""The typed, frozen model of kernels.yaml.
+
+Templates and checks only ever see these objects, never raw YAML. Everything a backend needs
+(offsets, word indices, bit values, fold order, launch shapes) is computed here once so that
+every generated language agrees by construction.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field as dc_field
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+from .diagnostics import Loc
+
+
+def _where():
+    """Per-key source locations of an entry (key -> Loc of its value); not part of equality."""
+    return dc_field(default_factory=lambda: MappingProxyType({}), compare=False, hash=False, repr=False)
+
+
+def where_of(node_entries) -> Mapping[str, Loc]:
+    return MappingProxyType({k.value: v.loc for k, v in node_entries})
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """SEMANTICS.md §2, on Python ints (used for derived constants such as the chain head)."""
+    x &= MASK64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & MASK64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & MASK64
+    x ^= x >> 31
+    return x
+
+
+# Integer types a constant may declare: (C++ type, min, max).
+CONSTANT_TYPES = {
+    "i32": ("int", -(1 << 31), (1 << 31) - 1),
+    "u32": ("unsigned int", 0, (1 << 32) - 1),
+    "i64": ("long long", -(1 << 63), (1 << 63) - 1),
+    "u64": ("unsigned long long", 0, (1 << 64) - 1),
+}
+
+WORD_TYPES = {"int64": 8, "int32": 4}
+
+# Record roles of the canary record.
+ROLE_TOKEN = "token"
+ROLE_POSITION = "position"
+ROLE_CHAIN_LINK = "chain_link"
+ROLE_KV_FINGERPRINT = "kv_fingerprint"
+ROLE_INPUT = "input"
+ROLE_RESERVED = "reserved"
+CANARY_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_CHAIN_LINK, ROLE_KV_FINGERPRINT, ROLE_INPUT, ROLE_RESERVED)
+REQUIRED_CANARY_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_CHAIN_LINK, ROLE_KV_FINGERPRINT)
+CHAINABLE_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_INPUT)
+
+# What each violation-row column carries (SEMANTICS.md §3, §5).
+VIOLATION_CARRIES = (
+    "launch_tag", "slot", "stored_position", "stored_token", "expected_token",
+    "stored_chain_hash", "expected_aux", "fail_reason",
+)
+
+# Where the expected value of a verified input field comes from (SEMANTICS.md §8).
+INPUT_EXPECTED_SOURCES = ("per_request", "per_slot")
+
+# Flag sets and enums the kernels depend on, with the members they must have.
+REQUIRED_FLAGS = {
+    "FailReason": ("VERIFY_CHAIN_HASH_MISMATCH", "VERIFY_POSITION_MISMATCH",
+                   "VERIFY_REAL_KV_HASH_MISMATCH", "WRITE_TOKEN_MISMATCH",
+                   "WRITE_POSITION_MISMATCH", "VERIFY_TOKEN_MISMATCH", "SLOT_OUT_OF_RANGE"),
+}
+REQUIRED_ENUMS = {
+    "RealKvHashMode": ("NONE", "PARTIAL", "ALL"),
+    "CanaryLaunchTag": (),
+}
+REQUIRED_CONSTANTS = {
+    "REQ_POOL_IDX_PADDING": "i64",
+    "TOKEN_TO_KV_SLOT_PADDING": "i64",
+    "MAX_REAL_KV_SOURCES": "i32",
+    "REAL_KV_LOAD_ALIGN_BYTES": "i32",
+    "REAL_KV_PARTIAL_READ_BYTES": "i32",
+}
+REAL_KV_SOURCE_FIELDS = ("page_size", "num_bytes_per_token", "read_bytes")
+
+
+@dataclass(frozen=True)
+class KernelTemplateSpec:
+    """What a kernel template accepts: launch shapes and compile-time specialisations."""
+    shapes: tuple[str, ...]
+    specializations: tuple[str, ...] = ()
+
+
+# The kernel templates codegen knows (templates/cuda/<name>.cu.j2).
+KERNEL_TEMPLATES = {
+    "write": KernelTemplateSpec(("per_request",)),
+    "verify": KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)),
+    "plan_offsets": KernelTemplateSpec(("single_block",)),
+    "plan_entries": KernelTemplateSpec(("per_entry", "persistent", "fixed_grid")),
+    "scatter": KernelTemplateSpec(("per_request",)),
+}
+
+# Launch shapes and the keys each one takes besides `shape` and `threads`.
+LAUNCH_SHAPES = {
+    "per_request": (),        # one thread per request, ceil(n / threads) blocks
+    "per_entry": (),          # one thread per entry, ceil(n / threads) blocks
+    "single_block": (),       # one block
+    "persistent": ("blocks_per_sm",),  # SM count x blocks_per_sm blocks, grid-stride loop
+    "fixed_grid": ("blocks",),          # a fixed number of blocks (SGLang: 64 x 512)
+}
+
+
+@dataclass(frozen=True)
+class Constant:
+    name: str
+    type: str
+    value: int
+    doc: str
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+    @property
+    def cpp_type(self) -> str:
+        return CONSTANT_TYPES[self.type][0]
+
+
+@dataclass(frozen=True)
+class InputVerify:
+    expected: str       # one of INPUT_EXPECTED_SOURCES
+    fail_reason: str    # a FailReason member
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    index: int          # word index inside the record
+    offset: int         # byte offset inside the record
+    role: str           # canary roles; "" for other records
+    carries: str        # violation column meaning; "" for other records
+    verify: Optional[InputVerify]
+    doc: str
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+
+@dataclass(frozen=True)
+class Chain:
+    anchor: str                 # a u64 constant
+    fold: tuple[str, ...]       # field names, in fold order
+    loc: Loc
+    fold_locs: tuple[Loc, ...] = dc_field(default=(), compare=False, hash=False, repr=False)
+    where: Mapping[str, Loc] = _where()
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    word: str                   # int64 / int32
+    word_bytes: int
+    fields: tuple[Field, ...]
+    stride_bytes: int           # canary: slot stride; others: the packed row size
+    chain: Optional[Chain]
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+    @property
+    def record_bytes(self) -> int:
+        return len(self.fields) * self.word_bytes
+
+    def field(self, name: str) -> Field:
+        for f in self.fields:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def by_role(self, role: str) -> Field:
+        return next(f for f in self.fields if f.role == role)
+
+    def by_carries(self, carries: str) -> Field:
+        return next(f for f in self.fields if f.carries == carries)
+
+    @property
+    def input_fields(self) -> tuple[Field, ...]:
+        return tuple(f for f in self.fields if f.role == ROLE_INPUT)
+
+    @property
+    def chain_fields(self) -> tuple[Field, ...]:
+        return tuple(self.field(n) for n in self.chain.fold) if self.chain else ()
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str
+    value: int
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class ValueSet:
+    """A flag set (bit values) or an enum (plain values)."""
+    name: str
+    kind: str                   # "flag" or "enum"
+    members: tuple[Member, ...]
+    loc: Loc
+
+    def __getitem__(self, name: str) -> Member:
+        for m in self.members:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Message:
+    key: str
+    text: str                   # with {schema.X} already substituted
+    placeholders: tuple[str, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Launch:
+    shape: str
+    threads: int
+    blocks_per_sm: int          # persistent only, else 0
+    blocks: int                 # fixed_grid only, else 0
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+
+@dataclass(frozen=True)
+class Specialization:
+    name: str
+    values: tuple[bool, ...]
+    loc: Loc
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    template: str
+    launch: Launch
+    warp_reduction: bool
+    specializations: tuple[Specialization, ...]
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+    @property
+    def variants(self) -> tuple[tuple[str, dict], ...]:
+        """Every specialisation as (entry-point symbol, {flag: value}); ordered, deterministic."""
+        out: list[tuple[str, dict]] = [(self.name, {})]
+        for spec in self.specializations:
+            grown = []
+            for symbol, flags in out:
+                for value in spec.values:
+                    suffix = f"_{spec.name}" if value else ""
+                    grown.append((symbol + suffix, {**flags, spec.name: value}))
+            out = grown
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class Schema:
+    format: int
+    abi_version: int
+    constants: tuple[Constant, ...]
+    canary: Record
+    violation: Record
+    real_kv_source: Record
+    flags: tuple[ValueSet, ...]
+    enums: tuple[ValueSet, ...]
+    message_prefix: str
+    messages: tuple[Message, ...]
+    kernels: tuple[Kernel, ...]
+    source_name: str
+
+    def constant(self, name: str) -> Constant:
+        for c in self.constants:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def flag_set(self, name: str) -> ValueSet:
+        return next(v for v in self.flags if v.name == name)
+
+    def enum(self, name: str) -> ValueSet:
+        return next(v for v in self.enums if v.name == name)
+
+    def message(self, key: str) -> Message:
+        return next(m for m in self.messages if m.key == key)
+
+    def kernel(self, name: str) -> Kernel:
+        return next(k for k in self.kernels if k.name == name)
+
+    def kernels_by_template(self, template: str) -> tuple[Kernel, ...]:
+        return tuple(k for k in self.kernels if k.template == template)
+
+    @property
+    def fail_reason(self) -> ValueSet:
+        return self.flag_set("FailReason")
+
+    @property
+    def chain_head(self) -> int:
+        """HEAD = splitmix64(anchor), SEMANTICS.md §2."""
+        return splitmix64(self.constant(self.canary.chain.anchor).value)

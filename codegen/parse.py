@@ -1,0 +1,351 @@
+"""Build the frozen model from located YAML, with closed key sets.
+
+Each entry is parsed where its location is known, so every error names its line and column.
+Parsing keeps going after an error (collecting them all); entries that cannot be built are left
+out, and semantic checks (checks.py) run only on a schema that parsed cleanly.
+"""
+from __future__ import annotations
+
+import re
+import string
+from typing import Optional
+
+from .diagnostics import Diagnostics, Loc
+from .model import (
+    CANARY_ROLES, CONSTANT_TYPES, LAUNCH_SHAPES, VIOLATION_CARRIES, WORD_TYPES,
+    Chain, Constant, Field, InputVerify, Kernel, Launch, Member, Message, Record, Schema,
+    Specialization, ValueSet, INPUT_EXPECTED_SOURCES, ROLE_INPUT, where_of,
+)
+from .yaml_loader import YMap, YNode, YScalar, YSeq
+
+TOP_KEYS = ("format", "abi_version", "constants", "records", "flags", "enums", "messages", "kernels")
+RECORD_NAMES = ("canary", "violation", "real_kv_source")
+CONSTANT_KEYS = ("type", "value", "doc")
+RECORD_KEYS = {
+    "canary": ("word", "slot_stride_bytes", "fields", "chain", "doc"),
+    "violation": ("word", "fields", "doc"),
+    "real_kv_source": ("word", "fields", "doc"),
+}
+FIELD_KEYS = {
+    "canary": ("name", "role", "verify", "doc"),
+    "violation": ("name", "carries", "doc"),
+    "real_kv_source": ("name", "doc"),
+}
+CHAIN_KEYS = ("anchor", "fold")
+VERIFY_KEYS = ("expected", "fail_reason")
+KERNEL_KEYS = ("name", "template", "launch", "warp_reduction", "specializations", "doc")
+SUPPORTED_FORMATS = (1,)
+
+
+def _kind(node: YNode) -> str:
+    if isinstance(node, YMap):
+        return "a mapping"
+    if isinstance(node, YSeq):
+        return "a list"
+    v = node.value
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return f"the boolean {node.text}"
+    if isinstance(v, int):
+        return f"the integer {node.text}"
+    return f"'{node.text}'"
+
+
+def _closest(word: str, choices) -> str:
+    """`did you mean` hint: the choice sharing the longest prefix, if any is close."""
+    import difflib
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+class Parser:
+    def __init__(self, diags: Diagnostics) -> None:
+        self.d = diags
+
+    # -- primitive expectations -------------------------------------------------------------
+    def mapping(self, node: YNode, what: str, allowed, required=()) -> Optional[YMap]:
+        if not isinstance(node, YMap):
+            self.d.error(node.loc, f"{what} must be a mapping, got {_kind(node)}")
+            return None
+        for key, _ in node.entries:
+            if key.value not in allowed:
+                self.d.error(key.loc, f"unknown key '{key.value}' in {what}{_closest(key.value, allowed)}; "
+                                      f"allowed keys: {', '.join(allowed)}")
+        for key in required:
+            if node.get(key) is None:
+                self.d.error(node.loc, f"{what} is missing required key '{key}'")
+        return node
+
+    def seq(self, node: YNode, what: str) -> Optional[YSeq]:
+        if not isinstance(node, YSeq):
+            self.d.error(node.loc, f"{what} must be a list, got {_kind(node)}")
+            return None
+        return node
+
+    def integer(self, node: YNode, what: str) -> Optional[int]:
+        if isinstance(node, YScalar) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        self.d.error(node.loc, f"{what} must be an integer, got {_kind(node)}")
+        return None
+
+    def boolean(self, node: YNode, what: str) -> Optional[bool]:
+        if isinstance(node, YScalar) and isinstance(node.value, bool):
+            return node.value
+        self.d.error(node.loc, f"{what} must be true or false, got {_kind(node)}")
+        return None
+
+    def text(self, node: YNode, what: str) -> Optional[str]:
+        if isinstance(node, YScalar) and isinstance(node.value, str):
+            return node.value
+        self.d.error(node.loc, f"{what} must be a string, got {_kind(node)}")
+        return None
+
+    def name(self, node: YNode, what: str) -> Optional[str]:
+        # Names become identifiers in Python and C++; validity is checked in checks.py so that
+        # the bad name is still reported with the rest of the schema's problems.
+        if isinstance(node, YScalar) and node.value is not None and not isinstance(node.value, (YMap, YSeq)):
+            return node.text if node.text else str(node.value)
+        self.d.error(node.loc, f"{what} must be a name, got {_kind(node)}")
+        return None
+
+    def choice(self, node: YNode, what: str, choices) -> Optional[str]:
+        value = self.text(node, what)
+        if value is None:
+            return None
+        if value not in choices:
+            self.d.error(node.loc, f"{what} must be one of {', '.join(choices)}, got '{value}'"
+                                   f"{_closest(value, choices)}")
+            return None
+        return value
+
+    def opt(self, node: YMap, key: str, fn, what: str, default):
+        child = node.get(key)
+        if child is None:
+            return default
+        value = fn(child, what)
+        return default if value is None else value
+
+    # -- schema parts ----------------------------------------------------------------------
+    def schema(self, root: YNode, source_name: str) -> Optional[Schema]:
+        top = self.mapping(root, "the schema", TOP_KEYS, TOP_KEYS)
+        if top is None:
+            return None
+        fmt = self.opt(top, "format", self.integer, "format", None)
+        if fmt is not None and fmt not in SUPPORTED_FORMATS:
+            self.d.error(top.get("format").loc,
+                         f"format must be one of {', '.join(map(str, SUPPORTED_FORMATS))}, got {fmt}")
+        abi = self.opt(top, "abi_version", self.integer, "abi_version", None)
+        if abi is not None and abi < 1:
+            self.d.error(top.get("abi_version").loc, f"abi_version must be >= 1, got {abi}")
+        constants = self.constants(top.get("constants")) if top.get("constants") is not None else ()
+        records = self.records(top.get("records")) if top.get("records") is not None else {}
+        flags = self.value_sets(top.get("flags"), "flag") if top.get("flags") is not None else ()
+        enums = self.value_sets(top.get("enums"), "enum") if top.get("enums") is not None else ()
+        prefix, messages = self.messages(top.get("messages"), constants, records) \
+            if top.get("messages") is not None else ("", ())
+        kernels = self.kernels(top.get("kernels")) if top.get("kernels") is not None else ()
+        if self.d or any(r not in records for r in RECORD_NAMES):
+            return None
+        return Schema(fmt, abi, constants, records["canary"], records["violation"],
+                      records["real_kv_source"], flags, enums, prefix, messages, kernels, source_name)
+
+    def constants(self, node: YNode) -> tuple[Constant, ...]:
+        m = self.mapping(node, "constants", allowed=_AnyKey())
+        out = []
+        for key, value in (m.entries if m else ()):
+            what = f"constant '{key.value}'"
+            body = self.mapping(value, what, CONSTANT_KEYS, ("type", "value"))
+            if body is None:
+                continue
+            ctype = self.opt(body, "type", lambda n, w: self.choice(n, w, tuple(CONSTANT_TYPES)),
+                             f"{what} type", None)
+            cvalue = self.opt(body, "value", self.integer, f"{what} value", None)
+            doc = self.opt(body, "doc", self.text, f"{what} doc", "")
+            if ctype is not None and cvalue is not None:
+                out.append(Constant(key.value, ctype, cvalue, doc, key.loc, where_of(body.entries)))
+        return tuple(out)
+
+    def records(self, node: YNode) -> dict[str, Record]:
+        m = self.mapping(node, "records", RECORD_NAMES, RECORD_NAMES)
+        out = {}
+        for key, value in (m.entries if m else ()):
+            if key.value in RECORD_NAMES:
+                rec = self.record(key.value, value, key.loc)
+                if rec is not None:
+                    out[key.value] = rec
+        return out
+
+    def record(self, rname: str, node: YNode, loc: Loc) -> Optional[Record]:
+        what = f"record '{rname}'"
+        required = ("word", "fields") + (("slot_stride_bytes", "chain") if rname == "canary" else ())
+        body = self.mapping(node, what, RECORD_KEYS[rname], required)
+        if body is None:
+            return None
+        word = self.opt(body, "word", lambda n, w: self.choice(n, w, tuple(WORD_TYPES)), f"{what} word", None)
+        fields_node = body.get("fields")
+        seq = self.seq(fields_node, f"{what} fields") if fields_node is not None else None
+        if word is None or seq is None:
+            return None
+        wb = WORD_TYPES[word]
+        fields = []
+        for i, item in enumerate(seq.items):
+            f = self.field(rname, item, i, wb)
+            if f is not None:
+                fields.append(f)
+        stride = self.opt(body, "slot_stride_bytes", self.integer, f"{what} slot_stride_bytes", len(fields) * wb)
+        chain = None
+        if rname == "canary" and body.get("chain") is not None:
+            chain = self.chain(body.get("chain"))
+        return Record(rname, word, wb, tuple(fields), stride, chain, loc, where_of(body.entries))
+
+    def field(self, rname: str, node: YNode, index: int, word_bytes: int) -> Optional[Field]:
+        what = f"field {index} of record '{rname}'"
+        required = ("name",) + (("role",) if rname == "canary" else ()) + \
+            (("carries",) if rname == "violation" else ())
+        body = self.mapping(node, what, FIELD_KEYS[rname], required)
+        if body is None:
+            return None
+        name = self.opt(body, "name", self.name, f"{what} name", None)
+        role = self.opt(body, "role", lambda n, w: self.choice(n, w, CANARY_ROLES), f"{what} role", "")
+        carries = self.opt(body, "carries", lambda n, w: self.choice(n, w, VIOLATION_CARRIES),
+                           f"{what} carries", "")
+        doc = self.opt(body, "doc", self.text, f"{what} doc", "")
+        verify = None
+        if body.get("verify") is not None:
+            if role != ROLE_INPUT:
+                self.d.error(body.key_loc("verify"),
+                             f"{what}: only fields with role 'input' can declare 'verify', this one has role '{role}'")
+            verify = self.input_verify(body.get("verify"), f"{what} verify")
+        if name is None:
+            return None
+        return Field(name, index, index * word_bytes, role, carries, verify, doc,
+                     body.get("name").loc, where_of(body.entries))
+
+    def input_verify(self, node: YNode, what: str) -> Optional[InputVerify]:
+        body = self.mapping(node, what, VERIFY_KEYS, VERIFY_KEYS)
+        if body is None:
+            return None
+        expected = self.opt(body, "expected", lambda n, w: self.choice(n, w, INPUT_EXPECTED_SOURCES),
+                            f"{what} expected", None)
+        reason = self.opt(body, "fail_reason", self.name, f"{what} fail_reason", None)
+        if expected is None or reason is None:
+            return None
+        return InputVerify(expected, reason, body.get("fail_reason").loc)
+
+    def chain(self, node: YNode) -> Optional[Chain]:
+        body = self.mapping(node, "chain", CHAIN_KEYS, CHAIN_KEYS)
+        if body is None:
+            return None
+        anchor = self.opt(body, "anchor", self.name, "chain anchor", None)
+        fold_node = body.get("fold")
+        fold = []
+        seq = self.seq(fold_node, "chain fold") if fold_node is not None else None
+        for item in (seq.items if seq else ()):
+            n = self.name(item, "chain fold entry")
+            if n is not None:
+                fold.append((n, item.loc))
+        if anchor is None or seq is None:
+            return None
+        return Chain(anchor, tuple(n for n, _ in fold), body.loc,
+                     tuple(loc for _, loc in fold), where_of(body.entries))
+
+    def value_sets(self, node: YNode, kind: str) -> tuple[ValueSet, ...]:
+        section = "flags" if kind == "flag" else "enums"
+        m = self.mapping(node, section, allowed=_AnyKey())
+        out = []
+        for key, value in (m.entries if m else ()):
+            body = self.mapping(value, f"{kind} set '{key.value}'", allowed=_AnyKey())
+            if body is None:
+                continue
+            members = []
+            for mkey, mval in body.entries:
+                v = self.integer(mval, f"{kind} member '{key.value}.{mkey.value}'")
+                if v is not None:
+                    members.append(Member(mkey.value, v, mkey.loc))
+            out.append(ValueSet(key.value, kind, tuple(members), key.loc))
+        return tuple(out)
+
+    def messages(self, node: YNode, constants, records) -> tuple[str, tuple[Message, ...]]:
+        m = self.mapping(node, "messages", allowed=_AnyKey())
+        prefix, out = "", []
+        for key, value in (m.entries if m else ()):
+            text = self.text(value, f"message '{key.value}'")
+            if text is None:
+                continue
+            if key.value == "prefix":
+                prefix = text
+                continue
+            out.append(Message(key.value, text, (), value.loc))
+        return prefix, tuple(out)
+
+    def kernels(self, node: YNode) -> tuple[Kernel, ...]:
+        seq = self.seq(node, "kernels")
+        out = []
+        for i, item in enumerate(seq.items if seq else ()):
+            what = f"kernel {i}"
+            body = self.mapping(item, what, KERNEL_KEYS, ("name", "template", "launch"))
+            if body is None:
+                continue
+            name = self.opt(body, "name", self.name, f"{what} name", None)
+            if name is not None:
+                what = f"kernel '{name}'"
+            template = self.opt(body, "template", self.name, f"{what} template", None)
+            launch = self.launch(body.get("launch"), what) if body.get("launch") is not None else None
+            warp = self.opt(body, "warp_reduction", self.boolean, f"{what} warp_reduction", False)
+            specs = []
+            if body.get("specializations") is not None:
+                sm = self.mapping(body.get("specializations"), f"{what} specializations", allowed=_AnyKey())
+                for skey, sval in (sm.entries if sm else ()):
+                    sseq = self.seq(sval, f"{what} specialization '{skey.value}'")
+                    vals = [self.boolean(v, f"{what} specialization '{skey.value}' value")
+                            for v in (sseq.items if sseq else ())]
+                    if sseq is not None and None not in vals:
+                        if not vals or len(set(vals)) != len(vals):
+                            self.d.error(sval.loc, f"{what} specialization '{skey.value}' must list "
+                                                   f"distinct values, got {vals}")
+                        specs.append(Specialization(skey.value, tuple(vals), skey.loc))
+            if name is None or template is None or launch is None:
+                continue
+            out.append(Kernel(name, template, launch, warp, tuple(specs), body.get("name").loc,
+                              where_of(body.entries)))
+        return tuple(out)
+
+    def launch(self, node: YNode, what: str) -> Optional[Launch]:
+        keys = ("shape", "threads", "blocks_per_sm", "blocks")
+        body = self.mapping(node, f"{what} launch", keys, ("shape", "threads"))
+        if body is None:
+            return None
+        shape = self.opt(body, "shape", lambda n, w: self.choice(n, w, tuple(LAUNCH_SHAPES)),
+                         f"{what} launch shape", None)
+        threads = self.opt(body, "threads", self.integer, f"{what} launch threads", None)
+        if shape is None or threads is None:
+            return None
+        extra = {}
+        for key in ("blocks_per_sm", "blocks"):
+            child = body.get(key)
+            if child is None:
+                if key in LAUNCH_SHAPES[shape]:
+                    self.d.error(body.loc, f"{what} launch shape '{shape}' requires '{key}'")
+                continue
+            if key not in LAUNCH_SHAPES[shape]:
+                self.d.error(body.key_loc(key), f"{what} launch shape '{shape}' does not take '{key}'")
+                continue
+            extra[key] = self.integer(child, f"{what} launch {key}")
+        return Launch(shape, threads, extra.get("blocks_per_sm") or 0, extra.get("blocks") or 0,
+                      body.loc, where_of(body.entries))
+
+
+class _AnyKey:
+    """Allowed-key set for mappings whose keys are user-chosen names."""
+
+    def __contains__(self, key) -> bool:
+        return True
+
+
+_FORMAT_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+
+def message_placeholders(text: str) -> list[str]:
+    """Placeholder names of a str.format message (errors on malformed braces)."""
+    return [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]

@@ -1,0 +1,99 @@
+"""Write a rendered tree to disk atomically, and compare a tree on disk with a rendered one."""
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from .render import GeneratedFile, sha256_text, split_header
+
+IGNORED_DIRS = {"__pycache__"}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def files_on_disk(out_dir: Path) -> dict[str, Path]:
+    if not out_dir.is_dir():
+        return {}
+    found = {}
+    for p in sorted(out_dir.rglob("*")):
+        rel = p.relative_to(out_dir)
+        if p.is_file() and not IGNORED_DIRS.intersection(rel.parts) and not p.name.startswith(".") \
+                and p.suffix not in (".pyc",):
+            found[rel.as_posix()] = p
+    return found
+
+
+def write_tree(out_dir: Path, files: list[GeneratedFile]) -> tuple[list[str], list[str]]:
+    """Write changed files (only those), remove stale generated ones. Returns (written, removed)."""
+    written, removed = [], []
+    wanted = {f.path for f in files}
+    for f in files:
+        target = out_dir / f.path
+        if target.is_file() and target.read_text(encoding="utf-8") == f.text:
+            continue
+        _atomic_write(target, f.text)
+        written.append(f.path)
+    for rel, p in files_on_disk(out_dir).items():
+        # Only files the generator made (they carry its header) are ours to delete.
+        if rel not in wanted and split_header(p.read_text(encoding="utf-8", errors="replace")) is not None:
+            p.unlink()
+            removed.append(rel)
+    return written, removed
+
+
+@dataclass(frozen=True)
+class Drift:
+    path: str
+    kind: str        # hand-edited | stale | generator-changed | changed | missing | extra
+    detail: str
+    diff: str
+
+
+def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str) -> list[Drift]:
+    """Every difference between out_dir and the freshly rendered files, classified."""
+    drifts = []
+    on_disk = files_on_disk(out_dir)
+    for f in files:
+        shown = f"{display_dir}/{f.path}"
+        p = on_disk.get(f.path)
+        if p is None:
+            drifts.append(Drift(shown, "missing", "missing: the generator would create it", ""))
+            continue
+        current = p.read_text(encoding="utf-8", errors="replace")
+        if current == f.text:
+            continue
+        diff = "".join(difflib.unified_diff(
+            current.splitlines(keepends=True), f.text.splitlines(keepends=True),
+            fromfile=f"{shown} (on disk)", tofile=f"{shown} (from the schema)", n=2))
+        parsed, wanted = split_header(current), split_header(f.text)
+        if parsed is None:
+            kind, detail = "hand-edited", "hand-edited: its do-not-edit header was removed or changed"
+        elif parsed[0].get("body") != sha256_text(parsed[1]):
+            kind, detail = "hand-edited", ("hand-edited: its body no longer matches the body-sha256 "
+                                           "recorded in its header")
+        elif parsed[0].get("schema") != wanted[0]["schema"]:
+            kind, detail = "stale", "stale: kernels.yaml changed since this file was generated"
+        elif parsed[0].get("generator") != wanted[0]["generator"]:
+            kind, detail = "generator-changed", "stale: the generator (codegen/) changed since this file was generated"
+        else:
+            kind, detail = "changed", "differs from what the generator produces"
+        drifts.append(Drift(shown, kind, detail, diff))
+    wanted_paths = {f.path for f in files}
+    for rel in on_disk:
+        if rel not in wanted_paths:
+            drifts.append(Drift(f"{display_dir}/{rel}", "extra",
+                                "extra: not produced by the generator (delete it, or add it to the schema)", ""))
+    return drifts
