@@ -16,19 +16,11 @@ from jinja2.ext import Extension
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .load import layout_fingerprint
 from .model import MASK64, Constant, Schema, splitmix64
+from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
 
 CODEGEN_DIR = Path(__file__).resolve().parent
 TEMPLATE_DIR = CODEGEN_DIR / "templates"
 REGENERATE_COMMAND = "make generate"
-
-# Every generated file: (template, output path). Per-kernel CUDA files are added from the schema.
-STATIC_OUTPUTS = (
-    ("python/__init__.py.j2", "__init__.py"),
-    ("python/layout.py.j2", "layout.py"),
-    ("docs/LAYOUT.md.j2", "LAYOUT.md"),
-)
-# template name in kernels.yaml -> Jinja template rendering that kernel's .cu file
-KERNEL_SOURCE_TEMPLATES: dict[str, str] = {}
 
 COMMENT_STYLES = {".py": ("# ", ""), ".cu": ("// ", ""), ".cuh": ("// ", ""), ".cpp": ("// ", ""),
                   ".h": ("// ", ""), ".md": ("<!-- ", " -->")}

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cassert>
 #include <climits>
+#include <cstdarg>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>

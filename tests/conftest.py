@@ -1,0 +1,44 @@
+"""Shared fixtures: generated layers for the default schema and the example schemas."""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from codegen.load import load_schema
+from codegen.render import render_all
+from codegen.writer import write_tree
+from kv_canary._loader import load_generated
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SCHEMA = ROOT / "kernels.yaml"
+EXAMPLE_SCHEMAS = sorted((ROOT / "examples" / "schemas").glob("*.yaml"))
+_GEN_ROOT = Path(tempfile.mkdtemp(prefix="kv_canary_gen_"))
+
+
+def generate_layer(schema_path: Path):
+    """Generate `schema_path` into a temporary tree (never checked in) and import it."""
+    schema_path = Path(schema_path)
+    text = schema_path.read_text(encoding="utf-8")
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
+    out = _GEN_ROOT / f"{schema_path.stem}_{key}"
+    if not (out / "__init__.py").exists():
+        write_tree(out, render_all(load_schema(schema_path), text))
+    return load_generated(out, f"kv_canary_test_gen_{schema_path.stem}_{key}")
+
+
+@pytest.fixture(scope="session")
+def default_layer():
+    import kv_canary
+    return kv_canary.generated
+
+
+@pytest.fixture(scope="session", params=[DEFAULT_SCHEMA, *EXAMPLE_SCHEMAS], ids=lambda p: p.stem)
+def any_layer(request):
+    """The default schema's checked-in layer and every example schema's temporary one."""
+    if request.param == DEFAULT_SCHEMA:
+        import kv_canary
+        return kv_canary.generated
+    return generate_layer(request.param)
