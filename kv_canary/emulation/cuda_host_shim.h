@@ -9,7 +9,7 @@
 // Public API (namespace kvc_emu): LaunchConfig, launch(), last_error(),
 // set_strict(); C exports kvc_emu_last_error() / kvc_emu_set_strict() for ctypes.
 //
-// Limitations (deliberate, see README of the emulation package / tests):
+// Limitations (deliberate):
 //  * `asm` / inline PTX is not supported: guard it with KV_CANARY_HOST_EMULATION.
 //  * `__shared__` expands to `static`: works for static shared arrays declared in
 //    a function body, not for `extern __shared__` (dynamic shared memory).
@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cassert>
 #include <climits>
 #include <cstdarg>
@@ -180,6 +181,13 @@ struct State {
   const void* main_bottom = nullptr;
   size_t main_size = 0;
 #endif
+  ~State() {  // at process exit; keeps leak checkers quiet
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    for (Fiber* f : pool) {
+      munmap(f->map, KVC_EMU_STACK_SIZE + page);
+      delete f;
+    }
+  }
 };
 
 inline State g;
@@ -187,6 +195,7 @@ inline uint3 g_thread_idx{0, 0, 0};
 inline uint3 g_block_idx{0, 0, 0};
 inline dim3 g_block_dim{1, 1, 1};
 inline dim3 g_grid_dim{1, 1, 1};
+inline std::atomic<bool> g_strict_setting{true};  // copied into g.strict per launch
 inline thread_local std::string t_last_error;
 inline thread_local bool t_in_launch = false;
 
@@ -251,12 +260,16 @@ inline void fiber_main() {
   __sanitizer_finish_switch_fiber(nullptr, &g.main_bottom, &g.main_size);
 #endif
   Fiber& f = *g.cur;
+#if defined(__cpp_exceptions)
   try {
     (*g.body)();
   } catch (...) {  // exceptions cannot unwind across makecontext
     fail("kernel threw a C++ exception in thread %u of block %llu", f.linear,
          g.block_linear);
   }
+#else
+  (*g.body)();
+#endif
   set_state(f, St::Exited);
 #ifdef KVC_EMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, g.main_bottom, g.main_size);
@@ -438,6 +451,10 @@ inline int run_block() {
     f.ctx.uc_stack.ss_size = KVC_EMU_STACK_SIZE;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, &fiber_main, 0);
+    // Only makecontext reads uc_stack.  Clearing it stops ASan's swapcontext
+    // interceptor from wiping the fiber's shadow (live redzones) at each switch.
+    f.ctx.uc_stack.ss_sp = nullptr;
+    f.ctx.uc_stack.ss_size = 0;
   }
   g.live = g.nthreads;
   g.exited = 0;
@@ -492,6 +509,7 @@ inline int launch(const LaunchConfig& c, const std::function<void()>& body) {
   }
   g.failed = false;
   g.error.clear();
+  g.strict = g_strict_setting.load();
   g.body = &body;
   g.nthreads = static_cast<unsigned>(threads);
   g.nwarps = (g.nthreads + 31) / 32;
@@ -514,10 +532,8 @@ inline int launch(const LaunchConfig& c, const std::function<void()>& body) {
 }
 
 inline const char* last_error() { return detail::t_last_error.c_str(); }
-inline void set_strict(bool on) {
-  std::lock_guard<std::mutex> lock(detail::g.mutex);
-  detail::g.strict = on;
-}
+// Takes effect at the next launch (safe to call from any thread, even a kernel).
+inline void set_strict(bool on) { detail::g_strict_setting.store(on); }
 
 }  // namespace kvc_emu
 
