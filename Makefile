@@ -4,14 +4,18 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup generate check-generated test demo lint bench
+# `make abi-check BASE=<git rev>`: the schema revision the working kernels.yaml is compared with.
+BASE ?= HEAD~1
+
+.PHONY: setup generate check-generated test demo lint abi-check bench
 
 setup: $(STAMP)
 
-# Reinstall only when the project metadata changes; torch is pinned to the CPU wheel (see pyproject).
+# Idempotent: creates .venv once and reinstalls only when pyproject.toml changes (or .venv is
+# deleted). torch is pinned to the CPU build (see pyproject); the venv's own pip is recent enough
+# for an editable pyproject install, so nothing else is fetched.
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -27,5 +31,22 @@ test: setup check-generated
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests
 
+# Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
+# abi_version bump. A base that does not exist here (first commit, shallow clone) passes with a note.
+abi-check: $(STAMP)
+	$(PY) -m codegen diff --missing-base-ok $(BASE) kernels.yaml
+
 demo: $(STAMP)
 	$(PY) -m kv_canary demo
+
+# GPU check for a machine with an NVIDIA GPU and a system python3 (no .venv, nothing installed):
+# GPU tests + GPU benchmarks, report in $(OUT)/summary.md and $(OUT)/results.json.
+OUT ?= gpu-check-out
+.PHONY: gpu-check
+gpu-check:
+	PYTHONUNBUFFERED=1 PYTHONPATH=. python3 scripts/gpu_check.py $(OUT)
+
+# Reference vs scalar oracle (issue 3 §4), then the GPU benchmarks where bench/bench_gpu.py exists.
+bench: $(STAMP)
+	$(PY) bench/bench_reference.py
+	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi

@@ -4,10 +4,18 @@ from __future__ import annotations
 import keyword
 import re
 
-from .diagnostics import Diagnostics, Loc
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
 from .model import (
-    CHAINABLE_ROLES, CONSTANT_TYPES, KERNEL_TEMPLATES, REAL_KV_SOURCE_FIELDS, REQUIRED_CANARY_ROLES,
-    REQUIRED_CONSTANTS, REQUIRED_ENUMS, REQUIRED_FLAGS, VIOLATION_CARRIES, Schema,
+    CHAINABLE_ROLES,
+    CONSTANT_TYPES,
+    KERNEL_TEMPLATES,
+    REAL_KV_SOURCE_FIELDS,
+    REQUIRED_CANARY_ROLES,
+    REQUIRED_CONSTANTS,
+    REQUIRED_ENUMS,
+    REQUIRED_FLAGS,
+    VIOLATION_CARRIES,
+    Schema,
 )
 
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
@@ -22,8 +30,20 @@ operator or or_eq private protected public register reinterpret_cast requires re
 sizeof static static_assert static_cast struct switch template this thread_local throw true try
 typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
 """.split())
-# Names the generated code itself uses at the same scope; a schema name equal to one would shadow it.
-RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64"})
+# Names the generated code itself uses at the same scope (and CUDA built-ins); a schema name equal
+# to one would shadow it. `mro` cannot name an enum member.
+RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64", "mro",
+                            "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
+
+# Module-level names layout.py.j2 defines besides the schema's constants and flag/enum sets.
+LAYOUT_FIXED_NAMES = frozenset({
+    "ABI_VERSION", "LAYOUT_FINGERPRINT", "CANARY_CHAIN_HEAD", "CANARY_WORD_BYTES", "CANARY_FIELDS_PER_SLOT",
+    "CANARY_RECORD_BYTES", "CANARY_SLOT_STRIDE_BYTES", "CANARY_FIELD_NAMES", "CANARY_FIELD_OFFSETS",
+    "CANARY_TOKEN_WORD", "CANARY_POSITION_WORD", "CANARY_CHAIN_LINK_WORD", "CANARY_KV_FINGERPRINT_WORD",
+    "CANARY_CHAIN_FOLD_WORDS", "CANARY_CHAIN_FOLD_NAMES", "InputField", "INPUT_FIELDS", "VIOLATION_FIELDS",
+    "VIOLATION_FIELD_NAMES", "REAL_KV_SOURCE_FIELDS_PER_ENTRY", "MASK64", "splitmix64", "splitmix64_mix3",
+    "to_signed64", "dataclass", "Optional", "annotations",
+})
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
@@ -37,10 +57,45 @@ def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
     if keyword.iskeyword(name) or keyword.issoftkeyword(name) or name in CPP_KEYWORDS:
         d.error(loc, f"{what} '{name}' is a reserved word in Python or C++")
         return False
-    if name in RESERVED_NAMES or name.startswith("__"):
+    if name.startswith("_") or "__" in name:
+        # C++ reserves '__' anywhere and '_' + capital; Python's `import *` skips '_' names.
+        d.error(loc, f"{what} '{name}' must not start with '_' or contain '__'")
+        return False
+    if name in RESERVED_NAMES:
         d.error(loc, f"{what} '{name}' is reserved by the generated code")
         return False
     return True
+
+
+def _generated_names(schema: Schema) -> dict[str, str]:
+    """Every module-level name layout.py derives from the schema's records -> what defines it."""
+    names = {n: "a fixed name of the generated layout" for n in LAYOUT_FIXED_NAMES}
+    for f in schema.canary.fields:
+        names[f"CANARY_FIELD_{f.name.upper()}"] = f"canary field '{f.name}'"
+    for f in schema.violation.fields:
+        names[f"VIOLATION_FIELD_{f.name.upper()}"] = f"violation field '{f.name}'"
+        names[f"VIOLATION_COL_{f.carries.upper()}"] = f"violation field '{f.name}'"
+    for f in schema.real_kv_source.fields:
+        names[f"REAL_KV_SOURCE_FIELD_{f.name.upper()}"] = f"real_kv_source field '{f.name}'"
+    return names
+
+
+def _check_generated_names(schema: Schema, d: Diagnostics) -> None:
+    # Field names become upper-case identifiers: 'token' and 'TOKEN' would define one name twice.
+    for rec in (schema.canary, schema.violation):
+        seen = {}
+        for f in rec.fields:
+            upper = f.name.upper()
+            if upper in seen and seen[upper] != f.name:
+                d.error(f.loc, f"field '{f.name}' and field '{seen[upper]}' differ only in case; both would "
+                               f"generate {rec.name.upper()}_FIELD_{upper}")
+            seen.setdefault(upper, f.name)
+    generated = _generated_names(schema)
+    for item, what in [(c, "constant") for c in schema.constants] + \
+                      [(vs, f"{vs.kind} set") for vs in schema.flags + schema.enums]:
+        if item.name in generated:
+            d.error(item.loc, f"{what} '{item.name}' collides with the generated name {item.name} "
+                              f"({generated[item.name]}); rename it")
 
 
 def _duplicates(d: Diagnostics, items, what: str, key=lambda x: x.name) -> None:
@@ -59,6 +114,7 @@ def check_schema(schema: Schema, d: Diagnostics) -> None:
     _check_other_records(schema, d)
     _check_value_sets(schema, d)
     _check_kernels(schema, d)
+    _check_generated_names(schema, d)
 
 
 def _check_constants(schema: Schema, d: Diagnostics) -> None:
@@ -72,7 +128,7 @@ def _check_constants(schema: Schema, d: Diagnostics) -> None:
     names = {c.name: c for c in schema.constants}
     for name, ctype in REQUIRED_CONSTANTS.items():
         if name not in names:
-            d.error(Loc(schema.source_name, 1, 1), f"missing required constant '{name}' of type {ctype}")
+            d.error(schema.section_loc("constants"), f"missing required constant '{name}' of type {ctype}")
         elif names[name].type != ctype:
             d.error(names[name].where.get("type", names[name].loc),
                     f"constant '{name}' must have type {ctype}, got {names[name].type}")
@@ -139,7 +195,9 @@ def _check_canary(schema: Schema, d: Diagnostics) -> None:
     elif anchor.type != "u64":
         d.error(chain.where.get("anchor", chain.loc),
                 f"chain anchor '{chain.anchor}' must be a u64 constant, got {anchor.type}")
-    by_name = {f.name: f for f in rec.fields}
+    by_name = {}
+    for f in rec.fields:
+        by_name.setdefault(f.name, f)  # a duplicate name is reported once, above
     if not chain.fold:
         d.error(chain.where.get("fold", chain.loc), "chain fold must name at least one field")
     seen = set()
@@ -210,7 +268,7 @@ def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
         present = {vs.name: vs for vs in table}
         for name, members in required.items():
             if name not in present:
-                d.error(Loc(schema.source_name, 1, 1), f"missing required {kind} set '{name}'")
+                d.error(schema.section_loc(kind + "s"), f"missing required {kind} set '{name}'")
                 continue
             have = {m.name for m in present[name].members}
             for member in members:
@@ -224,7 +282,8 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
         check_name(d, k.name, k.loc, "kernel name")
         spec = KERNEL_TEMPLATES.get(k.template)
         if spec is None:
-            d.error(k.where.get("template", k.loc), f"kernel '{k.name}' uses unknown template '{k.template}'; "
+            d.error(k.where.get("template", k.loc), f"kernel '{k.name}' uses unknown template '{k.template}'"
+                                                    f"{closest_hint(k.template, KERNEL_TEMPLATES)}; "
                                                     f"known templates: {', '.join(KERNEL_TEMPLATES)}")
             continue
         launch = k.launch
@@ -249,14 +308,16 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
         for s in k.specializations:
             if s.name not in spec.specializations:
                 allowed = ", ".join(spec.specializations) or "none"
-                d.error(s.loc, f"kernel '{k.name}' (template '{k.template}') has no specialization '{s.name}'; "
-                               f"allowed: {allowed}")
+                d.error(s.loc, f"kernel '{k.name}' (template '{k.template}') has no specialization '{s.name}'"
+                               f"{closest_hint(s.name, spec.specializations)}; allowed: {allowed}")
+                names.add(closest_name(s.name, spec.specializations))  # a misspelling: one error, not two
         for required in spec.specializations:
             if required not in names:
                 d.error(k.loc, f"kernel '{k.name}' must declare specialization '{required}'")
+    misspelt = {closest_name(k.template, KERNEL_TEMPLATES) for k in schema.kernels}
     for template in KERNEL_TEMPLATES:
-        if not schema.kernels_by_template(template):
-            d.error(Loc(schema.source_name, 1, 1), f"no kernel uses template '{template}'; every template "
+        if not schema.kernels_by_template(template) and template not in misspelt:
+            d.error(schema.section_loc("kernels"), f"no kernel uses template '{template}'; every template "
                                                    f"needs exactly one kernel")
         for extra in schema.kernels_by_template(template)[1:]:
             d.error(extra.where.get("template", extra.loc),

@@ -1,23 +1,23 @@
-"""Command line: `python -m codegen {generate,check,describe}` (also the `kv-canary` script)."""
+"""Command line: `python -m codegen {generate,check,describe,diff}`; `kv-canary` adds `demo` (kv_canary/cli.py)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 from .diagnostics import SchemaError
-from .load import load_schema
+from .diff import diff_schemas, format_markdown
+from .load import load_schema, load_schema_bytes
 from .render import make_environment, render_all, render_body, template_context
+from .sources import SourceUnavailable, read_source
 from .writer import compare_tree, write_tree
-
-FIX_HINT = "fix: run `make generate` (or `python -m codegen generate`) and commit generated/"
 
 
 def _display(path: Path) -> str:
+    """A path as diagnostics show it: relative when under the current directory, else as given."""
     try:
-        return os.path.relpath(path)
+        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return str(path)
 
@@ -43,20 +43,33 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def regenerate_command(args) -> str:
+    """The exact command that regenerates args.out from args.schema."""
+    if args.schema.resolve() == (args.root / "kernels.yaml").resolve() and \
+            args.out.resolve() == (args.root / "generated").resolve():
+        return "make generate"
+    return f"python -m codegen generate --schema {_display(args.schema)} --out {_display(args.out)}"
+
+
 def cmd_check(args) -> int:
     schema, text = _load(args.schema)
     files = render_all(schema, text)
-    drifts = compare_tree(args.out, files, _display(args.out))
+    regenerate = regenerate_command(args)
+    drifts = compare_tree(args.out, files, _display(args.out), regenerate)
     if not drifts:
         print(f"{_display(args.out)} is up to date with {_display(args.schema)} ({len(files)} files)")
         return 0
-    for d in drifts:
-        print(f"{d.path}: {d.detail}", file=sys.stderr)
+    err = sys.stderr
+    for i, d in enumerate(drifts):
+        print(f"{d.path}: {d.detail}", file=err)
+        if i + 1 == len(drifts) or drifts[i + 1].fix != d.fix:  # one fix line per run of identical fixes
+            print(f"    fix: {d.fix}", file=err)
     if not args.quiet:
         for d in drifts:
             if d.diff:
-                sys.stderr.write(d.diff if d.diff.endswith("\n") else d.diff + "\n")
-    print(f"{len(drifts)} generated file(s) out of date. {FIX_HINT}", file=sys.stderr)
+                err.write(d.diff if d.diff.endswith("\n") else d.diff + "\n")
+    print(f"{len(drifts)} generated file(s) out of date with {_display(args.schema)}; "
+          f"run `{regenerate}` and commit {_display(args.out)}/", file=err)
     return 1
 
 
@@ -65,6 +78,28 @@ def cmd_describe(args) -> int:
     env = make_environment()
     sys.stdout.write(render_body(env, "docs/LAYOUT.md.j2", template_context(schema), "LAYOUT.md"))
     return 0
+
+
+def cmd_diff(args) -> int:
+    root = args.root
+    try:
+        old_name, old_raw = read_source(args.old, root)
+    except SourceUnavailable as exc:
+        if args.missing_base_ok:
+            print(f"kv-canary diff: nothing to compare: {exc}. Passing: there is no base schema to break.")
+            return 0
+        print(f"kv-canary diff: {exc}", file=sys.stderr)
+        return 1
+    try:
+        new_name, new_raw = read_source(args.new, root)
+    except SourceUnavailable as exc:
+        print(f"kv-canary diff: {exc}", file=sys.stderr)
+        return 1
+    old = load_schema_bytes(old_raw, old_name)
+    new = load_schema_bytes(new_raw, new_name)
+    report = diff_schemas(old, new, old_name, new_name)
+    sys.stdout.write(format_markdown(report))
+    return report.exit_status
 
 
 def add_codegen_commands(sub, root: Path) -> None:
@@ -81,6 +116,16 @@ def add_codegen_commands(sub, root: Path) -> None:
     p = sub.add_parser("describe", help="print the layout tables")
     common(p)
     p.set_defaults(func=cmd_describe)
+    p = sub.add_parser("diff", help="semantic ABI diff of two schemas (files or git revisions)",
+                       description="Compare two schemas and classify every change as compatible or BREAKING. "
+                                   "Exit 2 when something breaks and abi_version was not bumped.")
+    p.add_argument("old", help="old schema: a file, a git revision (HEAD~1 means HEAD~1:kernels.yaml) or REV:PATH")
+    p.add_argument("new", nargs="?", default="kernels.yaml", help="new schema (default: kernels.yaml)")
+    p.add_argument("--missing-base-ok", action="store_true",
+                   help="pass with a note when OLD does not exist (first commit, shallow clone)")
+    p.set_defaults(func=cmd_diff)
+    for p in sub.choices.values():
+        p.set_defaults(root=root)
 
 
 def run(parser: argparse.ArgumentParser, argv=None) -> int:
@@ -94,6 +139,9 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
         print(exc, file=sys.stderr)
         n = len(exc.diagnostics)
         print(f"{n} error{'s' if n != 1 else ''}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. an unwritable --out: a message, not a traceback
+        print(f"{parser.prog}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return 1
 
 

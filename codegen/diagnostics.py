@@ -5,6 +5,7 @@ and all problems of one run are reported together, sorted, so a schema author fi
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 
@@ -47,6 +48,21 @@ class Diagnostics:
     def __bool__(self) -> bool:
         return bool(self._items)
 
+    def __len__(self) -> int:
+        return len(self._items)
+
     def raise_if_any(self) -> None:
         if self._items:
             raise SchemaError(self._items)
+
+
+def closest_name(word: str, choices) -> str | None:
+    """The choice that `word` is most likely a misspelling of, if any is close."""
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.7)
+    return match[0] if match else None
+
+
+def closest_hint(word: str, choices) -> str:
+    """` (did you mean 'x'?)`, or '' when nothing is close."""
+    match = closest_name(word, choices)
+    return f" (did you mean '{match}'?)" if match else ""

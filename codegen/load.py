@@ -28,18 +28,28 @@ def load_schema_text(text: str, display_name: str = "kernels.yaml") -> Schema:
     return schema
 
 
-def load_schema(path: Path, display_name: str | None = None) -> Schema:
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise SchemaError([Diagnostic(Loc(str(path), 1, 1), f"cannot read schema: {exc.strerror}")]) from None
+def load_schema_bytes(raw: bytes, display_name: str) -> Schema:
+    """Decode (UTF-8, strictly) and load; a bad byte is a diagnostic at its line and column."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SchemaError([Diagnostic(Loc(display_name or path.name, 1, 1),
-                                      f"schema is not UTF-8: {exc.reason} at byte {exc.start}")]) from None
-    return load_schema_text(text, display_name or path.name)
+        line = raw.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SchemaError([Diagnostic(Loc(display_name, line, col),
+                                      f"schema is not UTF-8: {exc.reason} (byte 0x{raw[exc.start]:02X} at offset "
+                                      f"{exc.start})")]) from None
+    return load_schema_text(text, display_name)
+
+
+def load_schema(path: Path, display_name: str | None = None) -> Schema:
+    path = Path(path)
+    display_name = display_name or path.name
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise SchemaError([Diagnostic(Loc(display_name, 1, 1),
+                                      f"cannot read schema {path}: {exc.strerror}")]) from None
+    return load_schema_bytes(raw, display_name)
 
 
 def layout_description(schema: Schema) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import string
 
-from .diagnostics import Diagnostics
+from .diagnostics import Diagnostics, closest_hint, closest_name
 from .model import Schema
 
 # message key -> the run-time placeholders its validator provides
@@ -51,7 +51,10 @@ def resolve_messages(schema: Schema, d: Diagnostics) -> Schema:
     for msg in schema.messages:
         present.add(msg.key)
         if msg.key not in REQUIRED_MESSAGES:
-            d.error(msg.loc, f"unknown message '{msg.key}'; known messages: prefix, {', '.join(REQUIRED_MESSAGES)}")
+            meant = closest_name(msg.key, REQUIRED_MESSAGES)
+            present.add(meant)  # a misspelt key: one error, not also "missing"
+            d.error(msg.loc, f"unknown message '{msg.key}'{closest_hint(msg.key, REQUIRED_MESSAGES)}; "
+                             f"known messages: prefix, {', '.join(REQUIRED_MESSAGES)}")
             continue
         try:
             parts = list(string.Formatter().parse(msg.text))
@@ -83,6 +86,5 @@ def resolve_messages(schema: Schema, d: Diagnostics) -> Schema:
         resolved.append(dataclasses.replace(msg, text="".join(out), placeholders=tuple(runtime)))
     for key in REQUIRED_MESSAGES:
         if key not in present:
-            d.error(schema.messages[0].loc if schema.messages else schema.canary.loc,
-                    f"missing required message '{key}'")
+            d.error(schema.section_loc("messages"), f"missing required message '{key}'")
     return dataclasses.replace(schema, messages=tuple(resolved))

@@ -6,7 +6,8 @@ every generated language agrees by construction.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from types import MappingProxyType
 from typing import Mapping, Optional
 
@@ -275,6 +276,11 @@ class Schema:
     messages: tuple[Message, ...]
     kernels: tuple[Kernel, ...]
     source_name: str
+    # Location of each top-level key (`constants:`, `kernels:`, ...): where "missing X" errors point.
+    section_locs: Mapping[str, Loc] = _where()
+
+    def section_loc(self, key: str) -> Loc:
+        return self.section_locs.get(key, Loc(self.source_name, 1, 1))
 
     def constant(self, name: str) -> Constant:
         for c in self.constants:

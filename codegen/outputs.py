@@ -8,9 +8,21 @@ from __future__ import annotations
 STATIC_OUTPUTS = (
     ("python/__init__.py.j2", "__init__.py"),
     ("python/layout.py.j2", "layout.py"),
+    ("python/validators.py.j2", "validators.py"),
+    ("python/allocators.py.j2", "allocators.py"),
+    ("python/reference.py.j2", "reference.py"),
     ("docs/LAYOUT.md.j2", "LAYOUT.md"),
+    ("cuda/kv_canary_layout.cuh.j2", "cuda/kv_canary_layout.cuh"),
+    ("cuda/kernel_abi.py.j2", "kernel_abi.py"),
+    ("emulation/launchers.cpp.j2", "emulation/kv_canary_launchers.cpp"),
 )
 
 # kernels.yaml `template:` name -> the Jinja template of that kernel's CUDA source, rendered once
 # per kernel into cuda/<kernel name>.cu with `kernel` in its context.
-KERNEL_SOURCE_TEMPLATES: dict[str, str] = {}
+KERNEL_SOURCE_TEMPLATES: dict[str, str] = {
+    "write": "cuda/write.cu.j2",
+    "verify": "cuda/verify.cu.j2",
+    "plan_offsets": "cuda/plan_offsets.cu.j2",
+    "plan_entries": "cuda/plan_entries.cu.j2",
+    "scatter": "cuda/scatter.cu.j2",
+}

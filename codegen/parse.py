@@ -8,13 +8,31 @@ from __future__ import annotations
 
 import re
 import string
+from types import MappingProxyType
 from typing import Optional
 
-from .diagnostics import Diagnostics, Loc
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
 from .model import (
-    CANARY_ROLES, CONSTANT_TYPES, LAUNCH_SHAPES, VIOLATION_CARRIES, WORD_TYPES,
-    Chain, Constant, Field, InputVerify, Kernel, Launch, Member, Message, Record, Schema,
-    Specialization, ValueSet, INPUT_EXPECTED_SOURCES, ROLE_INPUT, where_of,
+    CANARY_ROLES,
+    CONSTANT_TYPES,
+    INPUT_EXPECTED_SOURCES,
+    LAUNCH_SHAPES,
+    ROLE_INPUT,
+    VIOLATION_CARRIES,
+    WORD_TYPES,
+    Chain,
+    Constant,
+    Field,
+    InputVerify,
+    Kernel,
+    Launch,
+    Member,
+    Message,
+    Record,
+    Schema,
+    Specialization,
+    ValueSet,
+    where_of,
 )
 from .yaml_loader import YMap, YNode, YScalar, YSeq
 
@@ -27,7 +45,7 @@ RECORD_KEYS = {
     "real_kv_source": ("word", "fields", "doc"),
 }
 FIELD_KEYS = {
-    "canary": ("name", "role", "verify", "doc"),
+    "canary": ("name", "role", "offset", "verify", "doc"),
     "violation": ("name", "carries", "doc"),
     "real_kv_source": ("name", "doc"),
 }
@@ -49,31 +67,56 @@ def _kind(node: YNode) -> str:
         return f"the boolean {node.text}"
     if isinstance(v, int):
         return f"the integer {node.text}"
-    return f"'{node.text}'"
+    if isinstance(v, float):
+        return f"the number {node.text}"
+    if isinstance(v, str):
+        return f"the string '{node.text}'"
+    return f"'{node.text}'"  # dates and other YAML 1.1 scalars
 
 
-def _closest(word: str, choices) -> str:
-    """`did you mean` hint: the choice sharing the longest prefix, if any is close."""
-    import difflib
-    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.7)
-    return f" (did you mean '{match[0]}'?)" if match else ""
+# Text that ends up inside generated comments and string literals must stay on its line and must
+# not close a comment or look like template syntax: this is the injection guard for free text.
+_UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f\\]|\{\{|\{%|\{#|%\}|#\}|\*/|-->")
+
+
 
 
 class Parser:
+    """Builds the model. Errors that leave the parsed value usable (an unknown extra key, bad doc
+    text, a range problem) are *soft*: the semantic checks still run, so one pass reports them all.
+    Errors that drop or replace a value are *hard*: checks on a half-built model would cascade."""
+
     def __init__(self, diags: Diagnostics) -> None:
         self.d = diags
+        self.soft_errors = 0
+
+    def soft(self, loc: Loc, message: str) -> None:
+        self.d.error(loc, message)
+        self.soft_errors += 1
+
+    @property
+    def has_hard_errors(self) -> bool:
+        return len(self.d) > self.soft_errors
 
     # -- primitive expectations -------------------------------------------------------------
     def mapping(self, node: YNode, what: str, allowed, required=()) -> Optional[YMap]:
         if not isinstance(node, YMap):
             self.d.error(node.loc, f"{what} must be a mapping, got {_kind(node)}")
             return None
+        missing = [k for k in required if node.get(k) is None]
+        explained = set()
         for key, _ in node.entries:
             if key.value not in allowed:
-                self.d.error(key.loc, f"unknown key '{key.value}' in {what}{_closest(key.value, allowed)}; "
-                                      f"allowed keys: {', '.join(allowed)}")
-        for key in required:
-            if node.get(key) is None:
+                hint = closest_hint(key.value, allowed)
+                message = f"unknown key '{key.value}' in {what}{hint}; allowed keys: {', '.join(allowed)}"
+                meant = closest_name(key.value, missing)
+                if meant:  # a misspelt required key: one error, not two
+                    explained.add(meant)
+                    self.d.error(key.loc, message)
+                else:
+                    self.soft(key.loc, message)
+        for key in missing:
+            if key not in explained:
                 self.d.error(node.loc, f"{what} is missing required key '{key}'")
         return node
 
@@ -101,6 +144,17 @@ class Parser:
         self.d.error(node.loc, f"{what} must be a string, got {_kind(node)}")
         return None
 
+    def line(self, node: YNode, what: str) -> Optional[str]:
+        """One line of plain text (docs, messages): see _UNSAFE_TEXT."""
+        value = self.text(node, what)
+        if value is None:
+            return None
+        bad = _UNSAFE_TEXT.search(value)
+        if bad:  # soft: the text is kept, and nothing is rendered while any error stands
+            self.soft(node.loc, f"{what} must be one line of plain text (no control characters, backslashes, "
+                                   f"template syntax or comment terminators), found {bad.group()!r}")
+        return value
+
     def name(self, node: YNode, what: str) -> Optional[str]:
         # Names become identifiers in Python and C++; validity is checked in checks.py so that
         # the bad name is still reported with the rest of the schema's problems.
@@ -115,7 +169,7 @@ class Parser:
             return None
         if value not in choices:
             self.d.error(node.loc, f"{what} must be one of {', '.join(choices)}, got '{value}'"
-                                   f"{_closest(value, choices)}")
+                                   f"{closest_hint(value, choices)}")
             return None
         return value
 
@@ -133,11 +187,11 @@ class Parser:
             return None
         fmt = self.opt(top, "format", self.integer, "format", None)
         if fmt is not None and fmt not in SUPPORTED_FORMATS:
-            self.d.error(top.get("format").loc,
+            self.soft(top.get("format").loc,
                          f"format must be one of {', '.join(map(str, SUPPORTED_FORMATS))}, got {fmt}")
         abi = self.opt(top, "abi_version", self.integer, "abi_version", None)
         if abi is not None and abi < 1:
-            self.d.error(top.get("abi_version").loc, f"abi_version must be >= 1, got {abi}")
+            self.soft(top.get("abi_version").loc, f"abi_version must be >= 1, got {abi}")
         constants = self.constants(top.get("constants")) if top.get("constants") is not None else ()
         records = self.records(top.get("records")) if top.get("records") is not None else {}
         flags = self.value_sets(top.get("flags"), "flag") if top.get("flags") is not None else ()
@@ -145,10 +199,11 @@ class Parser:
         prefix, messages = self.messages(top.get("messages"), constants, records) \
             if top.get("messages") is not None else ("", ())
         kernels = self.kernels(top.get("kernels")) if top.get("kernels") is not None else ()
-        if self.d or any(r not in records for r in RECORD_NAMES):
+        if self.has_hard_errors or any(r not in records for r in RECORD_NAMES):
             return None
+        sections = MappingProxyType({k.value: k.loc for k, _ in top.entries})
         return Schema(fmt, abi, constants, records["canary"], records["violation"],
-                      records["real_kv_source"], flags, enums, prefix, messages, kernels, source_name)
+                      records["real_kv_source"], flags, enums, prefix, messages, kernels, source_name, sections)
 
     def constants(self, node: YNode) -> tuple[Constant, ...]:
         m = self.mapping(node, "constants", allowed=_AnyKey())
@@ -161,7 +216,7 @@ class Parser:
             ctype = self.opt(body, "type", lambda n, w: self.choice(n, w, tuple(CONSTANT_TYPES)),
                              f"{what} type", None)
             cvalue = self.opt(body, "value", self.integer, f"{what} value", None)
-            doc = self.opt(body, "doc", self.text, f"{what} doc", "")
+            doc = self.opt(body, "doc", self.line, f"{what} doc", "")
             if ctype is not None and cvalue is not None:
                 out.append(Constant(key.value, ctype, cvalue, doc, key.loc, where_of(body.entries)))
         return tuple(out)
@@ -190,7 +245,7 @@ class Parser:
         wb = WORD_TYPES[word]
         fields = []
         for i, item in enumerate(seq.items):
-            f = self.field(rname, item, i, wb)
+            f = self.field(rname, item, i, wb, fields)
             if f is not None:
                 fields.append(f)
         stride = self.opt(body, "slot_stride_bytes", self.integer, f"{what} slot_stride_bytes", len(fields) * wb)
@@ -199,8 +254,12 @@ class Parser:
             chain = self.chain(body.get("chain"))
         return Record(rname, word, wb, tuple(fields), stride, chain, loc, where_of(body.entries))
 
-    def field(self, rname: str, node: YNode, index: int, word_bytes: int) -> Optional[Field]:
-        what = f"field {index} of record '{rname}'"
+    def field(self, rname: str, node: YNode, index: int, word_bytes: int, before: list) -> Optional[Field]:
+        label = node.get("name") if isinstance(node, YMap) else None
+        if isinstance(label, YScalar) and isinstance(label.value, str) and label.value:
+            what = f"field '{label.value}' of record '{rname}'"
+        else:
+            what = f"field {index} of record '{rname}'"
         required = ("name",) + (("role",) if rname == "canary" else ()) + \
             (("carries",) if rname == "violation" else ())
         body = self.mapping(node, what, FIELD_KEYS[rname], required)
@@ -210,17 +269,30 @@ class Parser:
         role = self.opt(body, "role", lambda n, w: self.choice(n, w, CANARY_ROLES), f"{what} role", "")
         carries = self.opt(body, "carries", lambda n, w: self.choice(n, w, VIOLATION_CARRIES),
                            f"{what} carries", "")
-        doc = self.opt(body, "doc", self.text, f"{what} doc", "")
+        doc = self.opt(body, "doc", self.line, f"{what} doc", "")
         verify = None
         if body.get("verify") is not None:
             if role != ROLE_INPUT:
-                self.d.error(body.key_loc("verify"),
+                self.soft(body.key_loc("verify"),
                              f"{what}: only fields with role 'input' can declare 'verify', this one has role '{role}'")
-            verify = self.input_verify(body.get("verify"), f"{what} verify")
+            else:
+                verify = self.input_verify(body.get("verify"), f"{what} verify")
+        offset = index * word_bytes
+        declared = self.opt(body, "offset", self.integer, f"{what} offset", None)
+        if declared is not None and declared != offset:
+            self._offset_error(body.get("offset").loc, name or what, declared, offset, word_bytes, before)
         if name is None:
             return None
-        return Field(name, index, index * word_bytes, role, carries, verify, doc,
+        return Field(name, index, offset, role, carries, verify, doc,
                      body.get("name").loc, where_of(body.entries))
+
+    def _offset_error(self, loc: Loc, name: str, declared: int, offset: int, word_bytes: int, before) -> None:
+        # Fields are packed in list order; an `offset:` only states (and so checks) where one lands.
+        hit = next((f for f in before if f.offset < declared + word_bytes and declared < f.offset + word_bytes), None)
+        why = (f"; it would overlap field '{hit.name}' (bytes {hit.offset}..{hit.offset + word_bytes - 1})"
+               if hit else "")
+        self.soft(loc, f"field '{name}' declares offset {declared} but fields are packed in order, so it is at "
+                          f"byte {offset}{why}")
 
     def input_verify(self, node: YNode, what: str) -> Optional[InputVerify]:
         body = self.mapping(node, what, VERIFY_KEYS, VERIFY_KEYS)
@@ -270,7 +342,7 @@ class Parser:
         m = self.mapping(node, "messages", allowed=_AnyKey())
         prefix, out = "", []
         for key, value in (m.entries if m else ()):
-            text = self.text(value, f"message '{key.value}'")
+            text = self.line(value, f"message '{key.value}'")
             if text is None:
                 continue
             if key.value == "prefix":
@@ -329,7 +401,7 @@ class Parser:
                     self.d.error(body.loc, f"{what} launch shape '{shape}' requires '{key}'")
                 continue
             if key not in LAUNCH_SHAPES[shape]:
-                self.d.error(body.key_loc(key), f"{what} launch shape '{shape}' does not take '{key}'")
+                self.soft(body.key_loc(key), f"{what} launch shape '{shape}' does not take '{key}'")
                 continue
             extra[key] = self.integer(child, f"{what} launch {key}")
         return Launch(shape, threads, extra.get("blocks_per_sm") or 0, extra.get("blocks") or 0,

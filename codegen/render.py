@@ -14,6 +14,7 @@ import jinja2
 from jinja2.ext import Extension
 
 from .diagnostics import Diagnostic, Loc, SchemaError
+from .hexdump import golden_rows
 from .load import layout_fingerprint
 from .model import MASK64, Constant, Schema, splitmix64
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
@@ -31,15 +32,24 @@ _SURVIVING_SYNTAX = re.compile(r"\{\{|\{%|\{#|%\}|#\}")
 
 @dataclass(frozen=True)
 class GeneratedFile:
-    path: str       # relative to the output directory, '/'-separated
-    text: str       # header + body
+    path: str           # relative to the output directory, '/'-separated
+    text: str           # header + body
+    template: str = ""  # the template that renders it (relative to codegen/templates/)
 
 
 # -- literal filters: every number crosses into a language through one of these -------------
 def cpp_literal(value, ctype: str = "i64") -> str:
-    """A C++ literal with an explicit type suffix (0x...ULL for u64)."""
+    """A C++ literal with an explicit type (0x...ULL for u64); bools and strings too."""
     if isinstance(value, Constant):
         value, ctype = value.value, value.type
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        # Schema text has no control characters or backslashes (parse.py); escape anything left.
+        # Octal escapes take at most three digits, so (unlike \x) they cannot swallow what follows.
+        escaped = "".join(chr(b) if 32 <= b < 127 and chr(b) not in '"\\' else
+                          "\\" + chr(b) if chr(b) in '"\\' else f"\\{b:03o}" for b in value.encode("utf-8"))
+        return f'"{escaped}"'
     if ctype == "u64":
         return f"0x{value & MASK64:016X}ULL"
     if ctype == "u32":
@@ -47,7 +57,9 @@ def cpp_literal(value, ctype: str = "i64") -> str:
     if ctype == "i64":
         # -2^63 has no literal form in C++; spell it as an expression.
         return "(-9223372036854775807LL - 1)" if value == -(1 << 63) else f"{value}LL"
-    return str(value)
+    if ctype == "i32":
+        return str(value)
+    raise ValueError(f"cpp filter: unknown type {ctype!r} (expected one of i32, u32, i64, u64)")
 
 
 def py_literal(value) -> str:
@@ -155,6 +167,7 @@ def template_context(schema: Schema) -> dict:
         "real_kv_source": schema.real_kv_source,
         "fail_reason": schema.fail_reason,
         "kernel_templates": KERNEL_SOURCE_TEMPLATES,
+        "golden_rows": golden_rows(schema),
     }
 
 
@@ -184,5 +197,5 @@ def render_all(schema: Schema, schema_text: str) -> list[GeneratedFile]:
     out = []
     for template, path, extra in output_plan(schema):
         body = render_body(env, template, {**context, **extra}, path)
-        out.append(GeneratedFile(path, make_header(path, schema_sha, gen_sha, body) + body))
+        out.append(GeneratedFile(path, make_header(path, schema_sha, gen_sha, body) + body, template))
     return out

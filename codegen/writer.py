@@ -54,46 +54,63 @@ def write_tree(out_dir: Path, files: list[GeneratedFile]) -> tuple[list[str], li
     return written, removed
 
 
+# How drifts are listed: what needs a human decision first, then what `make generate` fixes.
+DRIFT_ORDER = ("hand-edited", "stale", "generator-changed", "changed", "missing", "extra")
+
+
 @dataclass(frozen=True)
 class Drift:
-    path: str
+    path: str        # as shown to the user (display dir + relative path)
     kind: str        # hand-edited | stale | generator-changed | changed | missing | extra
-    detail: str
-    diff: str
+    detail: str      # what is wrong, one line
+    fix: str         # what to do about it, one line
+    diff: str        # unified diff, on disk -> freshly generated ("" for missing/extra)
 
 
-def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str) -> list[Drift]:
-    """Every difference between out_dir and the freshly rendered files, classified."""
+def _classify(current: str, wanted: GeneratedFile, regenerate: str) -> tuple[str, str, str]:
+    """(kind, detail, fix) for a file whose text differs from what the generator produces."""
+    source = f"codegen/templates/{wanted.template}" if wanted.template else "its template in codegen/templates/"
+    parsed, fresh = split_header(current), split_header(wanted.text)
+    if parsed is None:
+        return ("hand-edited", "hand-edited: its do-not-edit header was removed or changed",
+                f"make the change in kernels.yaml or {source}, then run `{regenerate}`")
+    if parsed[0].get("body") != sha256_text(parsed[1]):
+        return ("hand-edited", "hand-edited: its body no longer matches the body-sha256 in its header",
+                f"make the change in kernels.yaml or {source}, then run `{regenerate}` (it overwrites this file)")
+    if parsed[0].get("schema") != fresh[0]["schema"]:
+        return ("stale", "stale: the schema changed since this file was generated",
+                f"run `{regenerate}` and commit the result")
+    if parsed[0].get("generator") != fresh[0]["generator"]:
+        return ("generator-changed", "stale: the generator (codegen/) changed since this file was generated",
+                f"run `{regenerate}` and commit the result")
+    return ("changed", "differs from what the generator produces (same schema and generator hashes)",
+            f"run `{regenerate}`; if it persists, the output depends on something outside codegen/ "
+            f"(e.g. the Jinja2 version)")
+
+
+def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str,
+                 regenerate: str = "make generate") -> list[Drift]:
+    """Every difference between out_dir and the freshly rendered files, classified (DRIFT_ORDER, then path)."""
     drifts = []
     on_disk = files_on_disk(out_dir)
     for f in files:
         shown = f"{display_dir}/{f.path}"
         p = on_disk.get(f.path)
         if p is None:
-            drifts.append(Drift(shown, "missing", "missing: the generator would create it", ""))
+            drifts.append(Drift(shown, "missing", "missing: the generator produces it but it is not on disk",
+                                f"run `{regenerate}`", ""))
             continue
         current = p.read_text(encoding="utf-8", errors="replace")
         if current == f.text:
             continue
         diff = "".join(difflib.unified_diff(
             current.splitlines(keepends=True), f.text.splitlines(keepends=True),
-            fromfile=f"{shown} (on disk)", tofile=f"{shown} (from the schema)", n=2))
-        parsed, wanted = split_header(current), split_header(f.text)
-        if parsed is None:
-            kind, detail = "hand-edited", "hand-edited: its do-not-edit header was removed or changed"
-        elif parsed[0].get("body") != sha256_text(parsed[1]):
-            kind, detail = "hand-edited", ("hand-edited: its body no longer matches the body-sha256 "
-                                           "recorded in its header")
-        elif parsed[0].get("schema") != wanted[0]["schema"]:
-            kind, detail = "stale", "stale: kernels.yaml changed since this file was generated"
-        elif parsed[0].get("generator") != wanted[0]["generator"]:
-            kind, detail = "generator-changed", "stale: the generator (codegen/) changed since this file was generated"
-        else:
-            kind, detail = "changed", "differs from what the generator produces"
-        drifts.append(Drift(shown, kind, detail, diff))
+            fromfile=f"{shown} (on disk)", tofile=f"{shown} (generated)", n=2))
+        drifts.append(Drift(shown, *_classify(current, f, regenerate), diff))
     wanted_paths = {f.path for f in files}
     for rel in on_disk:
         if rel not in wanted_paths:
-            drifts.append(Drift(f"{display_dir}/{rel}", "extra",
-                                "extra: not produced by the generator (delete it, or add it to the schema)", ""))
-    return drifts
+            drifts.append(Drift(f"{display_dir}/{rel}", "extra", "extra: no template produces this file",
+                                f"delete it (`git rm {display_dir}/{rel}`), or add a template and a row in "
+                                f"codegen/outputs.py", ""))
+    return sorted(drifts, key=lambda d: (DRIFT_ORDER.index(d.kind), d.path))

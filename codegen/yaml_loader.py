@@ -90,15 +90,30 @@ class _Converter:
         raise AssertionError(f"unexpected YAML node {node!r}")  # aliases are resolved by compose
 
 
+def _compose(text: str):
+    """Compose with libyaml when present (15x faster); on any error, re-parse with the pure-Python
+    loader so that error messages are the same on every machine."""
+    fast = getattr(yaml, "CSafeLoader", None)
+    if fast is not None:
+        try:
+            return yaml.compose(text, Loader=fast)
+        except yaml.YAMLError:
+            pass
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
 def load_yaml(text: str, display_name: str) -> YNode:
     """Parse ``text``; raise SchemaError (never a bare YAML traceback) on any problem."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = _compose(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         loc = _loc(display_name, mark) if mark else Loc(display_name, 1, 1)
         problem = exc.problem or "invalid YAML"
         context = f" ({exc.context})" if exc.context else ""
+        if exc.context and exc.context_mark and exc.problem_mark and exc.context_mark.line != exc.problem_mark.line:
+            # Point back at the construct that is left open (e.g. a flow mapping started lines above).
+            context = f" ({exc.context} started at line {exc.context_mark.line + 1}, column {exc.context_mark.column + 1})"
         raise SchemaError([Diagnostic(loc, f"YAML syntax error: {problem}{context}")]) from None
     except yaml.YAMLError as exc:
         raise SchemaError([Diagnostic(Loc(display_name, 1, 1), f"YAML error: {exc}")]) from None

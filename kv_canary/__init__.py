@@ -34,3 +34,22 @@ splitmix64_mix3 = _layout.splitmix64_mix3
 # Every VIOLATION_FIELD_* and REAL_KV_SOURCE_FIELD_* the schema declares.
 globals().update({k: getattr(_layout, k) for k in dir(_layout)
                   if k.startswith(("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")) and not k.endswith("_NAMES")})
+
+# Launch data classes and allocators (generated/allocators.py), then the launch API.
+import importlib as _importlib  # noqa: E402
+
+allocators = _importlib.import_module("kv_canary.generated.allocators")
+validators = _importlib.import_module("kv_canary.generated.validators")
+RealKvSource = allocators.RealKvSource
+VerifyOrWriteContext = allocators.VerifyOrWriteContext
+VerifyPlan = allocators.VerifyPlan
+WritePlan = allocators.WritePlan
+allocate_canary_buf = allocators.allocate_canary_buf
+allocate_violation_ring = allocators.allocate_violation_ring
+allocate_counter = allocators.allocate_counter
+allocate_chain_position_flag = allocators.allocate_chain_position_flag
+allocate_context = allocators.allocate_context
+
+from .api import *  # noqa: E402,F401,F403  (the launch functions, SGLang's names)
+from .backends import BackendUnavailable, get_backend  # noqa: E402,F401
+from .runtime import runtime_for  # noqa: E402,F401

@@ -1,0 +1,51 @@
+"""The `cuda` backend: the generated kernels on a GPU through CuPy.
+
+Tensors are passed zero-copy (their data pointers); launches go to torch's current CUDA stream,
+so they order with torch work and can be captured in CUDA graphs. No launch path synchronises
+the host. Kernels are compiled and loaded on first use per device (kv_canary/cuda/module.py).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..cuda.kernel_backend import KernelBackend, blocks_for
+from ..cuda.module import LayerModules
+from . import BackendUnavailable
+
+
+class CudaBackend(KernelBackend):
+    name = "cuda"
+
+    def __init__(self, layer):
+        super().__init__(layer)
+        self.modules = LayerModules(layer)
+
+    def check_device(self, device: torch.device) -> None:
+        if device.type != "cuda":
+            raise ValueError(f"kv-canary: backend 'cuda' needs CUDA tensors, got tensors on {device}")
+
+    def warm_up(self, device=None):
+        """Compile and load every kernel for `device` now (before CUDA-graph capture, say)."""
+        device = torch.device(device if device is not None else "cuda")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return self.modules.for_device(index)
+
+    def persistent_blocks(self, kernel, device: torch.device) -> int:
+        return self.warm_up(device).sm_count * kernel.blocks_per_sm
+
+    def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
+        mods = self.warm_up(device)
+        blocks = blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=mods.sm_count * kernel.blocks_per_sm)
+        mods.launch(entry_point, blocks=blocks, threads=kernel.threads, packed=packed)
+
+
+def create(layer) -> CudaBackend:
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendUnavailable(f"CuPy is not installed ({exc})") from exc
+    if not cupy.is_available():
+        raise BackendUnavailable("CuPy sees no CUDA device")
+    if not torch.cuda.is_available():
+        raise BackendUnavailable("torch sees no CUDA device")
+    return CudaBackend(layer)

@@ -1,0 +1,60 @@
+"""The `emulated` backend: the generated CUDA kernels compiled by g++ and run on the host.
+
+Same sources, same argument packing and same launch shapes as the `cuda` backend, on CPU tensors.
+Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for persistent
+grids) so that tests are fast while still running several warps and several blocks.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from ..cuda.kernel_backend import KernelBackend, blocks_for
+from . import BackendUnavailable
+
+EMULATED_THREADS = 64
+EMULATED_PERSISTENT_BLOCKS = 2
+
+_libraries: dict = {}
+_lock = threading.Lock()
+
+
+def library_for(layer):
+    """The layer's loaded emulation library: built (or found in the cache) once per process."""
+    from ..emulation.build import build_library
+    from ..emulation.library import EmulationLibrary
+    with _lock:
+        lib = _libraries.get(layer.__name__)
+        if lib is None or lib.layer is not layer:
+            lib = _libraries[layer.__name__] = EmulationLibrary(layer, build_library(layer))
+        return lib
+
+
+class EmulatedBackend(KernelBackend):
+    name = "emulated"
+
+    def __init__(self, layer, *, threads: int = EMULATED_THREADS, persistent_blocks: int = EMULATED_PERSISTENT_BLOCKS):
+        super().__init__(layer)
+        if threads % 32 or not 32 <= threads <= 1024:
+            raise ValueError(f"kv-canary: emulated threads per block must be a multiple of 32 in [32, 1024], got {threads}")
+        self.threads = threads
+        self.persistent_blocks = persistent_blocks
+        self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
+
+    def check_device(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"kv-canary: backend 'emulated' runs the kernels on the host and needs CPU tensors, "
+                             f"got tensors on {device}")
+
+    def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
+        blocks = blocks_for(kernel, work, threads=self.threads, persistent_blocks=self.persistent_blocks)
+        self.library.launch(kernel, entry_point, blocks=blocks, threads=self.threads, packed=packed)
+
+
+def create(layer) -> EmulatedBackend:
+    from ..emulation.build import EmulationBuildError
+    try:
+        return EmulatedBackend(layer)
+    except EmulationBuildError as exc:
+        raise BackendUnavailable(str(exc)) from exc

@@ -1,0 +1,52 @@
+"""The project-owned compile cache (never the working directory).
+
+`$KV_CANARY_CACHE_DIR`, else `$XDG_CACHE_HOME/kv-canary`, else `~/.cache/kv-canary`. Entries are
+named by a hash of everything that determines their content, so a stale entry cannot be picked
+up for changed sources; they are written atomically (temp file + rename) so concurrent processes
+never see half a file.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+ENV_CACHE_DIR = "KV_CANARY_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    explicit = os.environ.get(ENV_CACHE_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "kv-canary"
+
+
+def cache_dir(kind: str) -> Path:
+    path = cache_root() / kind
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def content_key(*parts) -> str:
+    """sha256 over the parts (str or bytes), each length-prefixed so boundaries cannot shift."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else str(part).encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def store_atomically(path: Path, data: bytes) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -1,0 +1,98 @@
+"""Generated kernels loaded into CuPy modules, once per process, layer and device.
+
+On first use for a device every generated .cu of the layer is compiled (or taken from the cache)
+and loaded, and each module's exported ABI identity is compared with the Python layer's before
+any of its kernels can run. Loading reads the identity back from the device, so it must happen
+outside CUDA-graph capture: launch once (warm up) before capturing.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+
+import numpy as np
+import torch
+
+from .abi import check_identity
+from .nvrtc import cached_binary, target_for
+from .sources import kernel_abi, read_source
+
+_NUMPY = {"ptr": np.uint64, "i64": np.int64, "i32": np.int32}
+
+
+class DeviceModules:
+    """Every kernel of one layer, loaded on one device."""
+
+    def __init__(self, layer, device_index: int):
+        import cupy
+        self.layer = layer
+        self.device_index = device_index
+        abi = kernel_abi(layer)
+        device = cupy.cuda.Device(device_index)
+        cc = int(device.compute_capability)
+        self.arch, self.cubin = target_for(cc)
+        self.sm_count = int(device.attributes["MultiProcessorCount"])
+        headers = {"kv_canary_layout.cuh": read_source(layer, abi.HEADER)}
+        self.functions = {}
+        self.binaries = {}
+        self._streams: dict = {}
+        with device:
+            for kernel in abi.KERNELS.values():
+                path = cached_binary(read_source(layer, kernel.source), kernel.source, headers,
+                                     arch=self.arch, cubin=self.cubin)
+                module = cupy.RawModule(path=str(path))
+                version = self._read_global(cupy, module, abi.ABI_VERSION_SYMBOL, np.int32)
+                fingerprint = self._read_global(cupy, module, abi.LAYOUT_FINGERPRINT_SYMBOL, np.uint64)
+                check_identity(layer, module_abi_version=version, module_fingerprint=fingerprint,
+                               module_desc=f"the CUDA module {path.name} ({kernel.source})")
+                for symbol, _ in kernel.variants:
+                    self.functions[symbol] = module.get_function(symbol)
+                self.binaries[kernel.name] = path
+
+    @staticmethod
+    def _read_global(cupy, module, symbol: str, dtype) -> int:
+        ptr = module.get_global(symbol)
+        return int(cupy.ndarray((1,), dtype=dtype, memptr=ptr).get()[0])
+
+    def stream(self, torch_stream):
+        """CuPy's view of a torch stream (cached: one object per raw stream)."""
+        import cupy
+        ptr = torch_stream.cuda_stream
+        s = self._streams.get(ptr)
+        if s is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # CuPy 14 prefers Stream.from_external
+                s = self._streams[ptr] = cupy.cuda.ExternalStream(ptr, self.device_index)
+        return s
+
+    def launch(self, entry_point: str, *, blocks: int, threads: int, packed: list) -> None:
+        """Launch on torch's current stream of this device; returns without waiting."""
+        import cupy
+        fn = self.functions[entry_point]
+        args = tuple(_NUMPY[kind](value) for kind, value in packed)
+        with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
+            fn((blocks,), (threads,), args)
+
+
+class LayerModules:
+    """DeviceModules of one layer, created on first use per device."""
+
+    def __init__(self, layer):
+        self.layer = layer
+        self._devices: dict = {}
+        self._lock = threading.Lock()
+
+    def for_device(self, device_index: int) -> DeviceModules:
+        mods = self._devices.get(device_index)
+        if mods is not None:
+            return mods
+        with self._lock:
+            mods = self._devices.get(device_index)
+            if mods is None:
+                if torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(
+                        f"kv-canary: the CUDA kernels of {self.layer.__name__} are compiled and loaded on first use "
+                        f"on cuda:{device_index}, which cannot happen during CUDA-graph capture; launch once (or call "
+                        f"the backend's warm_up(device)) before capturing")
+                mods = self._devices[device_index] = DeviceModules(self.layer, device_index)
+        return mods

@@ -1,0 +1,64 @@
+"""Build the emulation library of a generated layer with g++, cached by content.
+
+The library is one translation unit: the generated launchers file includes the shim and every
+generated .cu. Its cache key covers the compiler, the flags and the text of every input, so an
+edited template or schema always rebuilds, and an unchanged tree is built once per machine.
+"""
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from ..cuda.cache import cache_dir, content_key
+from ..cuda.sources import kernel_abi, read_source, tree_dir
+
+SHIM_DIR = Path(__file__).resolve().parent
+SHIM_HEADER = SHIM_DIR / "cuda_host_shim.h"
+CXX_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
+             "-Wno-unknown-pragmas", "-Werror")
+
+
+class EmulationBuildError(RuntimeError):
+    """g++ rejected the generated sources; the message quotes its diagnostics."""
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """(path, version) of g++, or raise when there is none."""
+    path = shutil.which("g++")
+    if path is None:
+        raise EmulationBuildError("kv-canary: the emulated backend needs g++ on PATH, found none")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    return path, version
+
+
+def library_inputs(layer) -> list[tuple[str, str]]:
+    """(name, text) of every file the library is built from, in a fixed order."""
+    abi = kernel_abi(layer)
+    names = [abi.EMULATION_SOURCE, abi.HEADER] + [k.source for k in abi.KERNELS.values()]
+    return ([("cuda_host_shim.h", SHIM_HEADER.read_text(encoding="utf-8"))]
+            + [(name, read_source(layer, name)) for name in names])
+
+
+def build_library(layer) -> Path:
+    """Path of the layer's emulation library, compiling it on a cache miss."""
+    gxx, version = compiler()
+    inputs = library_inputs(layer)
+    key = content_key("kv-canary-emulation-1", version, " ".join(CXX_FLAGS),
+                      *(part for name, text in inputs for part in (name, text)))
+    out = cache_dir("emulation") / f"kv_canary_emu_{key[:32]}.so"
+    if out.exists():
+        return out
+    source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
+    tmp = out.with_name(f"{out.name}.{uuid.uuid4().hex}.tmp")
+    cmd = [gxx, *CXX_FLAGS, f"-I{SHIM_DIR}", str(source), "-o", str(tmp)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise EmulationBuildError(f"kv-canary: g++ could not build the emulation library from {source}:\n"
+                                  f"{proc.stderr.strip()}\ncommand: {' '.join(cmd)}")
+    tmp.replace(out)  # atomic: concurrent builders race to the same content
+    return out

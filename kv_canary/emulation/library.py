@@ -1,0 +1,61 @@
+"""Load an emulation library with ctypes, check its ABI identity, launch its kernels.
+
+Strict warp mode is switched on at load: undefined warp behaviour (a shuffle naming an inactive
+lane, a barrier some threads skip) fails the launch instead of passing silently.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+from ..cuda.abi import check_identity
+from ..cuda.sources import kernel_abi
+
+
+def _ctype(ctype: str):
+    if ctype.endswith("*"):
+        return ctypes.c_void_p
+    return {"long long": ctypes.c_longlong, "int": ctypes.c_int}[ctype]
+
+
+class EmulationLaunchError(RuntimeError):
+    """A kernel failed under emulation (strict warp check, trap, bad launch shape)."""
+
+
+class EmulationLibrary:
+    """One loaded library, bound to the Python layer whose kernels it must match."""
+
+    def __init__(self, layer, path: Path | str):
+        self.layer = layer
+        self.path = Path(path)
+        self.abi = kernel_abi(layer)
+        self.lib = ctypes.CDLL(str(self.path))
+        try:
+            version_fn = getattr(self.lib, self.abi.EMULATION_ABI_VERSION_FUNCTION)
+            fingerprint_fn = getattr(self.lib, self.abi.EMULATION_LAYOUT_FINGERPRINT_FUNCTION)
+        except AttributeError as exc:
+            raise EmulationLaunchError(f"kv-canary: {self.path} is not a kv-canary emulation library "
+                                       f"(missing {exc}); rebuild it from generated/ (`make generate`)") from None
+        version_fn.restype, fingerprint_fn.restype = ctypes.c_int, ctypes.c_ulonglong
+        check_identity(layer, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
+                       module_desc=f"the emulation library {self.path}")
+        self.lib.kvc_emu_last_error.restype = ctypes.c_char_p
+        self.lib.kvc_emu_set_strict.argtypes = [ctypes.c_int]
+        self.lib.kvc_emu_set_strict(1)
+        self._launchers: dict = {}
+
+    def launcher(self, kernel, entry_point: str):
+        fn = self._launchers.get(entry_point)
+        if fn is None:
+            fn = getattr(self.lib, self.abi.EMULATION_LAUNCHER_PREFIX + entry_point)
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint] + [_ctype(ctype) for _, ctype in kernel.params]
+            fn.restype = ctypes.c_int
+            self._launchers[entry_point] = fn
+        return fn
+
+    def launch(self, kernel, entry_point: str, *, blocks: int, threads: int, packed: list) -> None:
+        rc = self.launcher(kernel, entry_point)(blocks, threads, *(value for _, value in packed))
+        if rc != 0:
+            reason = self.lib.kvc_emu_last_error().decode("utf-8", "replace")
+            raise EmulationLaunchError(f"kv-canary: emulated launch of {entry_point} (grid {blocks} x {threads}) "
+                                       f"failed: {reason}")

@@ -1,0 +1,409 @@
+"""Named, seeded fault-injection scenarios: each injects one real serving bug into the simulation
+and states which canary check must fire (launch tag, fail reason) and at which step, or, for a
+control, that the canary cannot see it.
+
+A fault is an engine hook (kv_canary.sim.Engine calls before_schedule / edit_batch /
+during_forward) that records `damage_step`, the step in which the damage happened; the expected
+first detection is `damage_step + expect.delay`.
+"""
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+
+from ._loader import PACKAGE_DIR, load_generated
+from .manager import CanaryManager
+from .sim import Engine, SimConfig
+from .violations import Violation, sglang_reason_name
+
+OWNER_EPOCH_SCHEMA = PACKAGE_DIR.parent / "examples" / "schemas" / "owner_epoch.yaml"
+
+
+def owner_epoch_layer(cache_dir: Optional[Path] = None):
+    """Generate examples/schemas/owner_epoch.yaml into a cache directory (never checked in) and import it."""
+    from codegen.load import load_schema
+    from codegen.render import render_all
+    from codegen.writer import write_tree
+
+    if not OWNER_EPOCH_SCHEMA.is_file():
+        raise FileNotFoundError(f"kv-canary: the owner_epoch scenario needs {OWNER_EPOCH_SCHEMA} (a source checkout)")
+    text = OWNER_EPOCH_SCHEMA.read_text(encoding="utf-8")
+    key = hashlib.sha256(text.encode()).hexdigest()[:12]
+    root = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir()) / "kv_canary_layers"
+    out = root / f"owner_epoch_{key}"
+    if not (out / "__init__.py").is_file():
+        write_tree(out, render_all(load_schema(OWNER_EPOCH_SCHEMA), text))
+    return load_generated(out, f"kv_canary_owner_epoch_{key}")
+
+
+# -- faults -----------------------------------------------------------------------------------
+class Fault:
+    """Base hook: `start` is the first step the fault may fire; `damage_step` is when it did."""
+
+    def __init__(self, start: int):
+        self.start = start
+        self.damage_step: Optional[int] = None
+        self.detail = ""
+
+    def armed(self, engine) -> bool:
+        return self.damage_step is None and engine.step_no >= self.start
+
+    def hit(self, engine, detail: str) -> None:
+        self.damage_step = engine.step_no
+        self.detail = detail
+
+
+def _decoding(engine):
+    """Running requests past their prefill with a few outputs left, oldest first."""
+    return [r for r in engine.running if r.kv_len >= len(r.prompt) and r.max_new - r.num_out >= 3]
+
+
+def _written_pages(engine, req, shared: Optional[bool]):
+    """Pages of `req` whose every slot was written before this step (shared: radix-matched ones)."""
+    ps = engine.cfg.page_size
+    full = req.kv_len // ps
+    return [p for i, p in enumerate(req.pages[:full]) if shared is None or (i < req.matched // ps) == shared]
+
+
+class _PageHandedOutTwice(Fault):
+    """Frees a page that a running request still reads; the damage is when it is handed out again."""
+    shared = True
+
+    def before_schedule(self, engine) -> None:
+        if not self.armed(engine) or getattr(self, "victim", None) is not None:
+            return
+        for req in _decoding(engine):
+            pages = _written_pages(engine, req, self.shared)
+            if pages:
+                self.victim, self.page = req, pages[0]
+                self.release(engine, req, pages[0])
+                engine.alloc.on_alloc.append(self._on_alloc(engine))
+                return
+
+    def _on_alloc(self, engine) -> Callable[[int], None]:
+        def cb(page: int) -> None:
+            if page == self.page and self.damage_step is None:
+                self.hit(engine, f"page {page} (slots {page * engine.cfg.page_size}..) handed out while "
+                                 f"request {self.victim.rid} still reads it")
+        return cb
+
+
+class SlotReuseWhileReferenced(_PageHandedOutTwice):
+    """The radix cache evicts a node a running request still has locked (lock-ref bug)."""
+    shared = True
+
+    def release(self, engine, req, page) -> None:
+        node = next(n for n in req.nodes if n.page == page)
+        engine.radix.remove(node)
+        engine.alloc.force_free(page)
+
+
+class DoubleFree(_PageHandedOutTwice):
+    """A stale handle frees a page a second time after it was handed to a running request."""
+    shared = False
+
+    def release(self, engine, req, page) -> None:
+        engine.alloc.force_free(page)
+
+
+class OffByOnePositionAfterSpec(Fault):
+    """After a speculative step that rejected drafts, the next step's positions are off by one."""
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        for row, req in enumerate(batch.requests):
+            if req is not None and row in batch.drafts and req.spec_rejected > 0:
+                lo = engine._flat_index(batch, row)
+                hi = lo + int(batch.extend_seq_lens[row])
+                batch.positions[lo:hi] += 1
+                return self.hit(engine, f"request {req.rid}: positions {req.kv_len}.. written as {req.kv_len + 1}..")
+
+
+class WrongTokenAtChunkBoundary(Fault):
+    """Chunked prefill slices one token late: a chunk's first token repeats the previous chunk's last."""
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        for row, req in enumerate(batch.requests):
+            pre = int(batch.prefix_lens[row]) if req is not None else 0
+            if req is not None and 0 < pre < len(req.prompt) and req.max_new >= 2 \
+                    and req.tokens[pre - 1] != req.tokens[pre]:
+                i = engine._flat_index(batch, row)
+                batch.input_ids[i] = req.tokens[pre - 1]
+                return self.hit(engine, f"request {req.rid} position {pre}: token {req.tokens[pre - 1]} "
+                                        f"instead of {req.tokens[pre]}")
+
+
+class StaleSwaTranslation(Fault):
+    """A new token's full->SWA entry still points at an SWA slot another request owns now."""
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        rows = [(row, r) for row, r in enumerate(batch.requests) if r is not None and row in batch.drafts]
+        if len(rows) < 2:
+            return
+        (row_a, a), (_, b) = rows[0], rows[1]
+        # Not b's newest slot: that one seeds b's own write this step, which would race on a GPU.
+        stale = engine.swa_pool.lookup(engine.slot_of(b, b.kv_len - 2))
+        i = engine._flat_index(batch, row_a)
+        engine.swa_pool.set_translation(int(batch.out_cache_loc[i]), stale)
+        batch.swa_out_cache_loc[i] = stale
+        self.hit(engine, f"request {a.rid} position {a.kv_len} -> SWA slot {stale} of request {b.rid}")
+
+
+class LateWriteIntoFreedPage(Fault):
+    """A delayed write of a finished request lands in its former page after the page was reused.
+
+    what: "bytes" (K/V only), "records" (K/V bytes and canary records), "bytes_past_16" (only K
+    bytes 16..31 of one slot: what PARTIAL mode cannot see).
+    """
+
+    def __init__(self, start: int, what: str):
+        super().__init__(start)
+        self.what = what
+        self.saved: dict[int, tuple] = {}
+        self._hooked = False
+
+    def before_schedule(self, engine) -> None:
+        if not self._hooked:
+            self._hooked = True
+            engine.alloc.on_free.append(lambda page: self._save(engine, page))
+
+    def _save(self, engine, page: int) -> None:
+        slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
+        self.saved[page] = (engine._copy_bytes(slots), engine.canary.export_records(slots) if engine.canary else None)
+
+    def during_forward(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        for req in _decoding(engine):
+            for page in _written_pages(engine, req, shared=None):
+                if page in self.saved:
+                    return self._land(engine, req, page)
+
+    def _land(self, engine, req, page) -> None:
+        data, records = self.saved[page]
+        slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
+        if self.what == "bytes_past_16":
+            view = engine.full.slot_view(engine.full.k[0])
+            old = data["full"][0][0]
+            view[slots[0], 16:32] = old[0, 16:32]
+            where = f"K bytes 16..31 of slot {int(slots[0])}"
+        else:
+            engine._paste_bytes(slots, data, len(slots))
+            if self.what == "records" and engine.canary is not None:
+                engine.canary.import_records(slots, records, len(slots))
+            where = f"page {page} ({'K/V bytes and records' if self.what == 'records' else 'K/V bytes'})"
+        self.hit(engine, f"stale write into {where}, now read by request {req.rid}")
+
+
+class ColdPageBitFlip(Fault):
+    """One bit of a cached page nobody is reading flips (silent memory damage); only a sweep sees it."""
+
+    def __init__(self, start: int, sweep_interval: int):
+        super().__init__(start)
+        self.sweep_interval = sweep_interval
+
+    def during_forward(self, engine, batch) -> None:
+        # Damage in a step that ends with a sweep, so the expected detection step is exact.
+        if not self.armed(engine) or engine.step_no % self.sweep_interval != self.sweep_interval - 1:
+            return
+        for node in engine.radix.nodes():
+            if node.lock == 0 and engine.alloc.refcount[node.page] == 1:
+                slot = node.page * engine.cfg.page_size
+                engine.full.slot_view(engine.full.k[0])[slot, 3] ^= 0x10
+                return self.hit(engine, f"bit flip in K byte 3 of cached slot {slot}")
+
+
+class PaddingWriteWraps(Fault):
+    """A CUDA-graph padding token is stored at slot -1 instead of the dummy slot 0: it lands in the
+    pool's last slot. The canary write skips negative slots, so only the bytes change."""
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine) or batch.num_padding == 0:
+            return
+        last = engine.cfg.num_slots - 1
+        if not any(last in [engine.slot_of(r, p) for p in range(r.kv_len)] for r in _decoding(engine)):
+            return
+        n_real = int(batch.extend_seq_lens[:batch.bs - batch.num_padding].sum())
+        batch.out_cache_loc[n_real:] = -1
+        self.hit(engine, f"{batch.num_padding} padding token(s) stored at slot -1 = slot {last}")
+
+
+class OutOfRangeSlot(Fault):
+    """The allocator returns a slot index one past the pool for a decode token."""
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        for row, req in enumerate(batch.requests):
+            if req is not None and row in batch.drafts:
+                bad = engine.cfg.num_slots
+                batch.out_cache_loc[engine._flat_index(batch, row)] = bad
+                engine.req_to_token[req.row, req.kv_len] = bad
+                return self.hit(engine, f"request {req.rid} position {req.kv_len} -> slot {bad} "
+                                        f"(pool has {engine.cfg.num_slots})")
+
+
+class StaleTransfer(Fault):
+    """Host offload + restore hands a request another request's (self-consistent) K/V and records."""
+
+    def before_schedule(self, engine) -> None:
+        if not self.armed(engine):
+            return
+        reqs = sorted(_decoding(engine), key=lambda r: r.kv_len)
+        if len(reqs) < 2:
+            return
+        r1, r2 = reqs[0], reqs[-1]
+        engine.retract(r1)
+        engine.retract(r2)
+        engine.restore(r1, snapshot_of=r2.rid)  # the bug: r2's host copy restored as r1's prefix
+        engine.restore(r2)
+        self.hit(engine, f"request {r1.rid} restored from request {r2.rid}'s host copy "
+                         f"({r1.kv_len} of {r2.kv_len} tokens)")
+
+
+# -- scenarios --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Expect:
+    tag: Optional[str]          # None: the canary must stay silent (a control)
+    reason: Optional[str] = None
+    delay: int = 0              # first detection step - damage step
+
+    def describe(self) -> str:
+        if self.tag is None:
+            return "not detected (control)"
+        when = "same step" if self.delay == 0 else f"damage step + {self.delay}"
+        return f"{self.tag} {self.reason} ({when})"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    make_fault: Callable[[], Fault]
+    expect: Expect
+    sim: SimConfig
+    steps: int = 48
+    manager: dict = field(default_factory=dict)   # CanaryManager keyword overrides
+    layer: str = "default"                        # or "owner_epoch"
+
+
+@dataclass
+class ScenarioResult:
+    scenario: Scenario
+    damage_step: Optional[int]
+    detail: str
+    violations: int
+    lost: int
+    first: Optional[Violation]
+    first_launch_reasons: tuple
+    per_step: dict
+    groups: list
+    ok: bool
+    why: str
+
+    @property
+    def detected_by(self) -> str:
+        if self.first is None:
+            return "not detected"
+        return f"{self.first.launch_tag} {'+'.join(sglang_reason_name(r) for r in self.first_launch_reasons)}"
+
+
+BASE = SimConfig(seed=11, num_pages=40, page_size=4, max_running=4, chunk_size=8, prompt_len=(6, 24),
+                 output_len=(6, 20), num_system_prompts=2, system_prompt_len=10, swa_window=8)
+SWEEP = 6
+
+
+def scenarios() -> list[Scenario]:
+    no_share = replace(BASE, radix_cache=False, num_swa_layers=0)
+    return [
+        Scenario("slot_reuse_while_referenced", "radix evicts a locked prefix page; it is reused while still read",
+                 lambda: SlotReuseWhileReferenced(8), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+        Scenario("double_free", "a page freed twice is handed to a second request",
+                 lambda: DoubleFree(8), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+        Scenario("off_by_one_after_spec", "positions off by one after a speculative step rejected drafts",
+                 lambda: OffByOnePositionAfterSpec(8), Expect("HEAD_K_FULL", "WRITE_POSITION_MISMATCH"),
+                 replace(BASE, spec_draft_tokens=2)),
+        Scenario("wrong_token_at_chunk_boundary", "chunked prefill feeds the previous chunk's last token again",
+                 lambda: WrongTokenAtChunkBoundary(6), Expect("HEAD_K_FULL", "VERIFY_TOKEN_MISMATCH", 1),
+                 replace(BASE, chunk_size=5, prompt_len=(14, 24))),
+        Scenario("wrong_token_at_chunk_boundary/control", "same bug, expected-token check off",
+                 lambda: WrongTokenAtChunkBoundary(6), Expect(None), replace(BASE, chunk_size=5, prompt_len=(14, 24)),
+                 manager={"check_verify_expected_token": False}),
+        Scenario("stale_swa_translation", "a full->SWA entry points at an SWA slot another request owns",
+                 lambda: StaleSwaTranslation(8), Expect("TAIL_K_SWA", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+        Scenario("late_write/bytes", "a delayed K/V write lands in a freed, reused page",
+                 lambda: LateWriteIntoFreedPage(4, "bytes"), Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"),
+                 no_share, steps=64),
+        Scenario("late_write/records", "a delayed K/V + canary write lands in a freed, reused page",
+                 lambda: LateWriteIntoFreedPage(4, "records"), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"),
+                 no_share, steps=64),
+        Scenario("late_write/bytes_past_16", "a delayed write changes only K bytes 16..31 of a reused slot (ALL mode)",
+                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"),
+                 Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"), no_share, steps=64),
+        Scenario("late_write/bytes_past_16/control", "same damage, PARTIAL mode reads only the first 16 bytes",
+                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(None), no_share, steps=64,
+                 manager={"real_kv_hash_mode": "PARTIAL"}),
+        Scenario("cold_page_bit_flip", "a bit flips in a cached page nobody reads; the sweep finds it",
+                 lambda: ColdPageBitFlip(12, SWEEP), Expect("SWEEP_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"), BASE,
+                 steps=60, manager={"sweep_interval": SWEEP}),
+        Scenario("padding_write_wraps", "a padding token stored at slot -1 lands in the last slot",
+                 lambda: PaddingWriteWraps(4), Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"),
+                 replace(BASE, max_running=3, num_pages=24), steps=120),
+        Scenario("out_of_range_slot", "a decode token gets slot index num_slots",
+                 lambda: OutOfRangeSlot(8), Expect("HEAD_K_FULL", "SLOT_OUT_OF_RANGE"), no_share),
+        Scenario("stale_transfer/default_schema", "offload/restore hands a request another's consistent K/V",
+                 lambda: StaleTransfer(10), Expect(None), no_share, manager={"check_verify_expected_token": False}),
+        Scenario("stale_transfer/owner_epoch", "same bug, examples/schemas/owner_epoch.yaml (owner id + epoch)",
+                 lambda: StaleTransfer(10), Expect("HEAD_K_FULL", "VERIFY_OWNER_MISMATCH"), no_share,
+                 manager={"check_verify_expected_token": False}, layer="owner_epoch"),
+    ]
+
+
+def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None) -> ScenarioResult:
+    """Run one scenario (mode 'log', its own manager) and judge it against its expectation."""
+    if layer is None and sc.layer == "owner_epoch":
+        layer = owner_epoch_layer()
+    kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager}
+    manager = CanaryManager(layer=layer, backend=backend, **kwargs)
+    fault = sc.make_fault()
+    engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
+    engine.run(sc.steps)
+    manager.drain()
+    vs = manager.violations
+    first = vs[0] if vs else None
+    launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]
+    reasons = tuple(sorted({r for v in launch for r in v.reasons}))
+    e = sc.expect
+    if fault.damage_step is None:
+        ok, why = False, "the fault never fired (no matching state in this run)"
+    elif e.tag is None:
+        ok = manager.stats.total == 0
+        why = "silent, as documented" if ok else f"{manager.stats.total} unexpected violation(s)"
+    elif first is None:
+        ok, why = False, "not detected"
+    else:
+        want_step = fault.damage_step + e.delay
+        ok = first.launch_tag == e.tag and e.reason in reasons and first.step == want_step
+        why = "as expected" if ok else (f"expected {e.tag} {e.reason} at step {want_step}, got {first.launch_tag} "
+                                        f"{'+'.join(reasons)} at step {first.step}")
+    return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,
+                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why)
+
+
+def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None):
+    """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager)."""
+    manager = CanaryManager(mode="log", backend=backend, sweep_interval=SWEEP)
+    engine = Engine(config or BASE, canary=manager, device=device)
+    engine.run(steps, progress=progress)
+    manager.drain()
+    return engine, manager

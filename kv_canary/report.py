@@ -1,0 +1,95 @@
+"""The demo's outputs: a plain-text results table, a Markdown report and a PNG chart."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .violations import format_group
+
+COLUMNS = ("scenario", "expected detection", "detected by", "first step", "violations", "first decoded line")
+
+
+def table_rows(results) -> list[tuple[str, ...]]:
+    rows = []
+    for r in results:
+        first_step = "-" if r.first is None else f"{r.first.step} (damage {r.damage_step})"
+        mark = "ok" if r.ok else "FAIL"
+        rows.append((f"[{mark}] {r.scenario.name}", r.scenario.expect.describe(), r.detected_by, first_step,
+                     str(r.violations), r.first.log_line() if r.first is not None else "-"))
+    return rows
+
+
+def format_table(results) -> str:
+    rows = [COLUMNS, *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+    lines = []
+    for k, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
+    return "\n".join(lines)
+
+
+def write_chart(results, path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(results)
+    cols = 3
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 2.6 * rows), squeeze=False)
+    for ax, r in zip(axes.flat, results):
+        steps = range(r.scenario.steps)
+        ax.bar(list(steps), [r.per_step.get(s, 0) for s in steps], color="tab:red" if r.violations else "tab:gray")
+        ax.set_ylim(0, max(1, max(r.per_step.values(), default=0)) * 1.1)
+        if r.damage_step is not None:
+            ax.axvline(r.damage_step, color="black", linestyle="--", linewidth=1, label="damage")
+        ax.set_title(f"{r.scenario.name} [{'ok' if r.ok else 'FAIL'}]", fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.set_ylabel("violations", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("kv-canary: violations per step (dashed: the step the fault did its damage)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
+    out = ["# kv-canary demo report", ""]
+    out += ["## Clean run", "",
+            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
+            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
+            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
+            f"violations: **{clean['violations']}**", ""]
+    out += ["## Scenarios", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for row in table_rows(results):
+        out.append("| " + " | ".join(cell.replace("|", "\\|") if i < 5 else f"`{cell}`" for i, cell in
+                                     enumerate(row)) + " |")
+    out += ["", f"![violations per step]({chart_name})", "", "## Details", ""]
+    for r in results:
+        sc = r.scenario
+        out += [f"### {sc.name}", "", f"{sc.title}.", "",
+                f"- fault: {r.detail or 'did not fire'} (damage step {r.damage_step})",
+                f"- expected: {sc.expect.describe()}; result: {r.why}",
+                f"- violations: {r.violations} (ring overflow lost {r.lost})"]
+        if r.groups:
+            out += ["- root causes (CHAIN cascades grouped behind the first bad slot of their chain):", "", "```"]
+            for g in r.groups[:5]:
+                out.append(format_group(g))
+            if len(r.groups) > 5:
+                out.append(f"... {len(r.groups) - 5} more group(s)")
+            out += ["```"]
+        out.append("")
+    path.write_text("\n".join(out), encoding="utf-8")
+    return path
+
+
+def write_report(results, clean: dict, out_dir: Path) -> tuple[Path, Path]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    chart = write_chart(results, out_dir / "violations_per_step.png")
+    md = write_markdown(results, clean, out_dir / "report.md", chart.name)
+    return md, chart

@@ -1,0 +1,181 @@
+"""Violation-ring rows -> structured Violation objects, SGLang's log line, and cascade grouping.
+
+Every column, bit and tag comes from the generated layer the decoder is built for, so a schema that
+reorders the row, renumbers the fail bits or adds columns decodes correctly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+MASK64 = (1 << 64) - 1
+# What each standard column carries (the layer names its column VIOLATION_COL_<CARRIES>).
+STANDARD_CARRIES = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token",
+                    "stored_chain_hash", "expected_aux", "fail_reason")
+# FailReason members whose rows come from a verify (their expected_aux is the expected chain hash).
+VERIFY_REASON_PREFIX = "VERIFY_"
+
+
+def sglang_reason_name(member_name: str) -> str:
+    """SGLang's log spelling of a FailReason: VERIFY_CHAIN_HASH_MISMATCH -> verify_chain_hash."""
+    name = member_name.lower()
+    return name[:-len("_mismatch")] if name.endswith("_mismatch") else name
+
+
+def u64(x: int) -> int:
+    return x & MASK64
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One decoded ring row. Hash-valued fields keep the stored (signed int64) value."""
+    launch_tag: str                 # CanaryLaunchTag name ("TAG_<n>" for a value the schema lacks)
+    launch_tag_value: int
+    slot: int
+    position: int                   # the stored position (verify) or the written one (write)
+    stored_token: int
+    expected_token: int
+    stored_chain_hash: int
+    expected_aux: int
+    reason_bits: int
+    reasons: tuple[str, ...]        # FailReason member names, lowest bit first
+    extra: tuple[tuple[str, int], ...] = ()   # schema columns beyond the standard ones, by column name
+    step: Optional[int] = field(default=None, compare=False)  # forward step that produced the row
+
+    def has(self, reason: str) -> bool:
+        return reason in self.reasons
+
+    @property
+    def is_verify(self) -> bool:
+        return bool(self.reasons) and all(r.startswith(VERIFY_REASON_PREFIX) for r in self.reasons)
+
+    @property
+    def sglang_reasons(self) -> tuple[str, ...]:
+        return tuple(sglang_reason_name(r) for r in self.reasons)
+
+    def log_line(self) -> str:
+        """SGLang's one-line summary (extra schema columns appended as name=value)."""
+        line = (f"kv_canary violation: launch_tag={self.launch_tag} fail_reason={'+'.join(self.sglang_reasons)} "
+                f"slot_idx={self.slot} position={self.position} stored_token={self.stored_token} "
+                f"expected_token={self.expected_token} stored_chain_hash=0x{u64(self.stored_chain_hash):016x} "
+                f"expected_aux=0x{u64(self.expected_aux):016x}")
+        return line + "".join(f" {k}={v}" for k, v in self.extra)
+
+
+class ViolationDecoder:
+    """Decodes and encodes ring rows of one generated layer (`layer.layout`)."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        self.width = layout.VIOLATION_FIELDS
+        self.cols = {c: getattr(layout, "VIOLATION_COL_" + c.upper()) for c in STANDARD_CARRIES}
+        used = set(self.cols.values())
+        self.extra_cols = tuple((name, i) for i, name in enumerate(layout.VIOLATION_FIELD_NAMES) if i not in used)
+        self._bits = sorted(((int(m), m.name) for m in layout.FailReason), key=lambda t: t[0])
+        self._tags = {int(m): m.name for m in layout.CanaryLaunchTag}
+
+    def reason_names(self, bits: int) -> tuple[str, ...]:
+        names = tuple(name for value, name in self._bits if bits & value)
+        unknown = bits & ~sum(v for v, _ in self._bits)
+        return names + ((f"UNKNOWN_0x{u64(unknown):x}",) if unknown else ())
+
+    def decode_row(self, row: Iterable[int], step: Optional[int] = None) -> Violation:
+        row = [int(x) for x in row]
+        if len(row) != self.width:
+            raise ValueError(f"kv-canary: violation row must have {self.width} columns, got {len(row)}")
+        c = self.cols
+        tag = row[c["launch_tag"]]
+        bits = row[c["fail_reason"]]
+        return Violation(
+            launch_tag=self._tags.get(tag, f"TAG_{tag}"), launch_tag_value=tag, slot=row[c["slot"]],
+            position=row[c["stored_position"]], stored_token=row[c["stored_token"]],
+            expected_token=row[c["expected_token"]], stored_chain_hash=row[c["stored_chain_hash"]],
+            expected_aux=row[c["expected_aux"]], reason_bits=bits, reasons=self.reason_names(bits),
+            extra=tuple((name, row[i]) for name, i in self.extra_cols), step=step)
+
+    def decode(self, rows, steps: Optional[Iterable[Optional[int]]] = None) -> list[Violation]:
+        """Rows: an int64 tensor [n, VIOLATION_FIELDS] or a list of rows."""
+        rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
+        steps = list(steps) if steps is not None else [None] * len(rows)
+        if len(steps) != len(rows):
+            raise ValueError(f"kv-canary: steps must have one entry per row ({len(rows)}), got {len(steps)}")
+        return [self.decode_row(r, s) for r, s in zip(rows, steps)]
+
+    def encode(self, v: Violation) -> list[int]:
+        """The ring row a Violation decodes from (round trip)."""
+        row = [0] * self.width
+        c = self.cols
+        for carries, value in (("launch_tag", v.launch_tag_value), ("slot", v.slot), ("stored_position", v.position),
+                               ("stored_token", v.stored_token), ("expected_token", v.expected_token),
+                               ("stored_chain_hash", v.stored_chain_hash), ("expected_aux", v.expected_aux),
+                               ("fail_reason", v.reason_bits)):
+            row[c[carries]] = value
+        extra = dict(v.extra)
+        for name, i in self.extra_cols:
+            row[i] = extra.get(name, 0)
+        return row
+
+
+def record_link(layout, words) -> int:
+    """The chain link (u64) of one canary record given as its int64 words (SEMANTICS.md §2)."""
+    acc = layout.splitmix64(u64(words[layout.CANARY_CHAIN_LINK_WORD]))
+    for w in layout.CANARY_CHAIN_FOLD_WORDS:
+        acc = layout.splitmix64(acc ^ u64(words[w]))
+    return acc
+
+
+@dataclass(frozen=True)
+class ViolationGroup:
+    """The first bad slot of a chain and the verify violations downstream of it in the same launch."""
+    root: Violation
+    cascade: tuple[Violation, ...] = ()
+
+    @property
+    def size(self) -> int:
+        return 1 + len(self.cascade)
+
+
+def group_cascades(violations: list[Violation], link_of: Callable[[Violation], Optional[int]]) -> list[ViolationGroup]:
+    """Group chained verify violations behind their chain's first bad slot, root first.
+
+    A verify row's expected_aux is the link of its predecessor's record, so within one launch (same
+    step and tag) row v follows row u when link_of(u) == expected_aux(v); link_of(u) gives the link
+    (u64) of the record that launch saw at u's slot, or None when unknown. Rows that follow no other
+    violating row are roots; groups keep the ring order of their roots.
+    """
+    by_launch: dict = {}
+    for i, v in enumerate(violations):
+        if v.is_verify:
+            by_launch.setdefault((v.step, v.launch_tag_value), []).append(i)
+    parent: dict[int, int] = {}
+    for members in by_launch.values():
+        links = {}
+        for i in members:
+            link = link_of(violations[i])
+            if link is not None:
+                links.setdefault(link, i)
+        for i in members:
+            u = links.get(u64(violations[i].expected_aux))
+            if u is not None and u != i and violations[u].slot != violations[i].slot:
+                parent[i] = u
+
+    def root_of(i: int) -> int:
+        seen = {i}
+        while i in parent and parent[i] not in seen:
+            i = parent[i]
+            seen.add(i)
+        return i
+
+    groups: dict[int, list[int]] = {}
+    for i in range(len(violations)):
+        groups.setdefault(root_of(i), []).append(i)
+    return [ViolationGroup(violations[r], tuple(violations[j] for j in members if j != r))
+            for r, members in sorted(groups.items())]
+
+
+def format_group(group: ViolationGroup) -> str:
+    text = group.root.log_line()
+    if group.cascade:
+        slots = ", ".join(str(v.slot) for v in group.cascade)
+        text += f"\n  cascade: {len(group.cascade)} downstream violation(s) caused by slot {group.root.slot}: slots {slots}"
+    return text

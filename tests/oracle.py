@@ -1,0 +1,353 @@
+"""Independent scalar oracle of the four kernels (SEMANTICS.md §2-§8), in plain Python ints.
+
+It reads only numbers from the generated layer (word indices, fold order, bits, columns,
+constants), never its logic: hashing, record access and every kernel are written out here as
+scalar loops over bytes. It mutates the tensors of a case exactly like a backend would, so the
+same `compare_state` applies. Slow by design; it is the check of the vectorised reference.
+"""
+from __future__ import annotations
+
+import torch
+
+M64 = (1 << 64) - 1
+
+
+def sm64(x: int) -> int:
+    x &= M64
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & M64
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & M64
+    x ^= x >> 31
+    return x
+
+
+def s64(x: int) -> int:
+    x &= M64
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+def s32(x: int) -> int:
+    x &= (1 << 32) - 1
+    return x - (1 << 32) if x >= (1 << 31) else x
+
+
+class Canary:
+    """The canary buffer as bytes; field f of slot s is the little-endian int64 at s*stride + 8*f."""
+
+    def __init__(self, tensor: torch.Tensor):
+        self.tensor = tensor
+        self.stride = int(tensor.shape[1])
+        self.num_slots = int(tensor.shape[0])
+        self.data = bytearray(tensor.detach().cpu().contiguous().numpy().tobytes())
+
+    def get(self, slot: int, word: int) -> int:
+        at = slot * self.stride + 8 * word
+        return int.from_bytes(self.data[at:at + 8], "little", signed=True)
+
+    def put(self, slot: int, word: int, value: int) -> None:
+        at = slot * self.stride + 8 * word
+        self.data[at:at + 8] = s64(value).to_bytes(8, "little", signed=True)
+
+    def flush(self) -> None:
+        if self.data:
+            self.tensor.copy_(torch.frombuffer(self.data, dtype=torch.uint8).view(self.tensor.shape))
+
+
+class Ring:
+    def __init__(self, context):
+        self.context = context
+        self.index = int(context.violation_write_index[0])
+        self.cap = int(context.violation_ring.shape[0])
+        self.stored: list[tuple[int, list[int]]] = []
+
+    def append(self, row: list[int]) -> None:
+        i = self.index
+        self.index = s32(self.index + 1)
+        if 0 <= i < self.cap:
+            self.stored.append((i, row))
+
+    def flush(self) -> None:
+        self.context.violation_write_index.fill_(self.index)
+        for i, row in self.stored:
+            self.context.violation_ring[i] = torch.tensor(row, dtype=torch.int64)
+
+
+class Oracle:
+    """Scalar kernels for one generated layer."""
+
+    def __init__(self, layer):
+        lay = layer.layout
+        self.lay = lay
+        self.token, self.position = lay.CANARY_TOKEN_WORD, lay.CANARY_POSITION_WORD
+        self.link_word, self.kv_word = lay.CANARY_CHAIN_LINK_WORD, lay.CANARY_KV_FINGERPRINT_WORD
+        self.fold = tuple(lay.CANARY_CHAIN_FOLD_WORDS)
+        self.head = lay.CANARY_CHAIN_HEAD
+        self.fr = lay.FailReason
+        self.ncols = lay.VIOLATION_FIELDS
+        self.inputs = tuple(lay.INPUT_FIELDS)
+        self.pad_slot = lay.TOKEN_TO_KV_SLOT_PADDING
+        self.pad_req = lay.REQ_POOL_IDX_PADDING
+        self.partial = lay.REAL_KV_PARTIAL_READ_BYTES
+        self.modes = lay.RealKvHashMode
+
+    # -- shared pieces --------------------------------------------------------------------------
+    def link(self, prev_hash: int, values: list[int]) -> int:
+        acc = sm64(prev_hash)
+        for v in values:
+            acc = sm64(acc ^ (v & M64))
+        return acc
+
+    def slot_hash(self, buf: Canary, s: int) -> int:
+        if s < 0:
+            return self.head
+        return self.link(buf.get(s, self.link_word), [buf.get(s, w) for w in self.fold])
+
+    def row(self, **cols) -> list[int]:
+        lay = self.lay
+        out = [0] * self.ncols
+        for meaning, value in cols.items():
+            out[getattr(lay, "VIOLATION_COL_" + meaning.upper())] = s64(value)
+        return out
+
+    def oor_row(self, tag: int, slot: int, expected_token: int, bad: int) -> list[int]:
+        return self.row(launch_tag=tag, slot=slot, expected_token=expected_token, expected_aux=bad,
+                        fail_reason=int(self.fr.SLOT_OUT_OF_RANGE))
+
+    def fingerprint(self, sources, mode: int, slot: int, cache: dict) -> tuple[int, bool]:
+        """(fingerprint, out of range) of one slot, reading each source's row bytes."""
+        if int(mode) == int(self.modes.NONE) or not sources:
+            return 0, False
+        total = 0
+        for k, src in enumerate(sources):
+            row = slot // src.page_size
+            if row >= src.tensor.shape[0]:
+                return 0, True
+            key = (k, row)
+            if key not in cache:
+                cache[key] = src.tensor[row].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+            data = cache[key]
+            n = self.partial if int(mode) == int(self.modes.PARTIAL) else src.read_bytes
+            at = (slot % src.page_size) * src.num_bytes_per_token
+            h = 0
+            for off in range(at, at + n, 8):
+                h = sm64(h ^ int.from_bytes(data[off:off + 8], "little"))
+            total = sm64(total ^ h)
+        return total, False
+
+    # -- verify ---------------------------------------------------------------------------------
+    def verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> None:
+        context.kernel_run_counter.add_(1)
+        if int(plan.enable[0]) == 0:
+            return
+        cap = plan.verify_slot_indices.shape[0]
+        n = min(max(int(plan.verify_num_valid[0]), 0), cap)
+        context.slot_run_counter.add_(n)
+        buf, ring, cache = Canary(context.canary_buf), Ring(context), {}
+        tag = int(context.kernel_kind)
+        slots = plan.verify_slot_indices.tolist()
+        prevs = plan.verify_prev_slot_indices.tolist()
+        exp_toks = plan.verify_expected_tokens.tolist()
+        exp_pos = plan.verify_expected_positions.tolist()
+        per_req = {f.name: getattr(plan, "verify_expected_" + f.name).tolist()
+                   for f in self.inputs if f.verify_expected == "per_request"}
+        tables = {name: t.tolist() for name, t in (extra_slot_tables or {}).items()}
+        for i in range(n):
+            slot, prev = slots[i], prevs[i]
+            if slot == self.pad_slot:
+                continue
+            exp_tok = exp_toks[i] if check_verify_expected_token else -1
+            if slot < 0 or slot >= buf.num_slots:
+                ring.append(self.oor_row(tag, slot, exp_tok, slot))
+                continue
+            if prev >= buf.num_slots:
+                ring.append(self.oor_row(tag, slot, exp_tok, prev))
+                continue
+            fp, bad = self.fingerprint(context.real_kv_sources, context.real_kv_hash_mode, slot, cache)
+            if bad:
+                ring.append(self.oor_row(tag, slot, exp_tok, slot))
+                continue
+            stored_tok, stored_pos = buf.get(slot, self.token), buf.get(slot, self.position)
+            stored_chain, stored_kv = buf.get(slot, self.link_word), buf.get(slot, self.kv_word)
+            bits = 0
+            reachable = prev != self.pad_slot
+            expected_chain = s64(self.slot_hash(buf, prev)) if reachable else stored_chain
+            if reachable and stored_chain != expected_chain:
+                bits |= int(self.fr.VERIFY_CHAIN_HASH_MISMATCH)
+            if exp_tok != -1 and stored_tok != exp_tok:
+                bits |= int(self.fr.VERIFY_TOKEN_MISMATCH)
+            if stored_pos != exp_pos[i]:
+                bits |= int(self.fr.VERIFY_POSITION_MISMATCH)
+            if stored_kv != s64(fp):
+                bits |= int(self.fr.VERIFY_REAL_KV_HASH_MISMATCH)
+            for f in self.inputs:
+                stored = buf.get(slot, f.word)
+                if f.verify_expected == "per_request":
+                    want = per_req[f.name][i]
+                    if want != -1 and stored != want:
+                        bits |= int(self.fr[f.fail_reason])
+                elif f.verify_expected == "per_slot" and stored != tables[f.name][slot]:
+                    bits |= int(self.fr[f.fail_reason])
+            if bits:
+                ring.append(self.row(launch_tag=tag, slot=slot, stored_position=stored_pos, stored_token=stored_tok,
+                                     expected_token=exp_tok, stored_chain_hash=stored_chain,
+                                     expected_aux=expected_chain, fail_reason=bits))
+        ring.flush()
+
+    # -- write ----------------------------------------------------------------------------------
+    def write(self, *, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+              expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> None:
+        context.kernel_run_counter.add_(1)
+        cap = plan.write_seed_slot_indices.shape[0]
+        reqs = min(max(int(plan.write_num_valid_reqs[0]), 0), cap)
+        buf, ring, cache = Canary(context.canary_buf), Ring(context), {}
+        tag = int(context.kernel_kind)
+        offs, seeds = plan.write_offsets.tolist(), plan.write_seed_slot_indices.tolist()
+        toks, poss, locs = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()
+        extras = {name: t.tolist() for name, t in (extra_inputs or {}).items()}
+        if enable_write_input_assert:
+            want_toks, want_poss = expected_input_tokens.tolist(), expected_input_positions.tolist()
+        flag = int(context.enable_chain_position_assert[0])
+        total = len(toks)
+        stored_count = 0
+        for r in range(reqs):
+            lo = min(max(offs[r], 0), total)
+            hi = min(max(offs[r + 1], 0), total)
+            if hi <= lo:
+                continue
+            seed = seeds[r]
+            if seed >= buf.num_slots:
+                ring.append(self.oor_row(tag, seed, -1, seed))
+                continue
+            running = self.slot_hash(buf, seed)
+            assert_pos = seed >= 0 and flag != 0
+            prev_pos = buf.get(seed, self.position) if seed >= 0 else 0
+            for i in range(lo, hi):
+                slot = locs[i]
+                if slot < 0:
+                    continue
+                if slot >= buf.num_slots:
+                    ring.append(self.oor_row(tag, slot, -1, slot))
+                    continue
+                fp, bad = self.fingerprint(context.real_kv_sources, context.real_kv_hash_mode, slot, cache)
+                if bad:
+                    ring.append(self.oor_row(tag, slot, -1, slot))
+                    continue
+                tok, pos = toks[i], poss[i]
+                if enable_write_input_assert:
+                    bits = 0
+                    if tok != want_toks[i]:
+                        bits |= int(self.fr.WRITE_TOKEN_MISMATCH)
+                    if pos != want_poss[i]:
+                        bits |= int(self.fr.WRITE_POSITION_MISMATCH)
+                    if bits:
+                        ring.append(self.row(launch_tag=tag, slot=slot, stored_position=pos, stored_token=tok,
+                                             expected_token=want_toks[i], stored_chain_hash=running,
+                                             expected_aux=want_poss[i], fail_reason=bits))
+                if assert_pos:
+                    want = s64(prev_pos + 1)
+                    if pos != want:
+                        ring.append(self.row(launch_tag=tag, slot=slot, stored_position=pos, stored_token=tok,
+                                             expected_token=tok, stored_chain_hash=running, expected_aux=want,
+                                             fail_reason=int(self.fr.WRITE_POSITION_MISMATCH)))
+                    prev_pos = pos
+                buf.put(slot, self.token, tok)
+                buf.put(slot, self.position, pos)
+                buf.put(slot, self.link_word, running)
+                buf.put(slot, self.kv_word, fp)
+                for f in self.inputs:
+                    buf.put(slot, f.word, extras[f.name][i])
+                running = self.slot_hash(buf, slot)
+                stored_count += 1
+        context.slot_run_counter.add_(stored_count)
+        buf.flush()
+        ring.flush()
+
+    # -- plan -----------------------------------------------------------------------------------
+    def plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+             swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens=None,
+             req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
+             extra_request_values=None) -> None:
+        rps, pres, exts = req_pool_indices.tolist(), prefix_lens.tolist(), extend_seq_lens.tolist()
+        r2t = req_to_token.tolist()
+        rows = len(r2t)
+        max_ctx = req_to_token.shape[1]
+        lut = full_to_swa_index_mapping.tolist() if swa_window_size > 0 else None
+        pool = req_to_verify_expected_tokens.tolist() if req_to_verify_expected_tokens is not None else None
+        valid = req_to_verify_expected_tokens_valid_lens.tolist() if pool is not None else None
+        extras = {name: t.tolist() for name, t in (extra_request_values or {}).items()}
+        per_req = [f.name for f in self.inputs if f.verify_expected == "per_request"]
+
+        def lut_of(x):
+            if lut is None or x < 0:
+                return x
+            if x >= len(lut):
+                raise ValueError(f"kv-canary: SWA slot {x} is outside full_to_swa_index_mapping length {len(lut)}")
+            return lut[x]
+
+        bs = len(rps)
+        wcap = write_plan_out.write_seed_slot_indices.shape[0]
+        offsets = [0] * (wcap + 1)
+        seeds = []
+        entries = []
+        acc = 0
+        for r in range(bs):
+            row = rps[r]
+            active = row != self.pad_req and 0 <= row < rows
+            pre = min(max(pres[r], 0), max_ctx)
+            if active:
+                acc += max(exts[r], 0)
+            offsets[r + 1] = acc
+            if active and pres[r] > 0 and exts[r] > 0:
+                seeds.append(lut_of(r2t[row][min(pres[r] - 1, max_ctx - 1)]))
+            else:
+                seeds.append(-1)
+            if not active:
+                continue
+            start = max(0, pre - swa_window_size) if swa_window_size > 0 else 0
+            for p in range(start, pre):
+                entries.append((r, row, p))
+        total = len(entries)
+        out = []
+        if total <= verify_capacity:
+            for r, row, p in entries:
+                slot = lut_of(r2t[row][p])
+                prev = lut_of(r2t[row][p - 1]) if p > 0 else -1
+                tok = -1
+                if pool is not None:
+                    col = p + kv_token_id_vs_position_offset
+                    if 0 <= col < min(valid[r], len(pool[0]) if pool else 0) and row < len(pool):
+                        tok = pool[row][col]
+                out.append((slot, prev, p, tok, [extras[name][r] for name in per_req]))
+        write_plan_out.write_offsets.copy_(torch.tensor(offsets, dtype=torch.int64))
+        for r, s in enumerate(seeds):
+            write_plan_out.write_seed_slot_indices[r] = s
+        write_plan_out.write_num_valid_reqs[0] = bs
+        if total > verify_capacity:
+            verify_plan_out.enable[0] = 0
+            verify_plan_out.verify_num_valid[0] = verify_capacity
+            return
+        verify_plan_out.enable[0] = 1
+        verify_plan_out.verify_num_valid[0] = total
+        if not total:
+            return
+        columns = list(zip(*[(slot, prev, p, tok, *vals) for slot, prev, p, tok, vals in out]))
+        names = ["verify_slot_indices", "verify_prev_slot_indices", "verify_expected_positions",
+                 "verify_expected_tokens", *("verify_expected_" + name for name in per_req)]
+        for name, column in zip(names, columns):
+            getattr(verify_plan_out, name)[:total] = torch.tensor(column, dtype=torch.int64)
+
+    # -- scatter --------------------------------------------------------------------------------
+    def scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> None:
+        flat, offs, rps = flat_in.tolist(), offsets.tolist(), req_pool_indices.tolist()
+        pool = pool_out.tolist()
+        rows, cols = pool_out.shape
+        for r, row in enumerate(rps):
+            lo = min(max(offs[r], 0), len(flat))
+            hi = min(max(offs[r + 1], 0), len(flat))
+            if not 0 <= row < rows:
+                continue
+            for c in range(max(0, min(hi - lo, cols))):
+                pool[row][c] = s32(flat[lo + c])
+        if rows and cols:
+            pool_out.copy_(torch.tensor(pool, dtype=torch.int32))

@@ -1,0 +1,66 @@
+"""Allocators give the sizes, dtypes and initial values the schema implies (any schema)."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+import torch
+
+
+def alloc_of(layer):
+    return importlib.import_module(layer.__name__ + ".allocators")
+
+
+def nbytes(obj) -> int:
+    return sum(getattr(obj, f.name).nbytes for f in dataclasses.fields(obj))
+
+
+def test_canary_buffer_and_ring(any_layer):
+    lay, alloc = any_layer.layout, alloc_of(any_layer)
+    buf = alloc.allocate_canary_buf(10, device="cpu")
+    assert buf.shape == (10, lay.CANARY_SLOT_STRIDE_BYTES) and buf.dtype == torch.uint8 and not buf.any()
+    assert lay.CANARY_SLOT_STRIDE_BYTES >= lay.CANARY_FIELDS_PER_SLOT * 8
+    assert alloc.canary_buf_bytes(10) == buf.nbytes
+    ring, index = alloc.allocate_violation_ring(7, device="cpu")
+    assert ring.shape == (7, lay.VIOLATION_FIELDS) and ring.dtype == torch.int64 and not ring.any()
+    assert index.shape == (1,) and index.dtype == torch.int32 and index.item() == 0
+    assert alloc.violation_ring_bytes(7) == ring.nbytes + index.nbytes
+    counter = alloc.allocate_counter(device="cpu")
+    assert counter.dtype == torch.int64 and counter.shape == (1,) and counter.item() == 0
+    flag = alloc.allocate_chain_position_flag(device="cpu", enabled=True)
+    assert flag.dtype == torch.int32 and flag.item() == 1
+
+
+def test_verify_plan(any_layer):
+    lay, alloc = any_layer.layout, alloc_of(any_layer)
+    plan = alloc.VerifyPlan.allocate(verify_capacity=5, device="cpu")
+    per_request = [f.name for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"]
+    arrays = ["verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
+              *("verify_expected_" + n for n in per_request)]
+    for name in arrays:
+        t = getattr(plan, name)
+        assert t.shape == (5,) and t.dtype == torch.int64
+    assert plan.verify_expected_tokens.tolist() == [-1] * 5            # unknown until a plan fills them
+    assert plan.verify_num_valid.dtype == torch.int32 and plan.verify_num_valid.item() == 0
+    assert plan.enable.dtype == torch.int32 and plan.enable.item() == 1
+    assert alloc.VerifyPlan.allocation_bytes(5) == nbytes(plan) == 5 * 8 * len(arrays) + 8
+
+
+def test_write_plan(any_layer):
+    alloc = alloc_of(any_layer)
+    plan = alloc.WritePlan.allocate(write_req_capacity=3, device="cpu")
+    assert plan.write_offsets.shape == (4,) and plan.write_offsets.dtype == torch.int64
+    assert plan.write_seed_slot_indices.shape == (3,) and plan.write_seed_slot_indices.dtype == torch.int64
+    assert plan.write_num_valid_reqs.dtype == torch.int32 and plan.write_num_valid_reqs.item() == 0
+    assert alloc.WritePlan.allocation_bytes(3) == nbytes(plan) == 4 * 8 + 3 * 8 + 4
+
+
+def test_context_uses_keywords_and_shares_nothing(any_layer):
+    lay, alloc = any_layer.layout, alloc_of(any_layer)
+    a = alloc.allocate_context(num_slots=4, ring_capacity=2, device="cpu", slot_stride_bytes=lay.CANARY_SLOT_STRIDE_BYTES + 8)
+    b = alloc.allocate_context(num_slots=4, ring_capacity=2, device="cpu")
+    assert a.canary_buf.shape[1] == lay.CANARY_SLOT_STRIDE_BYTES + 8
+    assert a.violation_ring.data_ptr() != b.violation_ring.data_ptr()
+    assert a.kernel_kind == lay.CanaryLaunchTag(0) and a.real_kv_hash_mode == lay.RealKvHashMode.NONE
+    shared = dataclasses.replace(b, kernel_kind=lay.CanaryLaunchTag(1))
+    assert shared.violation_ring is b.violation_ring

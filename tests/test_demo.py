@@ -1,0 +1,25 @@
+"""`kv-canary demo` end to end on a shortened run."""
+from __future__ import annotations
+
+import pytest
+
+from kv_canary import demo
+
+
+def test_demo_writes_table_and_report(tmp_path, capsys):
+    rc = demo.main(["--steps", "12", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "stale_transfer/default_schema"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "scenario" in out and "expected detection" in out and "first decoded line" in out
+    assert "[ok] out_of_range_slot" in out and "launch_tag=HEAD_K_FULL fail_reason=slot_out_of_range" in out
+    report = (tmp_path / "report.md").read_text()
+    assert "## Scenarios" in report and "stale_transfer/default_schema" in report
+    png = (tmp_path / "violations_per_step.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_demo_rejects_unknown_scenario(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        demo.main(["--out", str(tmp_path), "--only", "nope"])
+    assert "--only must name scenarios from" in capsys.readouterr().err

@@ -1,0 +1,110 @@
+"""Emulated-backend behaviour beyond the random differential suite: multi-chunk plan scans, what
+the kernels store where the host backends raise, strict warp mode, device checks, the build cache
+and build errors that point at template lines."""
+from __future__ import annotations
+
+import importlib
+import random
+import re
+import shutil
+
+import pytest
+import scenarios
+import torch
+from kernel_diff import compare
+
+import kv_canary
+from kv_canary._loader import load_generated
+from kv_canary.cuda.sources import kernel_abi, tree_dir
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+def _backend(layer):
+    return kv_canary.runtime_for(layer).backend("emulated")
+
+
+def test_plan_scans_batches_larger_than_a_block(default_layer):
+    """bs above the block size: the single-block offsets kernel carries its scan across chunks."""
+    assert _backend(default_layer).threads < 150
+    for seed in range(6):
+        case = scenarios.make_plan_case(random.Random(seed), default_layer, n_reqs=150, max_prefix=6, max_extend=4)
+        compare(default_layer, "plan", case, "emulated", ordered=True)
+
+
+def test_unreadable_lut_index_is_reported_not_read(default_layer):
+    """An index past the SWA LUT: the reference raises (§7); the kernel stores PLAN_UNREADABLE_INDEX
+    (INT64_MAX, >= every slot count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
+    layout, alloc = default_layer.layout, importlib.import_module(default_layer.__name__ + ".allocators")
+    rt = kv_canary.runtime_for(default_layer)
+    lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
+    args = dict(req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([2]), extend_seq_lens=torch.tensor([0]),
+                req_to_token=torch.tensor([[0, 0], [5, 9]], dtype=torch.int32), swa_window_size=4,
+                full_to_swa_index_mapping=lut, verify_capacity=4)
+    with pytest.raises(ValueError, match="SWA slot 9 is outside full_to_swa_index_mapping length 8"):
+        rt.launch_canary_plan_kernels(verify_plan_out=alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu"),
+                                      write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
+                                      backend="torch", **args)
+    vplan = alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu")
+    rt.launch_canary_plan_kernels(verify_plan_out=vplan, write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1,
+                                  device="cpu"), backend="emulated", **args)
+    unreadable = (1 << 63) - 1
+    assert vplan.verify_slot_indices[:2].tolist() == [5, unreadable]
+    assert vplan.verify_prev_slot_indices[:2].tolist() == [-1, 5]
+    ctx = alloc.allocate_context(num_slots=16, ring_capacity=4, device="cpu")
+    rt.launch_canary_verify_kernel(context=ctx, plan=vplan, check_verify_expected_token=False, backend="emulated")
+    oor = [row for row in ctx.violation_ring[: int(ctx.violation_write_index[0])].tolist()
+           if row[layout.VIOLATION_COL_FAIL_REASON] == layout.FailReason.SLOT_OUT_OF_RANGE]
+    assert [(r[layout.VIOLATION_COL_SLOT], r[layout.VIOLATION_COL_EXPECTED_AUX]) for r in oor] == [(unreadable, unreadable)]
+
+
+def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
+    """Strict warp mode is on: the verify's full-mask warp reduction with 48 threads names lanes
+    that do not exist, and the launch fails with the shim's message instead of passing."""
+    from kv_canary.emulation.library import EmulationLaunchError
+    backend = _backend(default_layer)
+    case = scenarios.make_verify_case(random.Random(3), default_layer, n_reqs=4)
+    kernel = kernel_abi(default_layer).kernel_for_template("verify")
+    values = backend._context_values(case["context"])
+    plan = case["plan"]
+    values.update(verify_slot_indices=plan.verify_slot_indices, verify_expected_tokens=plan.verify_expected_tokens,
+                  verify_expected_positions=plan.verify_expected_positions,
+                  verify_prev_slot_indices=plan.verify_prev_slot_indices, verify_num_valid=plan.verify_num_valid,
+                  verify_enable=plan.enable.fill_(1), verify_capacity=int(plan.verify_slot_indices.shape[0]))
+    from kv_canary.cuda.args import pack
+    packed = pack(kernel, values, device=torch.device("cpu"))
+    with pytest.raises(EmulationLaunchError, match="strict warp check: lane .* does not exist"):
+        backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=48,
+                               packed=packed)
+    backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=64,
+                           packed=packed)  # whole warps: fine
+
+
+def test_emulated_backend_needs_cpu_tensors(default_layer):
+    with pytest.raises(ValueError, match="backend 'emulated' runs the kernels on the host and needs CPU tensors"):
+        _backend(default_layer).check_device(torch.device("cuda", 0))
+
+
+def test_library_is_built_once_per_content(default_layer, tmp_path, monkeypatch):
+    from kv_canary.emulation.build import build_library
+    monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path))
+    path = build_library(default_layer)
+    assert path.parent == tmp_path / "emulation"
+    stamp = path.stat().st_mtime_ns
+    assert build_library(default_layer) == path and path.stat().st_mtime_ns == stamp
+
+
+def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, monkeypatch):
+    """A broken generated source fails the build with g++'s diagnostics naming the template line."""
+    from kv_canary.emulation.build import EmulationBuildError, build_library
+    monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path / "cache"))
+    tree = tmp_path / "tree"
+    shutil.copytree(tree_dir(default_layer), tree, ignore=shutil.ignore_patterns("__pycache__"))
+    scatter = tree / "cuda" / "canary_scatter_req_token_ids.cu"
+    text = scatter.read_text()
+    m = list(re.finditer(r'#line (\d+) "(codegen/templates/cuda/scatter\.cu\.j2)"\n', text))[-1]
+    scatter.write_text(text[:m.end()] + "  undeclared_identifier = 1;\n" + text[m.end():])
+    broken = load_generated(tree, "kv_canary_test_broken_tree")
+    with pytest.raises(EmulationBuildError) as err:
+        build_library(broken)
+    assert f"{m.group(2)}:{m.group(1)}" in str(err.value) and "undeclared_identifier" in str(err.value)
