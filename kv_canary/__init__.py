@@ -35,21 +35,40 @@ splitmix64_mix3 = _layout.splitmix64_mix3
 globals().update({k: getattr(_layout, k) for k in dir(_layout)
                   if k.startswith(("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")) and not k.endswith("_NAMES")})
 
-# Launch data classes and allocators (generated/allocators.py), then the launch API.
-import importlib as _importlib  # noqa: E402
+# The launch API, data classes and allocators need torch; they load on first use (PEP 562) so that
+# `kv-canary describe/check/diff` and layout-only users do not pay for importing torch.
+_LAZY = {
+    "allocators": ("kv_canary.generated.allocators", None),
+    "validators": ("kv_canary.generated.validators", None),
+    **{name: ("kv_canary.generated.allocators", name) for name in (
+        "RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+        "allocate_violation_ring", "allocate_counter", "allocate_chain_position_flag", "allocate_context")},
+    **{name: ("kv_canary.api", name) for name in (
+        "launch_canary_write_kernel", "launch_canary_verify_kernel", "launch_canary_plan_kernels",
+        "scatter_req_token_ids", "launch_canary_write_kernel_torch_reference",
+        "launch_canary_verify_kernel_torch_reference", "launch_canary_plan_kernels_torch_reference",
+        "scatter_req_token_ids_torch_reference")},
+    "BackendUnavailable": ("kv_canary.backends", "BackendUnavailable"),
+    "get_backend": ("kv_canary.backends", "get_backend"),
+    "runtime_for": ("kv_canary.runtime", "runtime_for"),
+    "CanaryManager": ("kv_canary.manager", "CanaryManager"),
+    "CanaryViolationError": ("kv_canary.manager", "CanaryViolationError"),
+    "Violation": ("kv_canary.violations", "Violation"),
+}
 
-allocators = _importlib.import_module("kv_canary.generated.allocators")
-validators = _importlib.import_module("kv_canary.generated.validators")
-RealKvSource = allocators.RealKvSource
-VerifyOrWriteContext = allocators.VerifyOrWriteContext
-VerifyPlan = allocators.VerifyPlan
-WritePlan = allocators.WritePlan
-allocate_canary_buf = allocators.allocate_canary_buf
-allocate_violation_ring = allocators.allocate_violation_ring
-allocate_counter = allocators.allocate_counter
-allocate_chain_position_flag = allocators.allocate_chain_position_flag
-allocate_context = allocators.allocate_context
 
-from .api import *  # noqa: E402,F401,F403  (the launch functions, SGLang's names)
-from .backends import BackendUnavailable, get_backend  # noqa: E402,F401
-from .runtime import runtime_for  # noqa: E402,F401
+def __getattr__(name: str):
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'kv_canary' has no attribute {name!r}") from None
+    import importlib
+
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # cache: the next access is a plain attribute
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
