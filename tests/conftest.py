@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -16,6 +19,30 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
 EXAMPLE_SCHEMAS = sorted((ROOT / "examples" / "schemas").glob("*.yaml"))
 _GEN_ROOT = Path(tempfile.mkdtemp(prefix="kv_canary_gen_"))
+# The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
+SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
+
+
+def default_schema_text(*, stride: int | None = None) -> str:
+    """kernels.yaml's text, optionally with another canary slot stride.
+
+    Tests that derive a mutated schema start from here, so they keep working whatever stride the
+    checked-in schema uses (changing it and running `make generate` must leave `make test` green).
+    """
+    text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
+    if stride is not None:
+        text, n = re.subn(r"(?m)^(\s*slot_stride_bytes:\s*)\d+", rf"\g<1>{stride}", text)
+        assert n == 1, "kernels.yaml must declare exactly one slot_stride_bytes"
+    return text
+
+
+def load_vectors() -> dict:
+    """SEMANTICS.md's golden vectors; a missing file is an error, never a silent skip."""
+    path = SPEC_DIR / "vectors.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"golden vectors not found at {path}: put the spec beside the checkout "
+                                f"(../shared/spec) or set KV_CANARY_SPEC_DIR")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def generate_layer(schema_path: Path):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import default_schema_text
 
 from codegen import render
 from codegen.cli import main
@@ -68,7 +69,8 @@ def test_removed_header_counts_as_a_hand_edit(repo, capsys):
 
 def test_schema_edited_without_make_generate_is_stale(repo, capsys):
     schema = repo / "kernels.yaml"
-    schema.write_text(schema.read_text().replace("slot_stride_bytes: 32", "slot_stride_bytes: 48"))
+    wider = load_schema(schema).canary.stride_bytes + 16
+    schema.write_text(default_schema_text(stride=wider))
     rc, err = check(capsys)
     assert rc == 1
     listing = err.split("\n---", 1)[0].splitlines()
@@ -77,7 +79,7 @@ def test_schema_edited_without_make_generate_is_stale(repo, capsys):
     stale = [line.split(":")[0] for line in listing if ": stale: the schema changed since this file was generated" in line]
     assert "generated/layout.py" in stale and "generated/__init__.py" in stale and len(stale) == len(listing) - 1
     assert listing[-1] == "    fix: run `make generate` and commit the result"
-    assert "+CANARY_SLOT_STRIDE_BYTES = 48" in err
+    assert f"+CANARY_SLOT_STRIDE_BYTES = {wider}" in err
 
 
 def test_generator_change_is_named_as_such(tmp_path, monkeypatch):

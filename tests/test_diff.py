@@ -7,13 +7,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import default_schema_text
 
 from codegen.cli import main
 from codegen.diff import diff_schemas, format_markdown
 from codegen.load import load_schema_text
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE = (ROOT / "kernels.yaml").read_text(encoding="utf-8")
+# SGLang's default layout (stride 32), whatever stride the checked-in schema currently uses.
+BASE = default_schema_text(stride=32)
 
 
 def edit(*pairs: tuple[str, str], text: str = BASE) -> str:
@@ -158,7 +160,7 @@ def git_repo(tmp_path, monkeypatch):
     repo = tmp_path / "repo"
     repo.mkdir()
     git(repo, "init", "-q")
-    shutil.copy(ROOT / "kernels.yaml", repo / "kernels.yaml")
+    (repo / "kernels.yaml").write_text(BASE, encoding="utf-8")
     git(repo, "add", "kernels.yaml")
     git(repo, "commit", "-q", "-m", "base")
     monkeypatch.chdir(repo)

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import importlib
-import json
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_vectors
 from oracle import Oracle, s64, sm64
 
 import kv_canary
 from kv_canary import FailReason, RealKvHashMode
 
-VECTORS = json.loads((Path(__file__).resolve().parents[2] / "shared" / "spec" / "vectors.json").read_text())
+VECTORS = load_vectors()
 REF = importlib.import_module("kv_canary.generated.reference")
 
 

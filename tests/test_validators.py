@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from conftest import DEFAULT_SCHEMA, generate_layer
+from conftest import default_schema_text, generate_layer
 
 import kv_canary
 
@@ -178,8 +178,7 @@ def test_extra_keywords_rejected_for_default_schema():
 # -- a mutated schema: stride 64 plus an input field ----------------------------------------------------------
 @pytest.fixture(scope="module")
 def epoch_layer(tmp_path_factory):
-    text = DEFAULT_SCHEMA.read_text()
-    text = text.replace("slot_stride_bytes: 32", "slot_stride_bytes: 64")
+    text = default_schema_text(stride=64)
     text = text.replace("      - {name: real_kv_hash, role: kv_fingerprint}\n",
                         "      - {name: real_kv_hash, role: kv_fingerprint}\n"
                         "      - {name: epoch, role: input, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")
