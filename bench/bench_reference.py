@@ -2,18 +2,20 @@
 
 Prints entries/s of both and their ratio against the targets (verify >= 100x, write >= 20x,
 plan >= 50x), after checking that both produced identical state; `--strict` exits 1 on a miss.
+The reference's time is the best of 5 runs, each on a fresh copy of the inputs; the oracle runs once.
 KV_CANARY_BENCH_THREADS sets torch's intra-op threads (default 1). Also times the write's serial
-chain two ways (plain-int loop, which the reference uses, vs a lock-step torch step per position).
+chain three ways: the reference's lock-step over requests packed into one Python int (128-bit lanes),
+a plain-int loop per request (the previous reference) and a numpy-vector lock-step.
 """
 from __future__ import annotations
 
 import importlib
 import os
-import random
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -102,7 +104,7 @@ def plan_case(bs: int, prefix: int):
 
 def compare(name: str, entries: int, case: dict, launch: str, oracle_fn, target: float) -> bool:
     ref_case, oracle_case = scenarios.clone_case(case), scenarios.clone_case(case)
-    t_ref = timed(lambda c: getattr(RT, launch)(**c), repeat=3, prepare=lambda: scenarios.clone_case(case))
+    t_ref = timed(lambda c: getattr(RT, launch)(**c), repeat=5, prepare=lambda: scenarios.clone_case(case))
     getattr(RT, launch)(**ref_case)
     t_oracle = timed(lambda _: oracle_fn(**oracle_case))
     scenarios.compare_state(ref_case, oracle_case)
@@ -114,43 +116,50 @@ def compare(name: str, entries: int, case: dict, launch: str, oracle_fn, target:
     return ok
 
 
-def lockstep_chain(spans, seeds, values):
-    """The chain advanced one torch step per position across all requests (the alternative measured)."""
-    lens = torch.tensor([e - f for f, e in spans])
-    firsts = torch.tensor([f for f, _ in spans])
-    running = torch.tensor([s - (1 << 64) if s >> 63 else s for s in seeds], dtype=torch.int64)
-    vals = [torch.tensor(v, dtype=torch.int64) for v in values]
-    out = torch.zeros(int(lens.sum()), dtype=torch.int64)
-    for step in range(int(lens.max()) if len(spans) else 0):
+def int_loop_chains(lens, seeds, fold_values):
+    """Alternative 1 (the previous reference): each request's chain in a plain-int loop, one request after another."""
+    out, at = [], 0
+    for n, seed in zip(lens.tolist(), seeds.tolist()):
+        out += REF._serial_chain(seed, [v[at:at + n].tolist() for v in fold_values])
+        at += n
+    return np.array(out, dtype=np.uint64)
+
+
+def vector_lockstep_chains(lens, seeds, fold_values):
+    """Alternative 2: all requests advance in lock-step, one numpy vector step (over the live requests) per position."""
+    firsts = np.cumsum(lens) - lens
+    running = seeds.copy()
+    out = np.zeros(int(lens.sum()), dtype=np.uint64)
+    for step in range(int(lens.max()) if lens.size else 0):
         live = lens > step
         idx = firsts[live] + step
         out[idx] = running[live]
-        rec = torch.zeros((idx.numel(), LAYER.layout.CANARY_FIELDS_PER_SLOT), dtype=torch.int64)
-        rec[:, LAYER.layout.CANARY_CHAIN_LINK_WORD] = running[live]
-        for word, v in zip(LAYER.layout.CANARY_CHAIN_FOLD_WORDS, vals):
-            rec[:, word] = v[idx]
-        running[live] = REF.link_t(rec)
+        running[live] = REF._link_np(running[live], [v[idx] for v in fold_values])
     return out
 
 
 def chain_methods(lengths) -> None:
-    spans, at = [], 0
-    for n in lengths:
-        spans.append((at, at + n))
-        at += n
-    seeds = [LAYER.layout.CANARY_CHAIN_HEAD] * len(lengths)
-    values = [[random.randrange(50_000) for _ in range(at)], [random.randrange(4096) for _ in range(at)]]
-    t_int = timed(lambda _: REF._run_chains(spans, seeds, [-1] * len(spans), values), repeat=3)
-    t_lock = timed(lambda _: lockstep_chain(spans, seeds, values), repeat=3)
-    ints = torch.tensor(REF._run_chains(spans, seeds, [-1] * len(spans), values), dtype=torch.uint64).view(torch.int64)
-    assert torch.equal(ints, lockstep_chain(spans, seeds, values))
-    print(f"  write chain only, {len(lengths)} requests / {at} entries: int loop {t_int * 1e3:.1f} ms, "
-          f"lock-step torch {t_lock * 1e3:.1f} ms ({t_lock / t_int:.1f}x slower)")
+    """Times the write's serial chain alone: the reference's packed lock-step vs the two alternatives."""
+    lens = np.array(lengths, dtype=np.int64)
+    total = int(lens.sum())
+    seeds = np.full(lens.size, LAYER.layout.CANARY_CHAIN_HEAD, dtype=np.uint64)
+    rng = np.random.default_rng(0)
+    # One value array per chained field (fold order); tokens and positions are the realistic magnitudes.
+    fold_values = [rng.integers(0, 50_000, total).astype(np.uint64) for _ in LAYER.layout.CANARY_CHAIN_FOLD_WORDS]
+    deps = np.full(lens.size, -1, dtype=np.int64)
+    t_ref = timed(lambda _: REF._run_chains(lens, seeds, deps, fold_values), repeat=5)
+    t_int = timed(lambda _: int_loop_chains(lens, seeds, fold_values), repeat=3)
+    t_vec = timed(lambda _: vector_lockstep_chains(lens, seeds, fold_values), repeat=3)
+    want = REF._run_chains(lens, seeds, deps, fold_values)
+    assert np.array_equal(want, int_loop_chains(lens, seeds, fold_values))
+    assert np.array_equal(want, vector_lockstep_chains(lens, seeds, fold_values))
+    print(f"  write chain only, {lens.size} requests / {total} entries: packed lock-step (reference) {t_ref * 1e3:.1f} ms; "
+          f"plain-int loop {t_int * 1e3:.1f} ms ({t_int / t_ref:.1f}x that), "
+          f"numpy-vector lock-step {t_vec * 1e3:.1f} ms ({t_vec / t_ref:.1f}x that)")
 
 
 def main() -> int:
     torch.manual_seed(0)
-    random.seed(0)
     oracle = Oracle(LAYER)
     print(f"kv-canary torch reference vs scalar oracle (torch {torch.__version__}, {torch.get_num_threads()} threads)")
     ok = compare("verify 65,536 entries, ALL, 2 x 128 B", 65_536, verify_case(65_536),
@@ -163,6 +172,8 @@ def main() -> int:
                   "launch_canary_write_kernel", oracle.write, 20)
     chain_methods([2048] * 8)
     chain_methods([1] * 256)
+    chain_methods([2048] * 8 + [1] * 256)
+    chain_methods([16_384])
     ok &= compare("plan 256 requests x 1,024 prefix tokens", 256 * 1024, plan_case(256, 1024),
                   "launch_canary_plan_kernels", oracle.plan, 50)
     if not ok:

@@ -108,3 +108,22 @@ def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, mo
     with pytest.raises(EmulationBuildError) as err:
         build_library(broken)
     assert f"{m.group(2)}:{m.group(1)}" in str(err.value) and "undeclared_identifier" in str(err.value)
+
+
+@pytest.mark.parametrize("threads", [512, 1024])
+def test_verify_on_a_pinned_fixed_grid_matches_reference(tmp_path, threads):
+    """kernels.yaml pinning the verify to a fixed grid with bigger blocks (SGLang's 64 x 512, and
+    1024 threads): the cooperative fingerprint then stages fewer chunks per row (4, 2) in its
+    shared-memory tiles, which the default 256-thread verify never does."""
+    import yaml
+    from conftest import DEFAULT_SCHEMA, generate_layer
+    data = yaml.safe_load(DEFAULT_SCHEMA.read_text())
+    for k in data["kernels"]:
+        if k["template"] == "verify":
+            k["launch"] = {"shape": "fixed_grid", "threads": threads, "blocks": 3}
+    schema = tmp_path / f"fixed_grid_{threads}.yaml"
+    schema.write_text(yaml.safe_dump(data, sort_keys=False))
+    layer = generate_layer(schema)
+    assert f"kvc::KvWarpTile<{256 * 8 // threads}>" in (tree_dir(layer) / "cuda" / "canary_verify.cu").read_text()
+    for seed in range(30):
+        compare(layer, "verify", scenarios.make_verify_case(random.Random(seed), layer), "emulated", ordered=False)

@@ -3,6 +3,12 @@
 Tensors are passed zero-copy (their data pointers); launches go to torch's current CUDA stream,
 so they order with torch work and can be captured in CUDA graphs. No launch path synchronises
 the host. Kernels are compiled and loaded on first use per device (kv_canary/cuda/module.py).
+
+Launch shapes come from kernels.yaml. A `persistent` kernel (verify) gets SM count x
+min(blocks_per_sm, blocks the compiled kernel keeps resident per SM, from CUDA's occupancy
+calculator) blocks: the schema's blocks_per_sm is an upper bound, and the grid-stride loop runs in
+one wave. It is further capped by the blocks the plan's capacity can fill. `fixed_grid` pins the
+grid exactly (e.g. SGLang's 64 x 512).
 """
 from __future__ import annotations
 
@@ -30,12 +36,14 @@ class CudaBackend(KernelBackend):
         index = device.index if device.index is not None else torch.cuda.current_device()
         return self.modules.for_device(index)
 
-    def persistent_blocks(self, kernel, device: torch.device) -> int:
-        return self.warm_up(device).sm_count * kernel.blocks_per_sm
+    def persistent_blocks(self, kernel, device: torch.device, entry_point: str | None = None) -> int:
+        """SM count x blocks_per_sm (kernels.yaml), clamped to the compiled kernel's occupancy."""
+        return self.warm_up(device).persistent_blocks(entry_point or kernel.variants[0][0], kernel.blocks_per_sm)
 
     def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
         mods = self.warm_up(device)
-        blocks = blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=mods.sm_count * kernel.blocks_per_sm)
+        persistent = mods.persistent_blocks(entry_point, kernel.blocks_per_sm) if kernel.shape == "persistent" else 0
+        blocks = blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=persistent)
         mods.launch(entry_point, blocks=blocks, threads=kernel.threads, packed=packed)
 
 

@@ -48,8 +48,10 @@ class EmulatedBackend(KernelBackend):
                              f"got tensors on {device}")
 
     def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
-        blocks = blocks_for(kernel, work, threads=self.threads, persistent_blocks=self.persistent_blocks)
-        self.library.launch(kernel, entry_point, blocks=blocks, threads=self.threads, packed=packed)
+        # Never more threads than kernels.yaml declares: kernels size their shared memory by it.
+        threads = min(self.threads, kernel.threads)
+        blocks = blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks)
+        self.library.launch(kernel, entry_point, blocks=blocks, threads=threads, packed=packed)
 
 
 def create(layer) -> EmulatedBackend:

@@ -215,7 +215,9 @@ def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> in
     if kernel.shape == "single_block":
         return 1
     if kernel.shape == "persistent":
-        return max(1, persistent_blocks)
+        # Never more blocks than the entries can fill (work = the plan's capacity, a host-side
+        # upper bound of the active entries): small verifies launch small grids.
+        return max(1, min(persistent_blocks, -(-work // threads)))
     if kernel.shape == "fixed_grid":
         return kernel.blocks
     raise ValueError(f"kv-canary: kernel {kernel.name} has unknown launch shape {kernel.shape!r}")

@@ -35,6 +35,7 @@ class DeviceModules:
         headers = {"kv_canary_layout.cuh": read_source(layer, abi.HEADER)}
         self.functions = {}
         self.binaries = {}
+        self.resident_blocks: dict[str, int] = {}  # entry point -> blocks one SM keeps resident
         self._streams: dict = {}
         with device:
             for kernel in abi.KERNELS.values():
@@ -46,7 +47,12 @@ class DeviceModules:
                 check_identity(layer, module_abi_version=version, module_fingerprint=fingerprint,
                                module_desc=f"the CUDA module {path.name} ({kernel.source})")
                 for symbol, _ in kernel.variants:
-                    self.functions[symbol] = module.get_function(symbol)
+                    # get_function loads the module on this device now (not at the first launch,
+                    # which may happen during CUDA-graph capture).
+                    fn = self.functions[symbol] = module.get_function(symbol)
+                    _force_load(fn)
+                    if kernel.shape == "persistent":
+                        self.resident_blocks[symbol] = resident_blocks_per_sm(cupy, fn, kernel.threads)
                 self.binaries[kernel.name] = path
 
     @staticmethod
@@ -65,6 +71,12 @@ class DeviceModules:
                 s = self._streams[ptr] = cupy.cuda.ExternalStream(ptr, self.device_index)
         return s
 
+    def persistent_blocks(self, entry_point: str, blocks_per_sm: int) -> int:
+        """Grid of a persistent kernel: kernels.yaml's blocks_per_sm is the upper bound, clamped to
+        what the compiled kernel can keep resident (registers, shared memory), so the grid-stride
+        loop runs in a single wave instead of leaving a partial second wave."""
+        return persistent_grid(self.sm_count, blocks_per_sm, self.resident_blocks.get(entry_point, 0))
+
     def launch(self, entry_point: str, *, blocks: int, threads: int, packed: list) -> None:
         """Launch on torch's current stream of this device; returns without waiting."""
         import cupy
@@ -72,6 +84,31 @@ class DeviceModules:
         args = tuple(_NUMPY[kind](value) for kind, value in packed)
         with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
             fn((blocks,), (threads,), args)
+
+
+def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
+    """sm_count x min(blocks_per_sm, resident); resident <= 0 (unknown) keeps blocks_per_sm."""
+    per_sm = min(blocks_per_sm, resident) if resident > 0 else blocks_per_sm
+    return sm_count * max(1, per_sm)
+
+
+def _force_load(fn) -> None:
+    """Query an attribute so that the driver loads the function now even under CUDA's lazy module
+    loading (CUDA_MODULE_LOADING=LAZY, the default), never at a launch inside graph capture."""
+    try:
+        fn.num_regs
+    except Exception:  # nothing to gain from failing here; the launch reports a real problem
+        pass
+
+
+def resident_blocks_per_sm(cupy, fn, threads: int) -> int:
+    """CUDA's occupancy calculator for a loaded kernel at `threads` per block (0 when unknown)."""
+    try:
+        return int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, threads, 0))
+    except Exception as exc:  # an old driver or CuPy without the binding: keep the schema's value
+        warnings.warn(f"kv-canary: occupancy of {fn.name} unknown ({exc}); using blocks_per_sm from kernels.yaml",
+                      RuntimeWarning, stacklevel=2)
+        return 0
 
 
 class LayerModules:
