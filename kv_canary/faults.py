@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import generated
 from ._loader import PACKAGE_DIR, load_generated
 from .manager import CanaryManager
 from .sim import Engine, SimConfig
@@ -193,10 +194,13 @@ class LateWriteIntoFreedPage(Fault):
         data, records = self.saved[page]
         slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
         if self.what == "bytes_past_16":
+            # The damage starts right after what PARTIAL mode reads and spans one aligned load.
+            lo = generated.layout.REAL_KV_PARTIAL_READ_BYTES
+            hi = lo + generated.layout.REAL_KV_LOAD_ALIGN_BYTES
             view = engine.full.slot_view(engine.full.k[0])
             old = data["full"][0][0]
-            view[slots[0], 16:32] = old[0, 16:32]
-            where = f"K bytes 16..31 of slot {int(slots[0])}"
+            view[slots[0], lo:hi] = old[0, lo:hi]
+            where = f"K bytes {lo}..{hi - 1} of slot {int(slots[0])}"
         else:
             engine._paste_bytes(slots, data, len(slots))
             if self.what == "records" and engine.canary is not None:

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import generated
+
+# Real-KV rows are read with aligned vector loads (RealKvSource checks it): bytes per token follow.
+_ALIGN = generated.layout.REAL_KV_LOAD_ALIGN_BYTES
+
 
 @dataclass(frozen=True)
 class SimConfig:
     seed: int = 0
     num_pages: int = 64            # full-attention pages, page 0 reserved (its slot 0 is the padding slot)
     page_size: int = 4
-    bytes_per_token: int = 32      # K (and V) bytes per token per layer; a multiple of 16
+    bytes_per_token: int = 32      # K (and V) bytes per token per layer; a multiple of _ALIGN
     num_full_layers: int = 2
     num_swa_layers: int = 1        # 0 disables the SWA group
     swa_window: int = 8
@@ -31,8 +36,9 @@ class SimConfig:
                      "vocab"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.bytes_per_token <= 0 or self.bytes_per_token % 16:
-            raise ValueError(f"SimConfig.bytes_per_token must be a positive multiple of 16, got {self.bytes_per_token}")
+        if self.bytes_per_token <= 0 or self.bytes_per_token % _ALIGN:
+            raise ValueError(f"SimConfig.bytes_per_token must be a positive multiple of {_ALIGN}, "
+                             f"got {self.bytes_per_token}")
         if self.num_swa_layers < 0 or (self.num_swa_layers and self.swa_window < 1):
             raise ValueError("SimConfig.swa_window must be >= 1 when num_swa_layers > 0, "
                              f"got num_swa_layers={self.num_swa_layers} swa_window={self.swa_window}")
