@@ -7,7 +7,9 @@
   usual definition); `ratio` = verify bytes/s over that (target >= 0.6).
 - the same verify with SGLang's fixed 64 x 512 grid: a layer generated from kernels.yaml with the
   verify launch pinned to `fixed_grid` (the schema's way to ask for it).
-- write latency: one 32,768-token prefill chain; 256 one-token decodes.
+- write latency: one 32,768-token prefill chain; 256 one-token decodes; both with kernels.yaml's
+  write launch shape (reported), and the prefill again with SGLang's one-thread-per-request shape
+  (`per_request`, a layer generated with the write launch pinned to it) for comparison.
 - plan latency: 256 requests x 4,096 prefix tokens.
 CUDA events, warm-up, median of --repeats. Skips (exit 0, or 2 with --require-gpu) when no GPU is
 visible. Each benchmark is a section: a failing one is recorded under "errors" (exit 1) and the
@@ -91,6 +93,16 @@ def copy_time_ms(nbytes: int, *, repeats: int) -> float:
 
 def fixed_grid_layer():
     """kernels.yaml with the verify launch pinned to SGLang's 64 x 512 grid, generated to a temp dir."""
+    return variant_layer("verify", {"shape": "fixed_grid", "threads": 512, "blocks": 64}, "fixed_grid")
+
+
+def per_request_write_layer():
+    """kernels.yaml with the write launch pinned to SGLang's one thread per request."""
+    return variant_layer("write", {"shape": "per_request", "threads": 128}, "per_request_write")
+
+
+def variant_layer(template: str, launch: dict, tag: str):
+    """kernels.yaml with one kernel's launch replaced, generated to a temp dir and imported."""
     import yaml
 
     from codegen.load import load_schema_text
@@ -99,12 +111,12 @@ def fixed_grid_layer():
     from kv_canary._loader import load_generated
     data = yaml.safe_load((ROOT / "kernels.yaml").read_text())
     for k in data["kernels"]:
-        if k["template"] == "verify":
-            k["launch"] = {"shape": "fixed_grid", "threads": 512, "blocks": 64}
+        if k["template"] == template:
+            k["launch"] = dict(launch)
     text = yaml.safe_dump(data, sort_keys=False)
-    out = Path(tempfile.mkdtemp(prefix="kv_canary_fixed_grid_"))
-    write_tree(out, render_all(load_schema_text(text, "kernels_fixed_grid.yaml"), text))
-    return load_generated(out, "kv_canary_bench_fixed_grid")
+    out = Path(tempfile.mkdtemp(prefix=f"kv_canary_{tag}_"))
+    write_tree(out, render_all(load_schema_text(text, f"kernels_{tag}.yaml"), text))
+    return load_generated(out, f"kv_canary_bench_{tag}")
 
 
 class Workload:
@@ -155,9 +167,9 @@ class Workload:
             req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
             extra_request_values=self.request_values, backend=backend)
 
-    def write(self, *, input_ids, positions, out_cache_loc, plan=None, backend="cuda"):
+    def write(self, *, input_ids, positions, out_cache_loc, plan=None, backend="cuda", rt=None):
         n = int(input_ids.shape[0])
-        self.rt.launch_canary_write_kernel(context=self.ctx, plan=plan or self.wplan, input_ids=input_ids,
+        (rt or self.rt).launch_canary_write_kernel(context=self.ctx, plan=plan or self.wplan, input_ids=input_ids,
                                            positions=positions, out_cache_loc=out_cache_loc,
                                            enable_write_input_assert=False,
                                            extra_inputs={k: v[:n] for k, v in self.extra_tokens.items()}, backend=backend)
@@ -250,18 +262,32 @@ def bench(repeats: int, out: dict, save) -> dict:
 
     alloc = importlib.import_module(layer.__name__ + ".allocators")
 
-    def prefill():
+    from kv_canary.cuda.sources import kernel_abi
+    write_kernel = kernel_abi(layer).kernel_for_template("write")
+    out["write_launch"] = {"shape": write_kernel.shape, "threads": write_kernel.threads}
+
+    def prefill(key, rt=None, samples=max(3, repeats // 4)):
         # One 32,768-token prefill chain (its own plan: 1 request, offsets [0, n]).
-        one = alloc.WritePlan.allocate(write_req_capacity=1, device="cuda")
-        one.write_offsets.copy_(torch.tensor([0, PREFILL_TOKENS]))
-        one.write_seed_slot_indices.fill_(-1)
-        one.write_num_valid_reqs.fill_(1)
-        loc = torch.arange(1, PREFILL_TOKENS + 1, dtype=torch.int64, device="cuda")
-        ids = torch.randint(0, 50_000, (PREFILL_TOKENS,), device="cuda")
-        pos = torch.arange(PREFILL_TOKENS, device="cuda")
-        out["write_prefill_32768_ms"] = time_ms(
-            lambda: w.write(input_ids=ids, positions=pos, out_cache_loc=loc, plan=one), repeats=max(3, repeats // 4))
-    section("write_prefill_32768", prefill)
+        def run():
+            one = alloc.WritePlan.allocate(write_req_capacity=1, device="cuda")
+            one.write_offsets.copy_(torch.tensor([0, PREFILL_TOKENS]))
+            one.write_seed_slot_indices.fill_(-1)
+            one.write_num_valid_reqs.fill_(1)
+            loc = torch.arange(1, PREFILL_TOKENS + 1, dtype=torch.int64, device="cuda")
+            ids = torch.randint(0, 50_000, (PREFILL_TOKENS,), device="cuda")
+            pos = torch.arange(PREFILL_TOKENS, device="cuda")
+            out[key] = time_ms(lambda: w.write(input_ids=ids, positions=pos, out_cache_loc=loc, plan=one, rt=rt),
+                               repeats=samples, warmup=1)  # the first call also absorbs a compile
+        return run
+    section("write_prefill_32768", prefill("write_prefill_32768_ms"))
+    if write_kernel.shape != "per_request":
+        # SGLang's shape, for the before/after: one thread fingerprints and chains all 32,768 entries.
+        section("write_prefill_32768_per_request",
+                lambda: prefill("write_prefill_32768_per_request_ms",
+                                kv_canary.runtime_for(per_request_write_layer()), samples=3)())
+        if "write_prefill_32768_ms" in out and "write_prefill_32768_per_request_ms" in out:
+            out["write_prefill_speedup_vs_per_request"] = (out["write_prefill_32768_per_request_ms"]
+                                                           / out["write_prefill_32768_ms"])
 
     def decode():
         # 256 one-token decodes, each seeded by its request's last prefix slot (the steady-state plan).
@@ -322,8 +348,14 @@ def report(r: dict) -> str:
     if t:
         lines.append(f"verify target ({TARGET_RATIO:.0%} of copy bandwidth): {'MET' if t['met'] else 'NOT MET'} "
                      f"({t['ratio']:.0%})")
-    lines.append(f"write: 32,768-token prefill {_fmt(r.get('write_prefill_32768_ms'), '.3f')} ms; "
+    launch = r.get("write_launch") or {}
+    lines.append(f"write ({launch.get('shape', '?')}, {launch.get('threads', '?')} threads): 32,768-token prefill "
+                 f"{_fmt(r.get('write_prefill_32768_ms'), '.3f')} ms; "
                  f"256 one-token decodes {_fmt(r.get('write_decode_256_ms'), '.3f')} ms")
+    if "write_prefill_32768_per_request_ms" in r:
+        lines.append(f"write prefill with SGLang's per_request shape (one thread per request): "
+                     f"{r['write_prefill_32768_per_request_ms']:.3f} ms "
+                     f"({_fmt(r.get('write_prefill_speedup_vs_per_request'), '.1f')}x slower)")
     lines.append(f"plan: 256 requests x 4,096 prefix tokens {_fmt(r.get('plan_256x4096_ms'), '.3f')} ms")
     for name, err in (r.get("errors") or {}).items():
         lines.append(f"ERROR in {name}: {err}")

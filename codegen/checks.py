@@ -47,6 +47,9 @@ LAYOUT_FIXED_NAMES = frozenset({
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
+# block_per_request stages a chunk of `threads` entries plus one fingerprint tile per warp in
+# static shared memory (48 KiB); 256 leaves room for records of up to 16 fields.
+MAX_BLOCK_PER_REQUEST_THREADS = 256
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
@@ -294,6 +297,12 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
         if not 1 <= launch.threads <= MAX_THREADS:
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' launch threads must be in [1, {MAX_THREADS}], got {launch.threads}")
+        elif launch.shape == "block_per_request" and (launch.threads % 32 or
+                                                      launch.threads > MAX_BLOCK_PER_REQUEST_THREADS):
+            d.error(launch.where.get("threads", launch.loc),
+                    f"kernel '{k.name}' launch shape 'block_per_request' loads fingerprints per warp and stages "
+                    f"a chunk of `threads` entries in shared memory, so threads must be a multiple of 32 in "
+                    f"[32, {MAX_BLOCK_PER_REQUEST_THREADS}], got {launch.threads}")
         elif k.warp_reduction and launch.threads % 32:
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' uses a warp reduction, so its thread count must be a multiple of 32, "

@@ -95,7 +95,7 @@ class KernelTemplateSpec:
 
 # The kernel templates codegen knows (templates/cuda/<name>.cu.j2).
 KERNEL_TEMPLATES = {
-    "write": KernelTemplateSpec(("per_request",)),
+    "write": KernelTemplateSpec(("per_request", "block_per_request")),
     "verify": KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)),
     "plan_offsets": KernelTemplateSpec(("single_block",)),
     "plan_entries": KernelTemplateSpec(("per_entry", "persistent", "fixed_grid")),
@@ -105,6 +105,7 @@ KERNEL_TEMPLATES = {
 # Launch shapes and the keys each one takes besides `shape` and `threads`.
 LAUNCH_SHAPES = {
     "per_request": (),        # one thread per request, ceil(n / threads) blocks
+    "block_per_request": (),  # one block of `threads` per request (n blocks)
     "per_entry": (),          # one thread per entry, ceil(n / threads) blocks
     "single_block": (),       # one block
     "persistent": ("blocks_per_sm",),  # SM count x blocks_per_sm blocks, grid-stride loop

@@ -76,6 +76,9 @@ CASES = [
                                "launch: {shape: fixed_grid, threads: 512, blocks: 64}")], [
         ("kernel launch changed", "canary_verify", "persistent, 256 threads, 8 blocks/SM, warp reduction",
          "fixed_grid, 512 threads, 64 blocks, warp reduction", False)]),
+    ("write launch shape", [("launch: {shape: block_per_request, threads: 256}",
+                             "launch: {shape: per_request, threads: 128}")], [
+        ("kernel launch changed", "canary_write", "block_per_request, 256 threads", "per_request, 128 threads", False)]),
     ("kernel renamed", [("- name: canary_write\n", "- name: canary_store\n")], [
         ("kernel renamed (entry points change)", "write kernel", "canary_write", "canary_store", True)]),
     ("message text change", [('"{name} must be contiguous"', '"{name} must be a contiguous tensor"')], [

@@ -45,11 +45,11 @@ def each_case(layer, kind: str, make, *, ordered: bool) -> None:
             raise AssertionError(f"{kind} case seed={seed} ({layer.__name__}): {exc}") from None
 
 
-def parallel_safe_write_case(rng: random.Random, layer) -> dict:
+def parallel_safe_write_case(rng: random.Random, layer, **shape) -> dict:
     """A write case without cross-request overlap (overlap=False), and without the one overlap it
     still allows: slot 0 written by two requests. Requests run in parallel on a GPU, so which of
     two requests writes a shared slot last is not defined there; later claims become -1 (skipped)."""
-    case = scenarios.make_write_case(rng, layer, overlap=False)
+    case = scenarios.make_write_case(rng, layer, overlap=False, **shape)
     plan, locs = case["plan"], case["out_cache_loc"]
     total = int(locs.shape[0])
     n = max(0, min(int(plan.write_num_valid_reqs[0]), int(plan.write_seed_slot_indices.shape[0])))
@@ -67,6 +67,21 @@ def parallel_safe_write_case(rng: random.Random, layer) -> dict:
 # Requests run in parallel on a GPU: ring rows in any order, and no overlapping slots/seeds.
 def test_write_matches_reference(any_layer):
     each_case(any_layer, "write", parallel_safe_write_case, ordered=False)
+
+
+@pytest.mark.parametrize("shape,threads", [("default", 0), ("block_per_request", 32), ("per_request", 128)])
+def test_long_write_requests_match_reference(shape, threads):
+    """Requests of up to 700 entries: several chunks of the block_per_request walk (kernels.yaml's
+    block, and one-warp blocks), and SGLang's per_request shape from the same template."""
+    from write_shapes import write_shape_layer
+    layer = kv_canary.generated if shape == "default" else write_shape_layer(shape, threads)
+    for seed in range(max(1, int(40 * MULTIPLIER))):
+        rng = random.Random(seed)
+        case = parallel_safe_write_case(rng, layer, n_reqs=rng.randint(1, 6), max_extend=700)
+        try:
+            compare(layer, "write", case, "cuda", ordered=False)
+        except AssertionError as exc:
+            raise AssertionError(f"write case seed={seed} ({layer.__name__}): {exc}") from None
 
 
 def test_verify_matches_reference(any_layer):

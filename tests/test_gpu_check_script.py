@@ -74,7 +74,10 @@ def _bench_results(bench, *, copy_ms: float, verify_ms: float, fixed_ms: float) 
             "verify_persistent": persistent, "verify_fixed_grid_64x512": fixed,
             "persistent_vs_fixed_grid_speedup": fixed_ms / verify_ms,
             "verify_target": {"ratio": ratio, "target": bench.TARGET_RATIO, "met": ratio >= bench.TARGET_RATIO},
-            "write_prefill_32768_ms": 1.5, "write_decode_256_ms": 0.02, "plan_256x4096_ms": 0.05, "errors": {}}
+            "write_launch": {"shape": "block_per_request", "threads": 256},
+            "write_prefill_32768_ms": 1.5, "write_prefill_32768_per_request_ms": 90.0,
+            "write_prefill_speedup_vs_per_request": 60.0,
+            "write_decode_256_ms": 0.02, "plan_256x4096_ms": 0.05, "errors": {}}
 
 
 @pytest.mark.parametrize("verify_ms,met", [(0.24, True), (0.5, False)])
@@ -97,6 +100,9 @@ def test_summary_reports_every_figure_and_the_target(verify_ms, met):
     assert "n/a" not in text
     # The bench's own report renders the same dict.
     assert ("MET" in bench.report(results["bench"])) and "ERROR" not in bench.report(results["bench"])
+    # ... and names the write launch shape it measured, with SGLang's per_request shape beside it.
+    assert "write (block_per_request, 256 threads)" in bench.report(results["bench"])
+    assert "per_request shape (one thread per request): 90.000 ms (60.0x slower)" in bench.report(results["bench"])
 
 
 def test_summary_names_failed_steps_and_missing_bench():

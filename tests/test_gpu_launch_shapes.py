@@ -22,5 +22,13 @@ def test_launch_grids_follow_the_schema_and_the_occupancy():
     assert blocks_for(verify, 300, threads=256, persistent_blocks=660) == 2  # a small plan: a small grid
     sglang = dataclasses.replace(verify, shape="fixed_grid", threads=512, blocks=64, blocks_per_sm=0)
     assert blocks_for(sglang, 1 << 20, threads=512, persistent_blocks=0) == 64
+    # write: block_per_request covers the plan's capacity with one block per request whatever the
+    # block size (the active count is on the device; blocks past it exit); per_request packs
+    # `threads` requests into a block.
     write = kernel_abi(kv_canary.generated).kernel_for_template("write")
-    assert blocks_for(write, 257, threads=write.threads, persistent_blocks=0) == -(-257 // write.threads)
+    assert write.shape == "block_per_request"
+    assert blocks_for(write, 257, threads=write.threads, persistent_blocks=0) == 257
+    assert blocks_for(write, 257, threads=32, persistent_blocks=0) == 257
+    assert blocks_for(write, 1, threads=write.threads, persistent_blocks=0) == 1
+    sglang_write = dataclasses.replace(write, shape="per_request", threads=128)
+    assert blocks_for(sglang_write, 257, threads=128, persistent_blocks=0) == 3

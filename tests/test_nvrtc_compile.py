@@ -38,6 +38,19 @@ def test_every_kernel_compiles_with_nvrtc(any_layer, arch):
             assert symbol.encode() + b"\0" in cubin, f"ABI symbol {symbol} missing from {kernel.source}"
 
 
+@pytest.mark.parametrize("shape,threads", [("per_request", 128), ("block_per_request", 32)])
+def test_write_compiles_in_every_launch_shape(shape, threads):
+    """kernels.yaml's write runs block_per_request; SGLang's per_request and a one-warp block come from
+    the same template and must compile too (the block shape's shared memory is a static_assert)."""
+    from write_shapes import write_shape_layer
+    layer = write_shape_layer(shape, threads)
+    write = kernel_abi(layer).kernel_for_template("write")
+    assert (write.shape, write.threads) == (shape, threads)
+    for arch in ARCHS:
+        cubin = kv_nvrtc.compile_source(read_source(layer, write.source), write.source, _headers(layer), arch=arch)
+        assert cubin[:4] == b"\x7fELF" and write.variants[0][0].encode() + b"\0" in cubin
+
+
 def test_verify_has_both_expected_token_specialisations(default_layer):
     verify = kernel_abi(default_layer).kernel_for_template("verify")
     flags = {symbol: dict(values) for symbol, values in verify.variants}

@@ -8,7 +8,8 @@ Launch shapes come from kernels.yaml. A `persistent` kernel (verify) gets SM cou
 min(blocks_per_sm, blocks the compiled kernel keeps resident per SM, from CUDA's occupancy
 calculator) blocks: the schema's blocks_per_sm is an upper bound, and the grid-stride loop runs in
 one wave. It is further capped by the blocks the plan's capacity can fill. `fixed_grid` pins the
-grid exactly (e.g. SGLang's 64 x 512).
+grid exactly (e.g. SGLang's 64 x 512). `block_per_request` (write) launches one block per request
+of the plan's capacity; blocks past the device-side active count exit at once.
 """
 from __future__ import annotations
 

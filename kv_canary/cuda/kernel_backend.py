@@ -34,7 +34,7 @@ class KernelBackend:
         raise NotImplementedError
 
     def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
-        """Run `entry_point` of `kernel`; `work` = requests or entries for per_request/per_entry shapes."""
+        """Run `entry_point` of `kernel`; `work` = the requests or entries the grid covers (blocks_for)."""
         raise NotImplementedError
 
     # -- helpers --------------------------------------------------------------------------------
@@ -212,6 +212,10 @@ def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> in
     """Grid size of one launch for the kernel's launch shape (kernels.yaml)."""
     if kernel.shape in ("per_request", "per_entry"):
         return max(1, -(-work // threads))
+    if kernel.shape == "block_per_request":
+        # One block per request of the plan's capacity (the active count lives on the device, so
+        # blocks past it exit at once: no host sync, and a captured graph stays valid).
+        return max(1, work)
     if kernel.shape == "single_block":
         return 1
     if kernel.shape == "persistent":
