@@ -32,7 +32,9 @@ lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests
 
 # Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
-# abi_version bump. A base that does not exist here (first commit, shallow clone) passes with a note.
+# abi_version bump. Only a base before this clone's history (the parent of a first commit, beyond a
+# shallow clone's cut) or without a kernels.yaml passes with a note; a BASE that does not exist
+# (e.g. a typo: BASE=origin/mian) fails.
 abi-check: $(STAMP)
 	$(PY) -m codegen diff --missing-base-ok $(BASE) kernels.yaml
 

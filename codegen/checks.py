@@ -16,6 +16,8 @@ from .model import (
     REQUIRED_FLAGS,
     VIOLATION_CARRIES,
     Schema,
+    block_per_request_shared_memory,
+    max_block_per_request_threads,
 )
 
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
@@ -35,6 +37,40 @@ typedef typeid typename union unsigned using virtual void volatile wchar_t while
 RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64", "mro",
                             "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
 
+# C and C++ macros, libc and CUDA functions and standard type names that the generated code sees
+# (through the emulation shim's standard headers, or as CUDA built-ins). A macro ignores namespaces,
+# and a kernel is an extern "C" symbol, so a schema name equal to one of these breaks the build.
+C_RESERVED_NAMES = frozenset("""
+NULL EOF BUFSIZ FILENAME_MAX FOPEN_MAX TMP_MAX L_tmpnam SEEK_SET SEEK_CUR SEEK_END EXIT_SUCCESS
+EXIT_FAILURE RAND_MAX MB_CUR_MAX MB_LEN_MAX CLOCKS_PER_SEC assert errno EDOM EILSEQ ERANGE EINVAL
+stdin stdout stderr offsetof va_start va_arg va_end va_copy va_list setjmp longjmp
+CHAR_BIT CHAR_MIN CHAR_MAX SCHAR_MIN SCHAR_MAX UCHAR_MAX SHRT_MIN SHRT_MAX USHRT_MAX INT_MIN INT_MAX
+UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN LLONG_MAX ULLONG_MAX SIZE_MAX PTRDIFF_MIN PTRDIFF_MAX
+INT8_MIN INT8_MAX UINT8_MAX INT16_MIN INT16_MAX UINT16_MAX INT32_MIN INT32_MAX UINT32_MAX INT64_MIN
+INT64_MAX UINT64_MAX INTPTR_MIN INTPTR_MAX UINTPTR_MAX INTMAX_MIN INTMAX_MAX UINTMAX_MAX WCHAR_MIN
+WCHAR_MAX INT8_C INT16_C INT32_C INT64_C UINT8_C UINT16_C UINT32_C UINT64_C INTMAX_C UINTMAX_C
+FLT_MIN FLT_MAX FLT_EPSILON DBL_MIN DBL_MAX DBL_EPSILON HUGE_VAL HUGE_VALF INFINITY NAN
+M_PI M_E linux unix i386 signal raise abort exit atexit malloc calloc realloc free memcpy memmove
+memset memcmp strlen strcmp strncmp strcpy strncpy printf fprintf sprintf snprintf puts putchar
+abs labs llabs min max main std size_t ptrdiff_t nullptr_t intptr_t uintptr_t int8_t int16_t int32_t
+int64_t uint8_t uint16_t uint32_t uint64_t dim3 uint3 atomicAdd atomicSub atomicExch atomicMin
+atomicMax atomicInc atomicDec atomicCAS atomicAnd atomicOr atomicXor
+""".split())
+# Prefixes of the emulation shim's own macros (kv_canary/emulation/cuda_host_shim.h).
+C_RESERVED_PREFIXES = ("KVC_", "KV_CANARY_")
+
+# Names the layout header declares in namespace kvc beside the schema's constants (a constant of
+# the same name would be a redefinition).
+CPP_HEADER_FIXED_NAMES = frozenset({
+    "ABI_VERSION", "LAYOUT_FINGERPRINT", "CHAIN_HEAD", "CANARY_WORD_BYTES", "CANARY_FIELDS",
+    "CANARY_RECORD_BYTES", "CANARY_SLOT_STRIDE_BYTES", "TOKEN_WORD", "POSITION_WORD", "CHAIN_LINK_WORD",
+    "KV_FINGERPRINT_WORD", "VIOLATION_FIELDS", "VIOLATION_REASON_COUNT_COLUMNS", "PLAN_UNREADABLE_INDEX",
+    "INPUT_EXPECTED_UNKNOWN", "KvChunk", "KvWarpTile", "RealKvSources", "ViolationRow", "chain_link",
+    "count_reasons", "load_record", "load_u64x2", "make_row", "real_kv_active", "real_kv_fingerprint",
+    "real_kv_in_range", "record_at", "ring_append", "slot_hash", "splitmix64", "stored_link",
+    "warp_real_kv_fingerprint", "kvc", "kvc_i64", "kvc_u64",
+})
+
 # Module-level names layout.py.j2 defines besides the schema's constants and flag/enum sets.
 LAYOUT_FIXED_NAMES = frozenset({
     "ABI_VERSION", "LAYOUT_FINGERPRINT", "CANARY_CHAIN_HEAD", "CANARY_WORD_BYTES", "CANARY_FIELDS_PER_SLOT",
@@ -42,14 +78,14 @@ LAYOUT_FIXED_NAMES = frozenset({
     "CANARY_TOKEN_WORD", "CANARY_POSITION_WORD", "CANARY_CHAIN_LINK_WORD", "CANARY_KV_FINGERPRINT_WORD",
     "CANARY_CHAIN_FOLD_WORDS", "CANARY_CHAIN_FOLD_NAMES", "InputField", "INPUT_FIELDS", "VIOLATION_FIELDS",
     "VIOLATION_FIELD_NAMES", "REAL_KV_SOURCE_FIELDS_PER_ENTRY", "MASK64", "splitmix64", "splitmix64_mix3",
-    "to_signed64", "dataclass", "Optional", "annotations",
+    "to_signed64", "dataclass", "Optional", "annotations", "enum", "numbers", "operator",
+    "VIOLATION_REASON_COUNT_NAMES", "VIOLATION_REASON_COUNT_BITS", "VIOLATION_REASON_COUNT_COLUMNS",
 })
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
-# block_per_request stages a chunk of `threads` entries plus one fingerprint tile per warp in
-# static shared memory (48 KiB); 256 leaves room for records of up to 16 fields.
-MAX_BLOCK_PER_REQUEST_THREADS = 256
+# The real-KV loads are 16-byte vectors (kvc::load_u64x2, kvc::KvChunk); the header pins it too.
+REAL_KV_LOAD_BYTES = 16
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
@@ -67,14 +103,24 @@ def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
     if name in RESERVED_NAMES:
         d.error(loc, f"{what} '{name}' is reserved by the generated code")
         return False
+    if name in C_RESERVED_NAMES or name.startswith(C_RESERVED_PREFIXES):
+        d.error(loc, f"{what} '{name}' is a C/C++ macro or standard library name that the generated CUDA "
+                     f"code can see; rename it")
+        return False
     return True
 
 
 def _generated_names(schema: Schema) -> dict[str, str]:
     """Every module-level name layout.py derives from the schema's records -> what defines it."""
     names = {n: "a fixed name of the generated layout" for n in LAYOUT_FIXED_NAMES}
+    names.update({n: "a fixed name of the generated CUDA header" for n in CPP_HEADER_FIXED_NAMES - names.keys()})
     for f in schema.canary.fields:
         names[f"CANARY_FIELD_{f.name.upper()}"] = f"canary field '{f.name}'"
+        names[f"FIELD_{f.name.upper()}_WORD"] = f"canary field '{f.name}'"
+        names[f"FIELD_{f.name.upper()}_OFFSET"] = f"canary field '{f.name}'"
+    for vs in schema.flags + schema.enums:
+        for m in vs.members:
+            names[f"{vs.name}_{m.name}"] = f"{vs.kind} member '{vs.name}.{m.name}'"
     for f in schema.violation.fields:
         names[f"VIOLATION_FIELD_{f.name.upper()}"] = f"violation field '{f.name}'"
         names[f"VIOLATION_COL_{f.carries.upper()}"] = f"violation field '{f.name}'"
@@ -136,11 +182,12 @@ def _check_constants(schema: Schema, d: Diagnostics) -> None:
             d.error(names[name].where.get("type", names[name].loc),
                     f"constant '{name}' must have type {ctype}, got {names[name].type}")
     align = names.get("REAL_KV_LOAD_ALIGN_BYTES")
-    if align is not None and (align.value <= 0 or align.value % 8):
+    if align is not None and align.value != REAL_KV_LOAD_BYTES:
         d.error(align.where.get("value", align.loc),
-                f"REAL_KV_LOAD_ALIGN_BYTES must be a positive multiple of 8, got {align.value}")
+                f"REAL_KV_LOAD_ALIGN_BYTES must be {REAL_KV_LOAD_BYTES}: the kernels read real-KV bytes as "
+                f"{REAL_KV_LOAD_BYTES}-byte vector loads, got {align.value}")
     partial = names.get("REAL_KV_PARTIAL_READ_BYTES")
-    if partial is not None and align is not None and align.value > 0 and \
+    if partial is not None and align is not None and align.value == REAL_KV_LOAD_BYTES and \
             (partial.value <= 0 or partial.value % align.value):
         d.error(partial.where.get("value", partial.loc),
                 f"REAL_KV_PARTIAL_READ_BYTES must be a positive multiple of REAL_KV_LOAD_ALIGN_BYTES="
@@ -297,12 +344,20 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
         if not 1 <= launch.threads <= MAX_THREADS:
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' launch threads must be in [1, {MAX_THREADS}], got {launch.threads}")
-        elif launch.shape == "block_per_request" and (launch.threads % 32 or
-                                                      launch.threads > MAX_BLOCK_PER_REQUEST_THREADS):
+        elif launch.shape == "block_per_request" and launch.threads % 32:
             d.error(launch.where.get("threads", launch.loc),
-                    f"kernel '{k.name}' launch shape 'block_per_request' loads fingerprints per warp and stages "
-                    f"a chunk of `threads` entries in shared memory, so threads must be a multiple of 32 in "
-                    f"[32, {MAX_BLOCK_PER_REQUEST_THREADS}], got {launch.threads}")
+                    f"kernel '{k.name}' launch shape 'block_per_request' loads fingerprints per warp, so threads "
+                    f"must be a multiple of 32, got {launch.threads}")
+        elif launch.shape == "block_per_request" and \
+                not (smem := block_per_request_shared_memory(schema.canary, launch.threads)).fits:
+            most = max_block_per_request_threads(schema.canary, MAX_THREADS)
+            fix = (f"use at most {most} threads" if most else "no thread count fits; use launch shape 'per_request'")
+            d.error(launch.where.get("threads", launch.loc),
+                    f"kernel '{k.name}' launch shape 'block_per_request' needs {smem.total_bytes} bytes of static "
+                    f"shared memory with {launch.threads} threads ({launch.threads} staged entries of "
+                    f"{smem.entry_bytes} bytes for the {len(schema.canary.fields)}-field record + {smem.warps} "
+                    f"warp tiles of {smem.tile_bytes} bytes), more than the {smem.limit_bytes} a block may "
+                    f"declare; {fix}")
         elif k.warp_reduction and launch.threads % 32:
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' uses a warp reduction, so its thread count must be a multiple of 32, "

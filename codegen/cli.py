@@ -85,7 +85,7 @@ def cmd_diff(args) -> int:
     try:
         old_name, old_raw = read_source(args.old, root)
     except SourceUnavailable as exc:
-        if args.missing_base_ok:
+        if args.missing_base_ok and exc.no_base:
             print(f"kv-canary diff: nothing to compare: {exc}. Passing: there is no base schema to break.")
             return 0
         print(f"kv-canary diff: {exc}", file=sys.stderr)
@@ -122,7 +122,9 @@ def add_codegen_commands(sub, root: Path) -> None:
     p.add_argument("old", help="old schema: a file, a git revision (HEAD~1 means HEAD~1:kernels.yaml) or REV:PATH")
     p.add_argument("new", nargs="?", default="kernels.yaml", help="new schema (default: kernels.yaml)")
     p.add_argument("--missing-base-ok", action="store_true",
-                   help="pass with a note when OLD does not exist (first commit, shallow clone)")
+                   help="pass with a note when there is no OLD to compare with: OLD is the parent of a first "
+                        "commit, lies beyond a shallow clone's history, or has no schema file yet; a revision "
+                        "that does not exist (a typo) still fails")
     p.set_defaults(func=cmd_diff)
     for p in sub.choices.values():
         p.set_defaults(root=root)

@@ -113,6 +113,55 @@ LAUNCH_SHAPES = {
 }
 
 
+# Static shared memory a CUDA block may declare without an opt-in, on every architecture.
+STATIC_SHARED_MEMORY_BYTES = 48 * 1024
+WARP_SIZE = 32
+_KV_CHUNK_BYTES = 16  # kvc::KvChunk: one 16-byte vector load (two u64 words)
+
+
+@dataclass(frozen=True)
+class BlockSharedMemory:
+    """Static shared memory of the write kernel's block_per_request shape (templates/cuda/write.cu.j2).
+
+    The template sizes its arrays from this, and checks.py rejects a schema whose total does not
+    fit, so the two cannot disagree; the template also static_asserts the struct sizes against it.
+    """
+    threads: int
+    entry_bytes: int    # sizeof(Entry): slot, in_range (padded to 8), expected token and position, the record
+    slice_chunks: int   # 16-byte chunks per row in one slice of a warp's cooperative fingerprint
+    tile_bytes: int     # sizeof(KvWarpTile<slice_chunks>): 32 rows of slice_chunks + 1 (padding) chunks
+
+    @property
+    def warps(self) -> int:
+        return self.threads // WARP_SIZE
+
+    @property
+    def total_bytes(self) -> int:
+        return self.entry_bytes * self.threads + self.tile_bytes * self.warps
+
+    @property
+    def limit_bytes(self) -> int:
+        return STATIC_SHARED_MEMORY_BYTES
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= STATIC_SHARED_MEMORY_BYTES
+
+
+def block_per_request_shared_memory(canary: "Record", threads: int) -> BlockSharedMemory:
+    """One staged Entry per thread plus one tile per warp, with the widest slice that still fits."""
+    entry = 8 * (len(canary.fields) + 4)
+    per_thread_tile = STATIC_SHARED_MEMORY_BYTES // max(threads, 1) - entry  # a warp's tile / 32 lanes
+    chunks = next((k for k in (8, 4, 2) if per_thread_tile >= _KV_CHUNK_BYTES * (k + 1)), 1)
+    return BlockSharedMemory(threads, entry, chunks, WARP_SIZE * (chunks + 1) * _KV_CHUNK_BYTES)
+
+
+def max_block_per_request_threads(canary: "Record", cap: int) -> int:
+    """The most threads (a multiple of 32, at most cap) whose shared memory fits; 0 if none does."""
+    return next((t for t in range(cap - cap % WARP_SIZE, 0, -WARP_SIZE)
+                 if block_per_request_shared_memory(canary, t).fits), 0)
+
+
 @dataclass(frozen=True)
 class Constant:
     name: str

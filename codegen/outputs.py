@@ -11,6 +11,7 @@ STATIC_OUTPUTS = (
     ("python/validators.py.j2", "validators.py"),
     ("python/allocators.py.j2", "allocators.py"),
     ("python/reference.py.j2", "reference.py"),
+    ("python/api.py.j2", "api.py"),
     ("docs/LAYOUT.md.j2", "LAYOUT.md"),
     ("cuda/kv_canary_layout.cuh.j2", "cuda/kv_canary_layout.cuh"),
     ("cuda/kernel_abi.py.j2", "kernel_abi.py"),

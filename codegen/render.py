@@ -16,7 +16,7 @@ from jinja2.ext import Extension
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
 from .load import layout_fingerprint
-from .model import MASK64, Constant, Schema, splitmix64
+from .model import MASK64, Constant, Schema, block_per_request_shared_memory, splitmix64
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
 
 CODEGEN_DIR = Path(__file__).resolve().parent
@@ -168,6 +168,8 @@ def template_context(schema: Schema) -> dict:
         "fail_reason": schema.fail_reason,
         "kernel_templates": KERNEL_SOURCE_TEMPLATES,
         "golden_rows": golden_rows(schema),
+        # The write kernel's shared-memory sizing: the same function checks.py bounds the schema with.
+        "block_per_request_shared_memory": block_per_request_shared_memory,
     }
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,12 +13,26 @@ from .render import GeneratedFile, sha256_text, split_header
 IGNORED_DIRS = {"__pycache__"}
 
 
+def _umask() -> int:
+    try:  # Linux reports it without changing it (os.umask would, for every thread, for a moment)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0)  # elsewhere the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
+        # mkstemp creates 0600; a generated file gets the mode any new file would (0666 & ~umask).
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -40,9 +55,12 @@ def write_tree(out_dir: Path, files: list[GeneratedFile]) -> tuple[list[str], li
     """Write changed files (only those), remove stale generated ones. Returns (written, removed)."""
     written, removed = [], []
     wanted = {f.path for f in files}
+    mode = 0o666 & ~_umask()
     for f in files:
         target = out_dir / f.path
         if target.is_file() and target.read_text(encoding="utf-8") == f.text:
+            if stat.S_IMODE(target.stat().st_mode) != mode:  # e.g. 0600 from an older generator
+                os.chmod(target, mode)
             continue
         _atomic_write(target, f.text)
         written.append(f.path)

@@ -34,7 +34,12 @@ def owner_epoch_layer(cache_dir: Optional[Path] = None):
     if not OWNER_EPOCH_SCHEMA.is_file():
         raise FileNotFoundError(f"kv-canary: the owner_epoch scenario needs {OWNER_EPOCH_SCHEMA} (a source checkout)")
     text = OWNER_EPOCH_SCHEMA.read_text(encoding="utf-8")
-    key = hashlib.sha256(text.encode()).hexdigest()[:12]
+    digest = hashlib.sha256(text.encode())
+    # The generator's sources are part of the key: a template change must not reuse a stale tree.
+    codegen_dir = OWNER_EPOCH_SCHEMA.parents[2] / "codegen"
+    for path in sorted(p for p in codegen_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(codegen_dir).as_posix().encode() + b"\0" + path.read_bytes())
+    key = digest.hexdigest()[:12]
     root = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir()) / "kv_canary_layers"
     out = root / f"owner_epoch_{key}"
     if not (out / "__init__.py").is_file():
@@ -57,6 +62,11 @@ class Fault:
     def hit(self, engine, detail: str) -> None:
         self.damage_step = engine.step_no
         self.detail = detail
+
+
+def _layout(engine):
+    """The layout of the layer the engine's canary runs (the default one without a canary)."""
+    return engine.canary.L if engine.canary is not None else generated.layout
 
 
 def _decoding(engine):
@@ -195,8 +205,9 @@ class LateWriteIntoFreedPage(Fault):
         slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
         if self.what == "bytes_past_16":
             # The damage starts right after what PARTIAL mode reads and spans one aligned load.
-            lo = generated.layout.REAL_KV_PARTIAL_READ_BYTES
-            hi = lo + generated.layout.REAL_KV_LOAD_ALIGN_BYTES
+            L = _layout(engine)
+            lo = L.REAL_KV_PARTIAL_READ_BYTES
+            hi = lo + L.REAL_KV_LOAD_ALIGN_BYTES
             view = engine.full.slot_view(engine.full.k[0])
             old = data["full"][0][0]
             view[slots[0], lo:hi] = old[0, lo:hi]
@@ -210,7 +221,12 @@ class LateWriteIntoFreedPage(Fault):
 
 
 class ColdPageBitFlip(Fault):
-    """One bit of a cached page nobody is reading flips (silent memory damage); only a sweep sees it."""
+    """One bit of a cached page nobody is reading flips (silent memory damage); only a sweep sees it.
+
+    The flipped byte is the last one PARTIAL mode still reads, so every fingerprint mode but NONE
+    covers it.
+    """
+    FLIP_MASK = 0x10  # which bit of that byte flips
 
     def __init__(self, start: int, sweep_interval: int):
         super().__init__(start)
@@ -223,8 +239,9 @@ class ColdPageBitFlip(Fault):
         for node in engine.radix.nodes():
             if node.lock == 0 and engine.alloc.refcount[node.page] == 1:
                 slot = node.page * engine.cfg.page_size
-                engine.full.slot_view(engine.full.k[0])[slot, 3] ^= 0x10
-                return self.hit(engine, f"bit flip in K byte 3 of cached slot {slot}")
+                byte = _layout(engine).REAL_KV_PARTIAL_READ_BYTES - 1
+                engine.full.slot_view(engine.full.k[0])[slot, byte] ^= self.FLIP_MASK
+                return self.hit(engine, f"bit flip in K byte {byte} of cached slot {slot}")
 
 
 class PaddingWriteWraps(Fault):
@@ -257,22 +274,55 @@ class OutOfRangeSlot(Fault):
                                         f"(pool has {engine.cfg.num_slots})")
 
 
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
 class StaleTransfer(Fault):
-    """Host offload + restore hands a request another request's (self-consistent) K/V and records."""
+    """Host offload + restore hands a request (part of) another request's K/V and canary records.
+
+    shared_prompt=True: only the prefix both requests hold with the same tokens (a shared prompt)
+    is taken from the other request's copy, so tokens, positions, chain links and K/V bytes are
+    exactly what a correct restore gives: stale but self-consistent, invisible to the default
+    record; only an owner field (owner_epoch.yaml's request_id) shows whose copy it is.
+    shared_prompt=False: the request's whole context comes from another request's (longer) copy
+    with other tokens; the expected-token check sees that.
+    """
+
+    def __init__(self, start: int, shared_prompt: bool):
+        super().__init__(start)
+        self.shared_prompt = shared_prompt
+        self.transfer: Optional[tuple] = None  # (victim rid, source rid, tokens transferred)
+
+    def _pair(self, engine):
+        reqs = sorted(_decoding(engine), key=lambda r: (r.kv_len, r.rid))
+        if self.shared_prompt:
+            pairs = [(_common_prefix(a.tokens[:a.kv_len], b.tokens[:b.kv_len]), a, b)
+                     for i, a in enumerate(reqs) for b in reqs[i + 1:]]
+            k, r1, r2 = max(pairs, key=lambda t: t[0], default=(0, None, None))
+            return (r1, r2, k) if k >= 2 else None
+        for i, r1 in enumerate(reqs):
+            for r2 in reqs[i + 1:]:
+                if r1.tokens[:r1.kv_len] != r2.tokens[:r1.kv_len]:
+                    return r1, r2, r1.kv_len
+        return None
 
     def before_schedule(self, engine) -> None:
-        if not self.armed(engine):
+        pair = self._pair(engine) if self.armed(engine) else None
+        if pair is None:
             return
-        reqs = sorted(_decoding(engine), key=lambda r: r.kv_len)
-        if len(reqs) < 2:
-            return
-        r1, r2 = reqs[0], reqs[-1]
+        r1, r2, k = pair
+        self.transfer = (r1.rid, r2.rid, k)
         engine.retract(r1)
         engine.retract(r2)
-        engine.restore(r1, snapshot_of=r2.rid)  # the bug: r2's host copy restored as r1's prefix
+        engine.restore(r1, snapshot_of=r2.rid, upto=k)  # the bug: r2's host copy restored as r1's
         engine.restore(r2)
-        self.hit(engine, f"request {r1.rid} restored from request {r2.rid}'s host copy "
-                         f"({r1.kv_len} of {r2.kv_len} tokens)")
+        what = "same tokens" if self.shared_prompt else "other tokens"
+        self.hit(engine, f"request {r1.rid} restored positions 0..{k - 1} of {r1.kv_len} from request "
+                         f"{r2.rid}'s host copy ({what})")
 
 
 # -- scenarios --------------------------------------------------------------------------------
@@ -314,6 +364,13 @@ class ScenarioResult:
     groups: list
     ok: bool
     why: str
+    settings: dict = field(default_factory=dict)   # the canary settings the scenario ran with
+    fault: Optional[Fault] = None                  # the fault object after the run (for inspection)
+
+    def describe_settings(self) -> str:
+        s = self.settings
+        return (f"schema {s['schema']}, expected-token check {'on' if s['check_verify_expected_token'] else 'OFF'}, "
+                f"real-KV fingerprint {s['real_kv_hash_mode']}, sweep every {s['sweep_interval']} steps")
 
     @property
     def detected_by(self) -> str:
@@ -365,11 +422,15 @@ def scenarios() -> list[Scenario]:
                  replace(BASE, max_running=3, num_pages=24), steps=120),
         Scenario("out_of_range_slot", "a decode token gets slot index num_slots",
                  lambda: OutOfRangeSlot(8), Expect("HEAD_K_FULL", "SLOT_OUT_OF_RANGE"), no_share),
-        Scenario("stale_transfer/default_schema", "offload/restore hands a request another's consistent K/V",
-                 lambda: StaleTransfer(10), Expect(None), no_share, manager={"check_verify_expected_token": False}),
-        Scenario("stale_transfer/owner_epoch", "same bug, examples/schemas/owner_epoch.yaml (owner id + epoch)",
-                 lambda: StaleTransfer(10), Expect("HEAD_K_FULL", "VERIFY_OWNER_MISMATCH"), no_share,
-                 manager={"check_verify_expected_token": False}, layer="owner_epoch"),
+        Scenario("stale_transfer/default_schema", "offload/restore takes a request's shared-prompt prefix from another "
+                 "request's host copy: tokens, positions, chain and K/V bytes all match (expected-token check on)",
+                 lambda: StaleTransfer(10, shared_prompt=True), Expect(None), no_share),
+        Scenario("stale_transfer/owner_epoch", "same bug, examples/schemas/owner_epoch.yaml: the owner id differs",
+                 lambda: StaleTransfer(10, shared_prompt=True), Expect("HEAD_K_FULL", "VERIFY_OWNER_MISMATCH"),
+                 no_share, layer="owner_epoch"),
+        Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
+                 "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
+                 Expect("HEAD_K_FULL", "VERIFY_TOKEN_MISMATCH"), no_share),
     ]
 
 
@@ -400,8 +461,11 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
         ok = first.launch_tag == e.tag and e.reason in reasons and first.step == want_step
         why = "as expected" if ok else (f"expected {e.tag} {e.reason} at step {want_step}, got {first.launch_tag} "
                                         f"{'+'.join(reasons)} at step {first.step}")
+    settings = {"schema": "kernels.yaml" if sc.layer == "default" else f"examples/schemas/{sc.layer}.yaml",
+                "check_verify_expected_token": manager.check_verify_expected_token,
+                "real_kv_hash_mode": manager.real_kv_hash_mode.name, "sweep_interval": manager.sweep_interval}
     return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,
-                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why)
+                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why, settings, fault)
 
 
 def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None):

@@ -6,7 +6,10 @@ slots before the forward (fingerprint off: the K/V bytes are not written yet), s
 reads a slot someone else just claimed fails its TAIL verify in the same step; TAIL writes store
 the real K/V fingerprint.
 
-Everything is allocated once at fixed capacity (CUDA-graph friendly). Draining never stalls the
+Everything is allocated once at fixed capacity when the manager attaches, and every step refills
+its inputs in place (kv_canary.staging), so the device addresses never change: for CUDA-graph
+capture, call `prepare(batch)` (host side) outside the graph and capture `launch_head(batch)` and
+`tail(batch)` (device side only; `head` = prepare + launch_head). Draining never stalls the
 device: the ring's write index is copied asynchronously (pinned memory on CUDA) at the end of every
 step and the rows are read only once such a copy shows it non-zero. Layout (tags, columns, fields,
 input fields) comes from the generated layer the manager is built for.
@@ -17,7 +20,9 @@ The engine protocol (kv_canary.sim.Engine implements it): `attach(engine)` reads
 `engine.alloc.epoch` / `engine.swa_pool.epoch` (allocation epoch per slot) and
 `engine.cached_entries()`; batches are kv_canary.sim.ForwardBatch. Input fields of the schema
 (SEMANTICS.md §8) get the owning request id when verified per request (or not verified) and the
-slot's allocation epoch when verified per slot.
+slot's allocation epoch when verified per slot. A launch fingerprints at most MAX_REAL_KV_SOURCES
+layers per group: `fingerprint_layers` chooses which (default: the first ones, with a
+CanaryCoverageWarning naming the layers left uncovered).
 """
 from __future__ import annotations
 
@@ -25,12 +30,15 @@ import collections
 import importlib
 import logging
 import sys
+import warnings
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from .runtime import runtime_for
+from .staging import HostStaging
 from .violations import Violation, ViolationDecoder, ViolationGroup, group_cascades, record_link
 
 logger = logging.getLogger("kv_canary")
@@ -38,7 +46,12 @@ logger = logging.getLogger("kv_canary")
 MODES = ("off", "log", "raise")
 HALVES = ("K", "V")
 PHASES = ("HEAD", "TAIL", "SWEEP")
+GROUPS = ("FULL", "SWA")
 SNAPSHOT_DEPTH = 8  # pinned write-index snapshots in flight before a drain waits for the oldest
+
+
+class CanaryCoverageWarning(UserWarning):
+    """Some KV layers are not fingerprinted (a launch reads at most MAX_REAL_KV_SOURCES layers)."""
 
 
 class CanaryViolationError(RuntimeError):
@@ -67,7 +80,8 @@ class CanaryStats:
     total: int = 0                                   # rows appended, lost ones included
     lost: int = 0                                    # rows dropped because the ring was full
     drains: int = 0
-    by_reason: collections.Counter = field(default_factory=collections.Counter)  # decoded rows
+    # Rows per FailReason name, lost ones included: the device's per-reason totals, read at drain time.
+    by_reason: collections.Counter = field(default_factory=collections.Counter)
     by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
     by_tag: collections.Counter = field(default_factory=collections.Counter)
 
@@ -75,7 +89,8 @@ class CanaryStats:
 class CanaryManager:
     def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
-                 chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000):
+                 chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
+                 fingerprint_layers: Optional[Mapping] = None):
         if mode not in MODES:
             raise ValueError(f"kv-canary: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.layer = layer if layer is not None else sys.modules["kv_canary.generated"]
@@ -97,6 +112,8 @@ class CanaryManager:
         self.chain_position_assert = bool(chain_position_assert)
         self.backend = backend
         self.keep_violations = keep_violations
+        self.fingerprint_layers = self._check_fingerprint_layers(fingerprint_layers)
+        self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
         self.rt = runtime_for(self.layer)
         self.alloc = importlib.import_module(self.layer.__name__ + ".allocators")
         self.decoder = ViolationDecoder(self.L)
@@ -111,6 +128,47 @@ class CanaryManager:
     def enabled(self) -> bool:
         return self.mode != "off"
 
+    def _check_fingerprint_layers(self, value) -> dict:
+        """{group: layer indices} as given (groups left out get the default: the first layers)."""
+        if value is None:
+            return {}
+        cap = self.L.MAX_REAL_KV_SOURCES
+        want = f"a mapping of group ({', '.join(GROUPS)}) to 1..{cap} distinct layer indices >= 0"
+        if not isinstance(value, Mapping):
+            raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {value!r}")
+        out = {}
+        for name, layers in value.items():
+            ok = isinstance(layers, Sequence) and not isinstance(layers, (str, bytes)) and 1 <= len(layers) <= cap \
+                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) \
+                and len(set(layers)) == len(layers)
+            if name not in GROUPS or not ok:
+                raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {name!r}: {layers!r}")
+            out[name] = tuple(layers)
+        return out
+
+    def _choose_layers(self, engine) -> dict:
+        """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
+        cap, chosen, uncovered = self.L.MAX_REAL_KV_SOURCES, {}, []
+        pools = {"FULL": engine.full, "SWA": engine.swa}
+        for name, layers in self.fingerprint_layers.items():
+            n = len(pools[name].k) if pools[name] is not None else 0
+            if n == 0 or max(layers) >= n:
+                raise ValueError(f"kv-canary: fingerprint_layers[{name!r}] must name layers of the {name} pool, "
+                                 f"which has {n} layer(s); got {list(layers)}")
+        for name, store in pools.items():
+            if store is None:
+                continue
+            n = len(store.k)
+            chosen[name] = self.fingerprint_layers.get(name, tuple(range(min(n, cap))))
+            if name not in self.fingerprint_layers and n > cap:
+                uncovered.append(f"{n - cap} of {n} {name} layers (layers {cap}..{n - 1})")
+        if uncovered:
+            warnings.warn(f"kv-canary: the real-KV fingerprint does not cover {' and '.join(uncovered)}: one launch "
+                          f"reads at most MAX_REAL_KV_SOURCES={cap} layers; damage there goes unseen. Pass "
+                          f"fingerprint_layers={{group: [layer, ...]}} to choose which layers are covered.",
+                          CanaryCoverageWarning, stacklevel=3)
+        return chosen
+
     # -- setup ------------------------------------------------------------------------------
     def attach(self, engine) -> None:
         """Allocate every buffer, plan and context for `engine`'s pool (once, at fixed capacity)."""
@@ -121,6 +179,7 @@ class CanaryManager:
         self.device = dev
         A = self.alloc
         self.ring, self.write_index = A.allocate_violation_ring(self.ring_capacity, device=dev)
+        self.reason_counts = A.allocate_reason_counts(device=dev)  # shared like the ring; never reset
         self.slot_run_counter = A.allocate_counter(device=dev)
         self.kernel_run_counter = A.allocate_counter(device=dev)
         self.chain_flag = A.allocate_chain_position_flag(device=dev, enabled=self.chain_position_assert)
@@ -128,11 +187,13 @@ class CanaryManager:
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
         self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
         self._valid_len = [0] * engine.req_rows
+        self.fingerprinted = self._choose_layers(engine)
         self.groups = [self._make_group("FULL", engine.full, cfg.max_running * cfg.max_ctx,
                                         {n: engine.alloc.epoch for n in self._per_slot})]
         if engine.swa is not None:
             self.groups.append(self._make_group("SWA", engine.swa, cfg.max_running * cfg.max_ctx,
                                                 {n: engine.swa_pool.epoch for n in self._per_slot}))
+        self._allocate_inputs(cfg)
         self._buf_of_tag = {int(ctx.kernel_kind): (g, half) for g in self.groups
                             for (phase, half, kind), ctx in g.contexts.items()}
         self._links: dict = {}
@@ -150,7 +211,7 @@ class CanaryManager:
             sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
                                            num_bytes_per_token=storage.bytes_per_token,
                                            read_bytes=storage.bytes_per_token)
-                            for t in tensors[:L.MAX_REAL_KV_SOURCES])
+                            for t in (tensors[i] for i in self.fingerprinted[name]))
             for phase in PHASES:
                 tag = L.CanaryLaunchTag[f"{phase}_{half}_{name}"]
                 for kind in ("verify", "write"):
@@ -160,11 +221,31 @@ class CanaryManager:
                         canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
                         violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
                         kernel_run_counter=self.kernel_run_counter, real_kv_sources=sources,
-                        real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag)
+                        real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
+                        violation_reason_counts=self.reason_counts)
         return _Group(name, storage, storage.num_slots, bufs, contexts,
                       A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev),
                       A.WritePlan.allocate(write_req_capacity=self.write_capacity, device=dev),
                       A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev), slot_tables)
+
+    def _allocate_inputs(self, cfg) -> None:
+        """Every device input the manager itself passes to a launch, allocated once: steps refill
+        these in place (HostStaging), so a captured CUDA graph keeps reading the right addresses."""
+        dev = self.device
+
+        def fixed(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=dev)
+        # No request extends by more than max_ctx tokens in one step; padding rows add one each.
+        self.token_capacity = self.write_capacity * cfg.max_ctx
+        self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
+        self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
+        self._token_inputs = {(g.name, f.name): fixed(self.token_capacity)
+                              for g in self.groups for f in self.L.INPUT_FIELDS}
+        self._scatter_flat = fixed(cfg.max_ctx)
+        self._scatter_offsets = fixed(2)
+        self._scatter_row = fixed(1)
+        sweep_cap = max(g.num_slots for g in self.groups)
+        self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), dev)
 
     def set_chain_position_assert(self, enabled: bool) -> None:
         """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
@@ -177,24 +258,52 @@ class CanaryManager:
         """Record a request's known token ids (prompt at admission, then sampled tokens)."""
         if not self.enabled or not tokens:
             return
-        flat = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        n, cols = len(tokens), self.req_pool.shape[1]
+        if start < 0 or start + n > cols:
+            raise ValueError(f"kv-canary: on_tokens needs 0 <= start and start + len(tokens) <= max_ctx={cols}, "
+                             f"got start={start} len(tokens)={n}")
         if start == 0:
-            self.rt.scatter_req_token_ids(
-                flat_in=flat, offsets=torch.tensor([0, len(tokens)], dtype=torch.int64, device=self.device),
-                req_pool_indices=torch.tensor([row], dtype=torch.int64, device=self.device),
-                pool_out=self.req_pool, backend=self.backend)
+            self._stage.upload([(tokens, self._scatter_flat), ([0, n], self._scatter_offsets),
+                                ([row], self._scatter_row)])
+            self.rt.scatter_req_token_ids(flat_in=self._scatter_flat, offsets=self._scatter_offsets,
+                                          req_pool_indices=self._scatter_row, pool_out=self.req_pool,
+                                          backend=self.backend)
         else:
-            self.req_pool[row, start:start + len(tokens)] = flat.to(torch.int32)
-        self._valid_len[row] = start + len(tokens)
+            self._stage.upload([(tokens, self._scatter_flat)])
+            self.req_pool[row, start:start + n].copy_(self._scatter_flat[:n])
+        self._valid_len[row] = start + n
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
+        """HEAD of a step: `prepare(batch)` then `launch_head(batch)`."""
         if not self.enabled:
             return
-        self._plan(batch)
-        self._verify_and_write("HEAD", batch)
+        self.prepare(batch)
+        self.launch_head(batch)
+
+    def prepare(self, batch) -> None:
+        """Host side of a step: refill the manager's fixed inputs in place (outside a CUDA graph)."""
+        if not self.enabled:
+            return
+        bs, n = batch.bs, int(batch.input_ids.shape[0])
+        if bs > self.write_capacity or n > self.token_capacity:
+            raise ValueError(f"kv-canary: a batch may hold at most {self.write_capacity} rows and "
+                             f"{self.token_capacity} tokens (fixed at attach), got {bs} rows and {n} tokens")
+        valid = [self._valid_len[r.row] if r is not None else 0 for r in batch.requests]
+        # -1 disables the owner check: padding rows, and requests whose prefix came from the radix
+        # cache (those slots were written, and are owned, by an earlier request).
+        owners = [r.rid if r is not None and not r.matched else -1 for r in batch.requests]
+        self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
+
+    def launch_head(self, batch) -> None:
+        """Device side of HEAD: plan, HEAD verify and write. No host sync, so a CUDA graph can
+        capture it (and `tail`); `prepare` must have refilled the inputs for this batch."""
+        if self.enabled:
+            self._plan(batch)
+            self._verify_and_write("HEAD", batch)
 
     def tail(self, batch) -> None:
+        """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
             self._verify_and_write("TAIL", batch)
 
@@ -207,13 +316,9 @@ class CanaryManager:
         self._poll()
 
     def _plan(self, batch) -> None:
-        e, dev = self.engine, self.device
-        valid = torch.tensor([self._valid_len[r.row] if r is not None else 0 for r in batch.requests],
-                             dtype=torch.int64, device=dev)
-        # -1 disables the owner check: padding rows, and requests whose prefix came from the radix
-        # cache (those slots were written, and are owned, by an earlier request).
-        owners = [r.rid if r is not None and not r.matched else -1 for r in batch.requests]
-        extra = {n: torch.tensor(owners, dtype=torch.int64, device=dev) for n in self._per_request}
+        e, bs = self.engine, batch.bs
+        valid = self._valid_lens[:bs]
+        extra = {n: self._owners[:bs] for n in self._per_request}
         for g in self.groups:
             swa = g.name == "SWA"
             self.rt.launch_canary_plan_kernels(
@@ -246,14 +351,16 @@ class CanaryManager:
             extra_slot_tables=g.slot_tables, backend=self.backend)
 
     def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> dict:
-        out = {}
+        """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
+        out, n = {}, int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
-            if f.verify_expected == "per_slot":
-                table = g.slot_tables[f.name]
-                ok = (locs >= 0) & (locs < g.num_slots)
-                out[f.name] = torch.where(ok, table[locs.clamp(0, g.num_slots - 1)], torch.zeros_like(locs))
+            buf = self._token_inputs[(g.name, f.name)][:n]
+            if f.verify_expected == "per_slot":  # the slot's allocation epoch; 0 for skipped slots
+                torch.index_select(g.slot_tables[f.name], 0, locs.clamp(0, g.num_slots - 1), out=buf)
+                buf.masked_fill_((locs < 0) | (locs >= g.num_slots), 0)
             else:
-                out[f.name] = batch.token_rids
+                buf.copy_(batch.token_rids)
+            out[f.name] = buf
         return out
 
     # -- sweep ------------------------------------------------------------------------------
@@ -270,12 +377,9 @@ class CanaryManager:
                 lut = self.engine.swa_pool.lookup
                 s = [lut(x) for x in slots]
                 p = [lut(x) if x >= 0 else -1 for x in prevs]
-            n = len(s)
-            plan, dev = g.sweep_plan, self.device
-            plan.verify_slot_indices[:n] = torch.tensor(s, dtype=torch.int64, device=dev)
-            plan.verify_expected_positions[:n] = torch.tensor(positions, dtype=torch.int64, device=dev)
-            plan.verify_expected_tokens[:n] = torch.tensor(tokens, dtype=torch.int64, device=dev)
-            plan.verify_prev_slot_indices[:n] = torch.tensor(p, dtype=torch.int64, device=dev)
+            n, plan = len(s), g.sweep_plan
+            self._stage.upload([(s, plan.verify_slot_indices), (positions, plan.verify_expected_positions),
+                                (tokens, plan.verify_expected_tokens), (p, plan.verify_prev_slot_indices)])
             for name in self._per_request:  # the owner of a cached page is not tracked: -1 = no check
                 getattr(plan, "verify_expected_" + name)[:n] = -1
             plan.verify_num_valid.fill_(n)
@@ -357,8 +461,10 @@ class CanaryManager:
         st.total += count
         st.lost += lost
         st.by_step.update(steps)
+        # Cumulative device totals: the kernels count dropped rows too (the host cannot decode them).
+        totals = self.reason_counts.cpu().tolist()
+        st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
         for v in found:
-            st.by_reason.update(v.reasons)
             st.by_tag[v.launch_tag] += 1
         self._capture_links(found)
         room = self.keep_violations - len(self.violations)
@@ -384,7 +490,7 @@ class CanaryManager:
 
     def overflow_line(self, lost: int) -> str:
         return (f"kv_canary ring overflow: {lost} violation row(s) lost "
-                f"(ring_capacity={self.ring_capacity}); per-step totals still count them")
+                f"(ring_capacity={self.ring_capacity}); per-step and per-reason totals still count them")
 
     # -- reporting helpers ------------------------------------------------------------------
     def _capture_links(self, found: list[Violation]) -> None:

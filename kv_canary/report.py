@@ -5,7 +5,20 @@ from pathlib import Path
 
 from .violations import format_group
 
-COLUMNS = ("scenario", "expected detection", "detected by", "first step", "violations", "first decoded line")
+COLUMNS = ("scenario", "canary", "expected detection", "detected by", "first step", "violations",
+           "first decoded line")
+
+
+def canary_cell(r) -> str:
+    """What the scenario's canary runs with, where it departs from the manager's defaults."""
+    s, out = r.settings, []
+    if s.get("schema", "kernels.yaml") != "kernels.yaml":
+        out.append(s["schema"].rsplit("/", 1)[-1])
+    if not s.get("check_verify_expected_token", True):
+        out.append("token check OFF")
+    if s.get("real_kv_hash_mode", "ALL") != "ALL":
+        out.append(f"real-KV {s['real_kv_hash_mode']}")
+    return ", ".join(out) or "defaults"
 
 
 def table_rows(results) -> list[tuple[str, ...]]:
@@ -13,7 +26,7 @@ def table_rows(results) -> list[tuple[str, ...]]:
     for r in results:
         first_step = "-" if r.first is None else f"{r.first.step} (damage {r.damage_step})"
         mark = "ok" if r.ok else "FAIL"
-        rows.append((f"[{mark}] {r.scenario.name}", r.scenario.expect.describe(), r.detected_by, first_step,
+        rows.append((f"[{mark}] {r.scenario.name}", canary_cell(r), r.scenario.expect.describe(), r.detected_by, first_step,
                      str(r.violations), r.first.log_line() if r.first is not None else "-"))
     return rows
 
@@ -66,13 +79,14 @@ def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
             f"violations: **{clean['violations']}**", ""]
     out += ["## Scenarios", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in table_rows(results):
-        out.append("| " + " | ".join(cell.replace("|", "\\|") if i < 5 else f"`{cell}`" for i, cell in
+        out.append("| " + " | ".join(cell.replace("|", "\\|") if i < len(COLUMNS) - 1 else f"`{cell}`" for i, cell in
                                      enumerate(row)) + " |")
     out += ["", f"![violations per step]({chart_name})", "", "## Details", ""]
     for r in results:
         sc = r.scenario
         out += [f"### {sc.name}", "", f"{sc.title}.", "",
                 f"- fault: {r.detail or 'did not fire'} (damage step {r.damage_step})",
+                f"- canary: {r.describe_settings()}",
                 f"- expected: {sc.expect.describe()}; result: {r.why}",
                 f"- violations: {r.violations} (ring overflow lost {r.lost})"]
         if r.groups:

@@ -4,6 +4,10 @@ Every launch validates its inputs with the layer's generated validators (host-si
 and dtypes only) and then hands them to a backend chosen by, in order: the `backend=` keyword,
 the KV_CANARY_BACKEND environment variable, the tensors' device (CUDA tensors -> `cuda` when
 CuPy sees a device, otherwise `torch`).
+
+The public functions are generated per schema (generated/api.py: SGLang's exact keyword-only
+signatures, plus the input-field keywords only where the schema declares such fields); they call
+this Runtime, whose methods accept every keyword internally (an absent field mapping means {}).
 """
 from __future__ import annotations
 
@@ -48,6 +52,11 @@ class Runtime:
         self.layout = layer.layout
         self.validators = importlib.import_module(layer.__name__ + ".validators")
         self.allocators = importlib.import_module(layer.__name__ + ".allocators")
+
+    @property
+    def api(self):
+        """The layer's generated public API module (`<layer>.api`), with its per-schema signatures."""
+        return importlib.import_module(self.layer.__name__ + ".api")
 
     def backend(self, name: str):
         return get_backend(name, self.layer)
@@ -96,16 +105,24 @@ class Runtime:
 
     # SGLang's reference names: the same launches, always on the torch reference.
     def launch_canary_write_kernel_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_write_kernel(**kwargs, backend="torch")
+        self.launch_canary_write_kernel(**_no_backend("launch_canary_write_kernel", kwargs), backend="torch")
 
     def launch_canary_verify_kernel_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_verify_kernel(**kwargs, backend="torch")
+        self.launch_canary_verify_kernel(**_no_backend("launch_canary_verify_kernel", kwargs), backend="torch")
 
     def launch_canary_plan_kernels_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_plan_kernels(**kwargs, backend="torch")
+        self.launch_canary_plan_kernels(**_no_backend("launch_canary_plan_kernels", kwargs), backend="torch")
 
     def scatter_req_token_ids_torch_reference(self, **kwargs) -> None:
-        self.scatter_req_token_ids(**kwargs, backend="torch")
+        self.scatter_req_token_ids(**_no_backend("scatter_req_token_ids", kwargs), backend="torch")
+
+
+def _no_backend(launch: str, kwargs: dict) -> dict:
+    """The *_torch_reference variants pin the backend; a caller's `backend=` is a mistake, said plainly."""
+    if "backend" in kwargs:
+        raise TypeError(f"kv-canary: {launch}_torch_reference always runs the torch reference and takes no "
+                        f"backend= keyword, got backend={kwargs['backend']!r}; call {launch}(backend=...) instead")
+    return kwargs
 
 
 _runtimes: dict = {}

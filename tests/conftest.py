@@ -1,10 +1,13 @@
 """Shared fixtures: generated layers for the default schema and the example schemas."""
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,22 +21,43 @@ from kv_canary._loader import load_generated
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
 EXAMPLE_SCHEMAS = sorted((ROOT / "examples" / "schemas").glob("*.yaml"))
-_GEN_ROOT = Path(tempfile.mkdtemp(prefix="kv_canary_gen_"))
 # The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
 SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
 
 
-def default_schema_text(*, stride: int | None = None) -> str:
-    """kernels.yaml's text, optionally with another canary slot stride.
+def scratch_dir(prefix: str) -> Path:
+    """A fresh temporary directory, removed when the test process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
-    Tests that derive a mutated schema start from here, so they keep working whatever stride the
-    checked-in schema uses (changing it and running `make generate` must leave `make test` green).
+
+@functools.cache
+def _gen_root() -> Path:
+    return scratch_dir("kv_canary_gen_")
+
+
+def default_schema_text(*, stride: int | None = None, abi_version: int | None = None) -> str:
+    """kernels.yaml's text, optionally with another canary slot stride and/or abi_version.
+
+    Tests that derive a mutated schema start from here, so they keep working whatever stride and
+    abi_version the checked-in schema uses (the schema-change workflow: edit kernels.yaml, bump
+    abi_version as `make abi-check` demands, `make generate`, and `make test` must stay green).
     """
     text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
     if stride is not None:
         text, n = re.subn(r"(?m)^(\s*slot_stride_bytes:\s*)\d+", rf"\g<1>{stride}", text)
         assert n == 1, "kernels.yaml must declare exactly one slot_stride_bytes"
+    if abi_version is not None:
+        text, n = re.subn(r"(?m)^abi_version:[ \t]*\d+", f"abi_version: {abi_version}", text)
+        assert n == 1, "kernels.yaml must declare exactly one top-level abi_version"
     return text
+
+
+def sglang_schema_text() -> str:
+    """kernels.yaml normalised to SGLang's default ABI (stride 32, abi_version 1): the fixed base of
+    tests that spell out exact offsets, strides or abi_versions."""
+    return default_schema_text(stride=32, abi_version=1)
 
 
 def load_vectors() -> dict:
@@ -50,7 +74,7 @@ def generate_layer(schema_path: Path):
     schema_path = Path(schema_path)
     text = schema_path.read_text(encoding="utf-8")
     key = hashlib.sha256(text.encode()).hexdigest()[:12]
-    out = _GEN_ROOT / f"{schema_path.stem}_{key}"
+    out = _gen_root() / f"{schema_path.stem}_{key}"
     if not (out / "__init__.py").exists():
         write_tree(out, render_all(load_schema(schema_path), text))
     return load_generated(out, f"kv_canary_test_gen_{schema_path.stem}_{key}")

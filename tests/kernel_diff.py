@@ -5,7 +5,9 @@ Buffers, plans, write indices and counters must be equal exactly. Violation ring
 multisets when the backend appends in parallel (GPU) or out of entry order (emulated verify, where
 a thread walks its grid-stride entries before the next thread runs). When such a ring overflows,
 which rows land below the capacity depends on the order, so the rows the backend stored must be a
-sub-multiset of the rows the reference produces with a ring large enough to keep them all.
+sub-multiset of the rows the reference produces with a ring large enough to keep them all. The
+per-reason totals (violation_reason_counts) count dropped rows too and do not depend on the order,
+so they must be equal exactly in every case.
 """
 from __future__ import annotations
 

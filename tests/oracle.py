@@ -55,22 +55,34 @@ class Canary:
 
 
 class Ring:
-    def __init__(self, context):
+    """The shared ring, its write index and (extension) the per-reason totals of every appended row."""
+
+    def __init__(self, context, bits_column: int, reason_bits: tuple):
         self.context = context
         self.index = int(context.violation_write_index[0])
         self.cap = int(context.violation_ring.shape[0])
         self.stored: list[tuple[int, list[int]]] = []
+        self.bits_column = bits_column
+        self.reason_bits = reason_bits
+        counts = getattr(context, "violation_reason_counts", None)
+        self.counts = counts.tolist() if counts is not None else None
 
     def append(self, row: list[int]) -> None:
         i = self.index
         self.index = s32(self.index + 1)
         if 0 <= i < self.cap:
             self.stored.append((i, row))
+        if self.counts is not None:          # counted whether the row was stored or dropped
+            for column, bit in enumerate(self.reason_bits):
+                if row[self.bits_column] & bit:
+                    self.counts[column] += 1
 
     def flush(self) -> None:
         self.context.violation_write_index.fill_(self.index)
         for i, row in self.stored:
             self.context.violation_ring[i] = torch.tensor(row, dtype=torch.int64)
+        if self.counts is not None:
+            self.context.violation_reason_counts.copy_(torch.tensor(self.counts, dtype=torch.int64))
 
 
 class Oracle:
@@ -90,6 +102,12 @@ class Oracle:
         self.pad_req = lay.REQ_POOL_IDX_PADDING
         self.partial = lay.REAL_KV_PARTIAL_READ_BYTES
         self.modes = lay.RealKvHashMode
+        # Column i of the per-reason totals counts FailReason member i, in declaration order.
+        self.reason_bits = tuple(int(m) for m in lay.FailReason)
+        self.bits_column = lay.VIOLATION_COL_FAIL_REASON
+
+    def ring(self, context) -> Ring:
+        return Ring(context, self.bits_column, self.reason_bits)
 
     # -- shared pieces --------------------------------------------------------------------------
     def link(self, prev_hash: int, values: list[int]) -> int:
@@ -143,7 +161,7 @@ class Oracle:
         cap = plan.verify_slot_indices.shape[0]
         n = min(max(int(plan.verify_num_valid[0]), 0), cap)
         context.slot_run_counter.add_(n)
-        buf, ring, cache = Canary(context.canary_buf), Ring(context), {}
+        buf, ring, cache = Canary(context.canary_buf), self.ring(context), {}
         tag = int(context.kernel_kind)
         slots = plan.verify_slot_indices.tolist()
         prevs = plan.verify_prev_slot_indices.tolist()
@@ -200,7 +218,7 @@ class Oracle:
         context.kernel_run_counter.add_(1)
         cap = plan.write_seed_slot_indices.shape[0]
         reqs = min(max(int(plan.write_num_valid_reqs[0]), 0), cap)
-        buf, ring, cache = Canary(context.canary_buf), Ring(context), {}
+        buf, ring, cache = Canary(context.canary_buf), self.ring(context), {}
         tag = int(context.kernel_kind)
         offs, seeds = plan.write_offsets.tolist(), plan.write_seed_slot_indices.tolist()
         toks, poss, locs = input_ids.tolist(), positions.tolist(), out_cache_loc.tolist()

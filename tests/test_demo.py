@@ -13,8 +13,13 @@ def test_demo_writes_table_and_report(tmp_path, capsys):
     assert rc == 0
     assert "scenario" in out and "expected detection" in out and "first decoded line" in out
     assert "[ok] out_of_range_slot" in out and "launch_tag=HEAD_K_FULL fail_reason=slot_out_of_range" in out
+    control = next(line for line in out.splitlines() if line.startswith("[ok] stale_transfer/default_schema"))
+    assert control.split()[:4] == ["[ok]", "stale_transfer/default_schema", "defaults", "not"]
     report = (tmp_path / "report.md").read_text()
     assert "## Scenarios" in report and "stale_transfer/default_schema" in report
+    # The control runs with every default check on, and the report says so.
+    details = report.split("### stale_transfer/default_schema", 1)[1]
+    assert "- canary: schema kernels.yaml, expected-token check on, real-KV fingerprint ALL" in details
     png = (tmp_path / "violations_per_step.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
 

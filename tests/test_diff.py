@@ -2,20 +2,23 @@
 gates breaking changes on an abi_version bump; OLD/NEW may be files or git revisions."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import default_schema_text
+from conftest import sglang_schema_text
 
 from codegen.cli import main
 from codegen.diff import diff_schemas, format_markdown
 from codegen.load import load_schema_text
 
 ROOT = Path(__file__).resolve().parent.parent
-# SGLang's default layout (stride 32), whatever stride the checked-in schema currently uses.
-BASE = default_schema_text(stride=32)
+# SGLang's default ABI (stride 32, abi_version 1), whatever stride and abi_version the checked-in
+# schema currently uses: every expectation below is spelled against this base.
+BASE = sglang_schema_text()
 
 
 def edit(*pairs: tuple[str, str], text: str = BASE) -> str:
@@ -189,11 +192,88 @@ def test_cli_diff_between_two_revisions(git_repo, capsys):
 
 
 def test_cli_diff_missing_base(git_repo, capsys):
+    """A first commit has no parent: that base is tolerated, but only with --missing-base-ok."""
     assert main(["diff", "HEAD~1"]) == 1
-    assert capsys.readouterr().err == ("kv-canary diff: git revision 'HEAD~1' is not available: no such file, "
-                                       "branch or commit (first commit?)\n")
+    assert capsys.readouterr().err == ("kv-canary diff: git revision 'HEAD~1' does not exist: HEAD is the first "
+                                       "commit (it has no parent)\n")
     assert main(["diff", "--missing-base-ok", "HEAD~1"]) == 0
-    assert "nothing to compare" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "nothing to compare" in out and "HEAD is the first commit" in out
+
+
+@pytest.mark.parametrize("rev", ["origin/mian", "mian", "deadbeef", "v9.9"])
+def test_cli_diff_mistyped_base_fails_even_with_missing_base_ok(git_repo, capsys, rev):
+    git(git_repo, "commit", "-q", "--allow-empty", "-m", "second")  # a full clone where HEAD~1 exists
+    assert main(["diff", "--missing-base-ok", rev]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"kv-canary diff: git revision '{rev}' does not exist: no such branch, tag or commit "
+                            f"(check the spelling; `git branch -a` lists the branches)\n")
+    assert main(["diff", "--missing-base-ok", "HEAD~1"]) == 0  # the real base is compared
+    assert "No semantic change." in capsys.readouterr().out
+
+
+def test_cli_diff_mistyped_base_fails_on_a_first_commit_too(git_repo, capsys):
+    assert main(["diff", "--missing-base-ok", "origin/mian"]) == 1
+    assert "no such branch, tag or commit" in capsys.readouterr().err
+
+
+def test_cli_diff_history_shorter_than_asked_fails_in_a_full_clone(git_repo, capsys):
+    git(git_repo, "commit", "-q", "--allow-empty", "-m", "second")
+    assert main(["diff", "--missing-base-ok", "HEAD~2"]) == 1
+    assert capsys.readouterr().err == ("kv-canary diff: git revision 'HEAD~2' does not exist: the history of HEAD "
+                                       "is shorter than that\n")
+
+
+def test_cli_diff_base_beyond_a_shallow_clone(git_repo, tmp_path, monkeypatch, capsys):
+    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64))
+    git(git_repo, "commit", "-q", "-am", "second")
+    old_id = subprocess.run(["git", "rev-parse", "HEAD~1"], cwd=git_repo, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "1", git_repo.as_uri(), str(shallow))
+    monkeypatch.chdir(shallow)
+    for rev in ("HEAD~1", old_id):
+        assert main(["diff", rev]) == 1
+        assert "this is a shallow clone" in capsys.readouterr().err
+        assert main(["diff", "--missing-base-ok", rev]) == 0
+        out = capsys.readouterr().out
+        assert "nothing to compare" in out and "this is a shallow clone" in out and "git fetch --unshallow" in out
+    assert main(["diff", "--missing-base-ok", "origin/mian"]) == 1  # a typo is a typo, shallow or not
+    assert "no such branch, tag or commit" in capsys.readouterr().err
+
+
+def test_cli_diff_base_path_that_exists_nowhere_fails(git_repo, capsys):
+    assert main(["diff", "--missing-base-ok", "HEAD:kernel.yaml"]) == 1
+    assert capsys.readouterr().err == ("kv-canary diff: git revision 'HEAD' has no kernel.yaml (and there is no "
+                                       "kernel.yaml in the working tree either)\n")
+
+
+# -- `make abi-check`, the CI gate, in a scratch repository --------------------------------------
+def make_abi_check(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """The Makefile's abi-check recipe with this interpreter; `-o` keeps make from (re)building .venv."""
+    shutil.copy(ROOT / "Makefile", repo / "Makefile")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", f"PY={sys.executable}",
+                           "abi-check", *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_abi_check(git_repo):
+    first = make_abi_check(git_repo)  # a single-commit repository: HEAD~1 does not exist
+    assert first.returncode == 0, first.stderr
+    assert "HEAD is the first commit" in first.stdout
+    typo = make_abi_check(git_repo, "BASE=origin/mian")
+    assert typo.returncode != 0
+    assert "git revision 'origin/mian' does not exist" in typo.stderr
+    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64))
+    git(git_repo, "commit", "-q", "-am", "breaking, no bump")  # a full clone: HEAD~1 is compared
+    breaking = make_abi_check(git_repo)
+    assert breaking.returncode != 0
+    assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in breaking.stdout
+    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64, ("abi_version: 1", "abi_version: 2")))
+    git(git_repo, "commit", "-q", "-am", "bump")
+    assert make_abi_check(git_repo, "BASE=HEAD~2").returncode == 0
 
 
 def test_cli_diff_base_without_a_schema(git_repo, capsys):

@@ -33,21 +33,26 @@ def test_plan_scans_batches_larger_than_a_block(default_layer):
 
 
 def test_unreadable_lut_index_is_reported_not_read(default_layer):
-    """An index past the SWA LUT: the reference raises (§7); the kernel stores PLAN_UNREADABLE_INDEX
-    (INT64_MAX, >= every slot count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
+    """An index past the SWA LUT: both host backends raise (§5.3, §7); the kernel itself (what the
+    cuda backend launches) cannot, so it stores PLAN_UNREADABLE_INDEX (INT64_MAX, >= every slot
+    count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
+    from kv_canary.cuda.kernel_backend import KernelBackend
     layout, alloc = default_layer.layout, importlib.import_module(default_layer.__name__ + ".allocators")
     rt = kv_canary.runtime_for(default_layer)
     lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
     args = dict(req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([2]), extend_seq_lens=torch.tensor([0]),
                 req_to_token=torch.tensor([[0, 0], [5, 9]], dtype=torch.int32), swa_window_size=4,
                 full_to_swa_index_mapping=lut, verify_capacity=4)
-    with pytest.raises(ValueError, match="SWA slot 9 is outside full_to_swa_index_mapping length 8"):
-        rt.launch_canary_plan_kernels(verify_plan_out=alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu"),
-                                      write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
-                                      backend="torch", **args)
+    for backend in ("torch", "emulated"):
+        with pytest.raises(ValueError, match="^kv-canary: SWA slot 9 is outside full_to_swa_index_mapping length 8$"):
+            rt.launch_canary_plan_kernels(verify_plan_out=alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu"),
+                                          write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
+                                          backend=backend, **args)
     vplan = alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu")
-    rt.launch_canary_plan_kernels(verify_plan_out=vplan, write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1,
-                                  device="cpu"), backend="emulated", **args)
+    KernelBackend.plan(_backend(default_layer), verify_plan_out=vplan,  # the kernels, without the host checks
+                       write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
+                       req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+                       kv_token_id_vs_position_offset=0, extra_request_values={}, **args)
     unreadable = (1 << 63) - 1
     assert vplan.verify_slot_indices[:2].tolist() == [5, unreadable]
     assert vplan.verify_prev_slot_indices[:2].tolist() == [-1, 5]

@@ -97,10 +97,41 @@ def test_real_kv_fold():
 
 
 def test_written_fingerprint_is_stored_and_verifies():
+    """The golden fingerprint is stored at write time, verifies clean, and a flipped real-KV byte
+    makes verify report REAL_KV (and only REAL_KV) on that slot."""
     vec = VECTORS["real_kv_fold"]
-    ctx = kv_canary.allocate_context(num_slots=1, ring_capacity=4, device="cpu", real_kv_sources=kv_sources(),
+    golden = s64(h(vec["total_two_sources"]))
+    # Two one-token pages with the golden bytes each, so slots 0 and 1 both fingerprint to `golden`.
+    s0, s1 = (kv_canary.RealKvSource(tensor=src.tensor.repeat(2, 1), page_size=1,
+                                     num_bytes_per_token=src.num_bytes_per_token, read_bytes=src.read_bytes)
+              for src in kv_sources())
+    ctx = kv_canary.allocate_context(num_slots=2, ring_capacity=4, device="cpu", real_kv_sources=(s0, s1),
                                      real_kv_hash_mode=RealKvHashMode.ALL)
     write_chain(ctx, [0], [5], [0])       # slot 0 is written like any other slot
-    assert ctx.canary_buf.view(torch.int64)[0, kv_canary.CANARY_FIELD_REAL_KV_HASH] == s64(h(vec["total_two_sources"]))
+    write_chain(ctx, [1], [7], [0])
+    words = ctx.canary_buf.view(torch.int64)
+    assert words[0, kv_canary.CANARY_FIELD_REAL_KV_HASH] == golden
+    assert words[1, kv_canary.CANARY_FIELD_REAL_KV_HASH] == golden
     assert ctx.violation_write_index.item() == 0
-    assert FailReason.VERIFY_REAL_KV_HASH_MISMATCH == 4
+
+    plan = kv_canary.VerifyPlan.allocate(verify_capacity=1, device="cpu")
+    plan.verify_slot_indices[0] = 1
+    plan.verify_prev_slot_indices[0] = -1          # chain head
+    plan.verify_expected_positions[0] = 0
+    plan.verify_expected_tokens[0] = -1
+    plan.verify_num_valid.fill_(1)
+    plan.enable.fill_(1)
+    kv_canary.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+    assert ctx.violation_write_index.item() == 0, ctx.violation_ring[:1].tolist()
+
+    s1.tensor[1, 3] ^= 0x40                        # a byte that slot 1's ALL-mode fingerprint reads
+    kv_canary.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+    assert ctx.violation_write_index.item() == 1
+    row = ctx.violation_ring[0].tolist()
+    lay = kv_canary.generated.layout
+    head = s64(h(VECTORS["chain_example"]["head_hash"]))
+    assert row[lay.VIOLATION_COL_FAIL_REASON] == FailReason.VERIFY_REAL_KV_HASH_MISMATCH == 4
+    assert row[lay.VIOLATION_COL_SLOT] == 1
+    assert (row[lay.VIOLATION_COL_STORED_POSITION], row[lay.VIOLATION_COL_STORED_TOKEN]) == (0, 7)
+    assert row[lay.VIOLATION_COL_EXPECTED_TOKEN] == -1
+    assert row[lay.VIOLATION_COL_STORED_CHAIN_HASH] == row[lay.VIOLATION_COL_EXPECTED_AUX] == head

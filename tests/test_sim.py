@@ -68,3 +68,22 @@ def test_pages_are_conserved():
 def test_config_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="SimConfig"):
         SimConfig(**bad)
+
+
+def test_retract_and_restore_round_trip_and_partial_transfer():
+    e = _run(SimConfig(seed=8, radix_cache=False, num_swa_layers=0), steps=12)
+    a, b = sorted((r for r in e.running if r.kv_len >= 4), key=lambda r: r.rid)[:2]
+
+    def context(req):
+        slots = torch.tensor([e.slot_of(req, p) for p in range(req.kv_len)])
+        return e.full.slot_view(e.full.k[0])[slots].clone()
+    before_a, before_b = context(a), context(b)
+    e.retract(a)
+    e.retract(b)
+    with pytest.raises(ValueError, match="Engine.restore upto must be in"):
+        e.restore(a, snapshot_of=b.rid, upto=min(a.kv_len, b.kv_len) + 1)
+    e.restore(a, snapshot_of=b.rid, upto=2)
+    e.restore(b)
+    got_a = context(a)
+    assert torch.equal(got_a[:2], before_b[:2]) and torch.equal(got_a[2:], before_a[2:])
+    assert torch.equal(context(b), before_b)

@@ -3,6 +3,10 @@
 Same sources, same argument packing and same launch shapes as the `cuda` backend, on CPU tensors.
 Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for persistent
 grids) so that tests are fast while still running several warps and several blocks.
+
+Unlike the `cuda` backend it is a host backend, where reading index tensors costs nothing: like the
+torch reference it raises for request rows outside req_to_token / pool_out and for SWA indices
+outside the LUT before launching (host_checks.py), where a GPU kernel can only mark them.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import torch
 
 from ..cuda.kernel_backend import KernelBackend, blocks_for
 from . import BackendUnavailable
+from .host_checks import HostChecks
 
 EMULATED_THREADS = 64
 EMULATED_PERSISTENT_BLOCKS = 2
@@ -41,11 +46,23 @@ class EmulatedBackend(KernelBackend):
         self.threads = threads
         self.persistent_blocks = persistent_blocks
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
+        self.host_checks = HostChecks(layer)
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cpu":
             raise ValueError(f"kv-canary: backend 'emulated' runs the kernels on the host and needs CPU tensors, "
                              f"got tensors on {device}")
+
+    def plan(self, **kwargs) -> None:
+        self.check_device(kwargs["req_to_token"].device)
+        self.host_checks.plan_rows(**kwargs)
+        self.host_checks.swa_indices(**kwargs)
+        super().plan(**kwargs)
+
+    def scatter(self, **kwargs) -> None:
+        self.check_device(kwargs["pool_out"].device)
+        self.host_checks.scatter_rows(**kwargs)
+        super().scatter(**kwargs)
 
     def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.

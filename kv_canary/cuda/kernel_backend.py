@@ -64,6 +64,8 @@ class KernelBackend:
             "violation_ring": context.violation_ring,
             "violation_ring_capacity": int(context.violation_ring.shape[0]),
             "violation_write_index": context.violation_write_index,
+            # [extension] per-reason totals; None (also for a context without the field) = a null pointer.
+            "violation_reason_counts": getattr(context, "violation_reason_counts", None),
             "slot_run_counter": context.slot_run_counter,
             "kernel_run_counter": context.kernel_run_counter,
             "real_kv_num_sources": len(context.real_kv_sources),

@@ -184,21 +184,33 @@ class Engine:
         self.retracted.append(req)
         self._release(req, cache=False)
 
-    def restore(self, req: Request, snapshot_of: Optional[int] = None) -> None:
-        """Bring a retracted request back into fresh slots; `snapshot_of` picks whose host copy
-        is used (a different request id = the stale-transfer bug)."""
-        snap = self.host_snapshots[req.rid if snapshot_of is None else snapshot_of]
-        self.retracted.remove(req)
+    def restore(self, req: Request, snapshot_of: Optional[int] = None, upto: Optional[int] = None) -> None:
+        """Bring a retracted request back into fresh slots from its host copy.
+
+        With `snapshot_of` (the stale-transfer bug) its first `upto` tokens (default: all) come from
+        request `snapshot_of`'s host copy instead, K/V bytes and canary records alike.
+        """
+        own = self.host_snapshots[req.rid]
         n = req.kv_len
+        other = self.host_snapshots[snapshot_of] if snapshot_of is not None else None
+        k = n if upto is None else upto
+        if other is not None and not 0 <= k <= min(n, other["kv_len"]):
+            raise ValueError(f"Engine.restore upto must be in [0, {min(n, other['kv_len'])}] (tokens both "
+                             f"copies hold), got {k}")
+        self.retracted.remove(req)
         req.pages, req.nodes = [], []
         self._ensure_pages(req, n)
         slots = torch.tensor([self.slot_of(req, p) for p in range(n)], dtype=torch.int64)
         if self.swa_pool is not None:
             self.swa_pool.assign(slots.tolist())
-        self._paste_bytes(slots, snap["bytes"], n)
+        self._paste_bytes(slots, own["bytes"], n)
         self._place(req)
         if self.canary is not None:
-            self.canary.import_records(slots, snap["records"], n)
+            self.canary.import_records(slots, own["records"], n)
+        if other is not None:
+            self._paste_bytes(slots[:k], other["bytes"], k)
+            if self.canary is not None:
+                self.canary.import_records(slots[:k], other["records"], k)
 
     def _copy_bytes(self, slots: torch.Tensor) -> dict:
         out = {}

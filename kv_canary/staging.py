@@ -1,0 +1,62 @@
+"""Refill fixed device tensors in place from host values (what CUDA-graph replay needs).
+
+A captured graph reads its inputs from the addresses it saw at capture, so the manager allocates
+every input once and refills it with `copy_`. On CUDA the copy reads a pinned host buffer
+asynchronously (no stall), so a buffer may only be overwritten once the copy that last read it ran:
+a small ring of pinned buffers, each guarded by the event recorded after its copies, keeps the
+host from waiting in the common case. On the CPU the copies are synchronous and one buffer does.
+"""
+from __future__ import annotations
+
+import torch
+
+DEPTH = 4  # pinned staging buffers in flight on CUDA
+
+
+class HostStaging:
+    """int64 host staging of `capacity` elements per upload, for tensors on `device`."""
+
+    def __init__(self, capacity: int, device: torch.device, depth: int = DEPTH):
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"kv-canary: HostStaging capacity must be an int >= 1, got {capacity!r}")
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self._async = self.device.type == "cuda"
+        n = depth if self._async else 1
+        self._bufs = [torch.empty(capacity, dtype=torch.int64, pin_memory=self._async) for _ in range(n)]
+        self._events: list = [None] * n
+        self._next = 0
+
+    def upload(self, pairs) -> None:
+        """Copy each (values, dst) pair's host values into `dst[:len(values)]`, in order.
+
+        `values`: a list of ints or a CPU tensor; `dst`: a 1-D int64 tensor on `device` (same
+        dtype, so an asynchronous copy never converts through a pageable temporary).
+        """
+        pairs = [(v, d) for v, d in pairs]
+        total = sum(len(v) for v, _ in pairs)
+        if total > self.capacity:
+            raise ValueError(f"kv-canary: one upload holds at most {self.capacity} values (the capacity fixed "
+                             f"at attach), got {total}")
+        for values, dst in pairs:
+            if dst.dtype != torch.int64 or dst.dim() != 1:
+                raise ValueError(f"kv-canary: a fixed input must be a 1-D int64 tensor, got {dst.dtype} "
+                                 f"shape {tuple(dst.shape)}")
+            if len(values) > dst.shape[0]:
+                raise ValueError(f"kv-canary: {len(values)} values do not fit a fixed input of "
+                                 f"{dst.shape[0]} elements")
+        i = self._next
+        self._next = (i + 1) % len(self._bufs)
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # an earlier asynchronous copy may still read this buffer
+        buf, off = self._bufs[i], 0
+        for values, dst in pairs:
+            n = len(values)
+            if n:
+                buf[off:off + n] = torch.as_tensor(values, dtype=torch.int64)
+                dst[:n].copy_(buf[off:off + n], non_blocking=self._async)
+            off += n
+        if self._async:
+            event = torch.cuda.Event()
+            event.record()
+            self._events[i] = event
