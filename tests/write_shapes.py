@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import functools
 import re
-import tempfile
-from pathlib import Path
 
-from conftest import default_schema_text, generate_layer
+from conftest import default_schema_text, generate_layer, scratch_dir
 
 
 @functools.cache
@@ -15,6 +13,6 @@ def write_shape_layer(shape: str, threads: int):
     text, n = re.subn(r"(template: write\n\s*launch: )\{[^}]*\}", rf"\g<1>{{shape: {shape}, threads: {threads}}}",
                       default_schema_text())
     assert n == 1, "kernels.yaml must declare exactly one write kernel"
-    path = Path(tempfile.mkdtemp(prefix="kv_canary_write_shape_")) / f"write_{shape}_{threads}.yaml"
+    path = scratch_dir("kv_canary_write_shape_") / f"write_{shape}_{threads}.yaml"
     path.write_text(text, encoding="utf-8")
     return generate_layer(path)
