@@ -4,7 +4,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+import numpy as np
+import pytest
 import torch
+
+import kv_canary
 
 
 def alloc_of(layer):
@@ -64,3 +68,28 @@ def test_context_uses_keywords_and_shares_nothing(any_layer):
     assert a.kernel_kind == lay.CanaryLaunchTag(0) and a.real_kv_hash_mode == lay.RealKvHashMode.NONE
     shared = dataclasses.replace(b, kernel_kind=lay.CanaryLaunchTag(1))
     assert shared.violation_ring is b.violation_ring
+
+
+# -- bad allocator arguments get a clear ValueError/TypeError naming the argument ------------------
+def test_bad_allocator_arguments_are_named():
+    lay = kv_canary.generated.layout
+    with pytest.raises(ValueError, match=r"^kv-canary: kernel_kind must be a CanaryLaunchTag \(HEAD_K_FULL=0, .*\), got 99$"):
+        kv_canary.allocate_context(num_slots=4, ring_capacity=2, device="cpu", kernel_kind=99)
+    with pytest.raises(ValueError, match=r"^kv-canary: real_kv_hash_mode must be a RealKvHashMode \(NONE=0, PARTIAL=1, ALL=2\), got 7$"):
+        kv_canary.allocate_context(num_slots=4, ring_capacity=2, device="cpu", real_kv_hash_mode=7)
+    with pytest.raises(ValueError, match=r"^kv-canary: device must be a torch.device or a device string .*, got 'nope'$"):
+        kv_canary.VerifyPlan.allocate(verify_capacity=4, device="nope")
+    with pytest.raises(ValueError, match=r"^kv-canary: device must be .*, got 'nope'$"):
+        kv_canary.WritePlan.allocate(write_req_capacity=4, device="nope")
+    with pytest.raises(TypeError, match=r"^kv-canary: enabled must be a bool, got int$"):
+        kv_canary.allocate_chain_position_flag(device="cpu", enabled=1)
+    # numpy integer scalars are integers; bools are not.
+    ctx = kv_canary.allocate_context(num_slots=np.int64(4), ring_capacity=np.int32(2), device="cpu",
+                                     kernel_kind=np.int64(int(lay.CanaryLaunchTag.TAIL_V_SWA)))
+    assert ctx.kernel_kind is lay.CanaryLaunchTag.TAIL_V_SWA and ctx.canary_buf.shape[0] == 4
+    src = kv_canary.RealKvSource(tensor=torch.zeros((2, 64), dtype=torch.uint8), page_size=np.int64(1),
+                                 num_bytes_per_token=np.int32(32), read_bytes=np.int16(16))
+    assert src.page_size == 1
+    with pytest.raises(TypeError, match=r"^kv-canary: RealKvSource.page_size must be an int, got bool$"):
+        kv_canary.RealKvSource(tensor=torch.zeros((2, 64), dtype=torch.uint8), page_size=True,
+                               num_bytes_per_token=32, read_bytes=16)

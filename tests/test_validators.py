@@ -153,7 +153,8 @@ def test_wrong_dtype_rank_length_and_type():
     with raises(ValueError, P + "offsets must have shape (3,), got (2,)"):
         kv_canary.scatter_req_token_ids(flat_in=torch.zeros(4, dtype=torch.int64), offsets=torch.zeros(2, dtype=torch.int64),
                                         req_pool_indices=torch.tensor([1, 2]), pool_out=torch.zeros((3, 4), dtype=torch.int32))
-    with raises(ValueError, P + "kernel_kind must be a CanaryLaunchTag, got 99"):
+    tags = ", ".join(f"{t.name}={int(t)}" for t in kv_canary.CanaryLaunchTag)
+    with raises(ValueError, P + f"kernel_kind must be a CanaryLaunchTag ({tags}), got 99"):
         ctx = kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu")
         kv_canary.launch_canary_verify_kernel(**verify_kwargs(dataclasses.replace(ctx, kernel_kind=99)))
     ring_ctx = kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu")
