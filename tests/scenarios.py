@@ -33,6 +33,13 @@ def _i64(values) -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64)
 
 
+def _noise(rng: random.Random, lo: int, hi: int, n: int) -> list[int]:
+    """n arbitrary values in [lo, hi) from ONE draw of rng: when hypothesis drives rng
+    (st.randoms), it then shrinks a case's structure rather than every noise value (and fast)."""
+    r = random.Random(rng.getrandbits(64))
+    return [r.randrange(lo, hi) for _ in range(n)]
+
+
 def _rand_i64(rng: random.Random) -> int:
     return rng.choice((rng.randrange(0, 50_000), rng.randrange(-(1 << 63), 1 << 63), -1, 0))
 
@@ -110,7 +117,7 @@ def _extra_token_values(rng, layer, n: int, owners: list[int], owner_ids: list[i
         if rng.random() < 0.5:
             out[f.name] = _i64(owner_ids[o] for o in owners)
         else:
-            out[f.name] = _i64(rng.randrange(0, 1000) for _ in range(n))
+            out[f.name] = _i64(_noise(rng, 0, 1000, n))
     return out
 
 
@@ -118,7 +125,7 @@ def populate(layer, context, chains: list[list[int]], *, rng: random.Random, val
     """Write each chain (slots at positions 0..len-1 from HEAD) through the reference; returns what was written."""
     lay, alloc, ref = _mods(layer)
     total = sum(len(c) for c in chains)
-    tokens = [rng.randrange(0, 50_000) for _ in range(total)]
+    tokens = _noise(rng, 0, 50_000, total)
     owners = [i for i, c in enumerate(chains) for _ in c]
     owner_ids = values["owner_ids"] if values else [rng.randrange(1, 1 << 20) for _ in chains]
     extra = _extra_token_values(rng, layer, total, owners, owner_ids)
@@ -193,8 +200,8 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
 
     cap = n_reqs + rng.choice((0, 0, 1, 3)) or 1
     plan = alloc.WritePlan.allocate(write_req_capacity=cap, device="cpu")
-    plan.write_offsets.copy_(_i64(rng.randrange(-5, 50) for _ in range(cap + 1)))  # garbage past the batch
-    plan.write_seed_slot_indices.copy_(_i64(rng.randrange(-1, num_slots) for _ in range(cap)))
+    plan.write_offsets.copy_(_i64(_noise(rng, -5, 50, cap + 1)))  # garbage past the batch
+    plan.write_seed_slot_indices.copy_(_i64(_noise(rng, -1, num_slots, cap)))
     offs = [0]
     for e in extends:
         offs.append(offs[-1] + e)
@@ -210,7 +217,7 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
     positions, tokens = [], []
     for p, e in zip(prefixes, extends):
         positions += list(range(p, p + e))
-        tokens += [rng.randrange(0, 50_000) for _ in range(e)]
+        tokens += _noise(rng, 0, 50_000, e)
     for i in range(total):
         r = rng.random()
         if r < 0.05:
@@ -282,7 +289,7 @@ def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, ma
     cap = max(1, len(entries) + rng.choice((0, 0, 2, 7)))
     plan = alloc.VerifyPlan.allocate(verify_capacity=cap, device="cpu")
     for name in plan.ARRAY_FIELDS:                           # garbage past num_valid must be ignored
-        getattr(plan, name).copy_(_i64(rng.randrange(-2, num_slots) for _ in range(cap)))
+        getattr(plan, name).copy_(_i64(_noise(rng, -2, num_slots, cap)))
     n = len(entries)
     if n:
         plan.verify_slot_indices[:n] = _i64(e[0] for e in entries)
@@ -334,14 +341,14 @@ def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_
     cap = max(1, total + rng.choice((0, 0, 3, -1, -5)))
     vplan = alloc.VerifyPlan.allocate(verify_capacity=cap, device="cpu")
     for name in vplan.ARRAY_FIELDS:                          # garbage that overflow must leave untouched
-        getattr(vplan, name).copy_(_i64(rng.randrange(-9, 9) for _ in range(cap)))
+        getattr(vplan, name).copy_(_i64(_noise(rng, -9, 9, cap)))
     vplan.verify_num_valid.fill_(rng.randrange(-3, 3))
     vplan.enable.fill_(rng.randrange(0, 2))
     wcap = max(1, bs + rng.choice((0, 0, 2)))
     wplan = alloc.WritePlan.allocate(write_req_capacity=wcap, device="cpu")
-    wplan.write_offsets.copy_(_i64(rng.randrange(-9, 9) for _ in range(wcap + 1)))
-    wplan.write_seed_slot_indices.copy_(_i64(rng.randrange(-9, 9) for _ in range(wcap)))
-    extra = {f.name: _i64(rng.randrange(1, 1 << 20) for _ in range(bs))
+    wplan.write_offsets.copy_(_i64(_noise(rng, -9, 9, wcap + 1)))
+    wplan.write_seed_slot_indices.copy_(_i64(_noise(rng, -9, 9, wcap)))
+    extra = {f.name: _i64(_noise(rng, 1, 1 << 20, bs))
              for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"}
     return dict(verify_plan_out=vplan, write_plan_out=wplan, req_pool_indices=_i64(rows), prefix_lens=_i64(prefixes),
                 extend_seq_lens=_i64(extends), req_to_token=r2t, swa_window_size=window, full_to_swa_index_mapping=lut,
@@ -360,7 +367,7 @@ def make_scatter_case(rng: random.Random, layer, *, n_reqs: int | None = None) -
         offs.append(offs[-1] + n)
     # Only rows of the pool: host backends reject any other (test_host_checks.py), kernels skip it.
     rows = rng.sample(range(rows_n), bs)
-    return dict(flat_in=_i64(rng.randrange(-5, 1 << 33) for _ in range(offs[-1])), offsets=_i64(offs),
+    return dict(flat_in=_i64(_noise(rng, -5, 1 << 33, offs[-1])), offsets=_i64(offs),
                 req_pool_indices=_i64(rows), pool_out=torch.randint(-9, 9, (rows_n, cols), dtype=torch.int32))
 
 
