@@ -35,7 +35,10 @@ typedef typeid typename union unsigned using virtual void volatile wchar_t while
 # Names the generated code itself uses at the same scope (and CUDA built-ins); a schema name equal
 # to one would shadow it. `mro` cannot name an enum member.
 RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64", "mro",
-                            "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize"})
+                            "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize",
+                            # the generated package's modules (`layer.api`, ...): a constant of that
+                            # name, re-exported by the package, would hide the module
+                            "layout", "validators", "allocators", "reference", "api", "kernel_abi"})
 
 # C and C++ macros, libc and CUDA functions and standard type names that the generated code sees
 # (through the emulation shim's standard headers, or as CUDA built-ins). A macro ignores namespaces,
