@@ -102,21 +102,17 @@ def per_request_write_layer():
 
 
 def variant_layer(template: str, launch: dict, tag: str):
-    """kernels.yaml with one kernel's launch replaced, generated to a temp dir and imported."""
+    """kernels.yaml with one kernel's launch replaced, generated into the layer cache and imported."""
     import yaml
 
-    from codegen.load import load_schema_text
-    from codegen.render import render_all
-    from codegen.writer import write_tree
-    from kv_canary._loader import load_generated
+    from kv_canary.layers import generate_layer
     data = yaml.safe_load((ROOT / "kernels.yaml").read_text())
     for k in data["kernels"]:
         if k["template"] == template:
             k["launch"] = dict(launch)
-    text = yaml.safe_dump(data, sort_keys=False)
-    out = Path(tempfile.mkdtemp(prefix=f"kv_canary_{tag}_"))
-    write_tree(out, render_all(load_schema_text(text, f"kernels_{tag}.yaml"), text))
-    return load_generated(out, f"kv_canary_bench_{tag}")
+    path = Path(tempfile.mkdtemp(prefix=f"kv_canary_{tag}_")) / f"kernels_{tag}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return generate_layer(path)
 
 
 class Workload:

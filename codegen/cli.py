@@ -74,6 +74,12 @@ def cmd_check(args) -> int:
 
 
 def cmd_describe(args) -> int:
+    if args.schema is None:
+        args.schema = args.root / "kernels.yaml"
+        if not args.schema.is_file() and args.installed_layout is not None:
+            # Outside a checkout (an installed wheel): the layer the package was generated from.
+            sys.stdout.write(args.installed_layout())
+            return 0
     schema, _ = _load(args.schema)
     env = make_environment()
     sys.stdout.write(render_body(env, "docs/LAYOUT.md.j2", template_context(schema), "LAYOUT.md"))
@@ -102,9 +108,12 @@ def cmd_diff(args) -> int:
     return report.exit_status
 
 
-def add_codegen_commands(sub, root: Path) -> None:
-    def common(p):
-        p.add_argument("--schema", type=Path, default=root / "kernels.yaml", help="schema file (kernels.yaml)")
+def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
+    """The generator's subcommands, on paths relative to `root`. `installed_layout`, when given, is
+    what `describe` prints without --schema where `root` has no kernels.yaml (kv_canary passes the
+    installed default layer's LAYOUT.md)."""
+    def common(p, schema_default=root / "kernels.yaml"):
+        p.add_argument("--schema", type=Path, default=schema_default, help="schema file (kernels.yaml)")
         p.add_argument("--out", type=Path, default=root / "generated", help="generated tree")
     p = sub.add_parser("generate", help="render kernels.yaml into generated/")
     common(p)
@@ -114,7 +123,8 @@ def add_codegen_commands(sub, root: Path) -> None:
     p.add_argument("--quiet", action="store_true", help="no unified diffs")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("describe", help="print the layout tables")
-    common(p)
+    common(p, schema_default=None)
+    p.set_defaults(installed_layout=installed_layout)
     p.set_defaults(func=cmd_describe)
     p = sub.add_parser("diff", help="semantic ABI diff of two schemas (files or git revisions)",
                        description="Compare two schemas and classify every change as compatible or BREAKING. "

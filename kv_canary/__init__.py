@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys as _sys
 
-from ._loader import default_generated_dir, load_generated
+from ._loader import default_generated_dir, load_generated, register_codegen
 
+register_codegen()  # kv_canary.codegen: the generator, importable from a checkout as from a wheel
 generated = _sys.modules.get("kv_canary.generated") or load_generated(default_generated_dir(), "kv_canary.generated")
 _layout = generated.layout
 
@@ -51,6 +52,7 @@ _LAZY = {
     "BackendUnavailable": ("kv_canary.backends", "BackendUnavailable"),
     "get_backend": ("kv_canary.backends", "get_backend"),
     "runtime_for": ("kv_canary.runtime", "runtime_for"),
+    "generate_layer": ("kv_canary.layers", "generate_layer"),
     "CanaryManager": ("kv_canary.manager", "CanaryManager"),
     "CanaryViolationError": ("kv_canary.manager", "CanaryViolationError"),
     "Violation": ("kv_canary.violations", "Violation"),

@@ -1,7 +1,11 @@
-"""Import a generated tree (generated/) as a Python package.
+"""Import a generated tree (generated/) as a Python package, and find the generator.
 
 The default tree is `kv_canary.generated`; tests and tools load trees generated from other
-schemas (into temporary directories) side by side under unique module names.
+schemas (kv_canary.layers.generate_layer) side by side under unique module names.
+
+Installed wheels carry `kv_canary/generated` and `kv_canary/codegen` inside the package; a source
+checkout keeps them at its root (`generated/`, `codegen/`), so that the schema, the generator and
+its output sit side by side for review. Both are imported under their `kv_canary.` names either way.
 """
 from __future__ import annotations
 
@@ -12,26 +16,27 @@ from pathlib import Path
 from types import ModuleType
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+CODEGEN_PACKAGE = "kv_canary.codegen"
+
+
+def _installed_or_checkout(name: str) -> Path:
+    """kv_canary/<name> in an installed wheel, <checkout root>/<name> in a source checkout."""
+    installed = PACKAGE_DIR / name
+    if (installed / "__init__.py").is_file():
+        return installed
+    return PACKAGE_DIR.parent / name
 
 
 def default_generated_dir() -> Path:
-    """Installed wheels carry kv_canary/generated; a source checkout has generated/ at its root."""
-    installed = PACKAGE_DIR / "generated"
-    if (installed / "__init__.py").is_file():
-        return installed
-    return PACKAGE_DIR.parent / "generated"
+    return _installed_or_checkout("generated")
 
 
-def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
-    """Import the generated package at `path` (cached per module name)."""
-    path = Path(path).resolve()
+def codegen_dir() -> Path:
+    return _installed_or_checkout("codegen")
+
+
+def _import_package(path: Path, module_name: str) -> ModuleType:
     init = path / "__init__.py"
-    if not init.is_file():
-        raise ImportError(f"kv-canary: no generated package at {path} (run `make generate`)")
-    if module_name is None:
-        module_name = "kv_canary_generated_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
-    if module_name in sys.modules:
-        return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(path)])
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
@@ -41,3 +46,27 @@ def load_generated(path: Path | str, module_name: str | None = None) -> ModuleTy
         del sys.modules[module_name]
         raise
     return module
+
+
+def register_codegen() -> None:
+    """Make `kv_canary.codegen` importable from a source checkout (a wheel has it in place).
+
+    Cheap: the generator package's __init__ imports nothing; its modules load on first use.
+    """
+    if CODEGEN_PACKAGE in sys.modules or (PACKAGE_DIR / "codegen" / "__init__.py").is_file():
+        return
+    path = codegen_dir()
+    if (path / "__init__.py").is_file():
+        _import_package(path, CODEGEN_PACKAGE)
+
+
+def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
+    """Import the generated package at `path` (cached per module name)."""
+    path = Path(path).resolve()
+    if not (path / "__init__.py").is_file():
+        raise ImportError(f"kv-canary: no generated package at {path} (run `make generate`)")
+    if module_name is None:
+        module_name = "kv_canary_generated_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    return _import_package(path, module_name)

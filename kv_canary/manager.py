@@ -14,11 +14,11 @@ device: the ring's write index is copied asynchronously (pinned memory on CUDA) 
 step and the rows are read only once such a copy shows it non-zero. Layout (tags, columns, fields,
 input fields) comes from the generated layer the manager is built for.
 
-The engine protocol (kv_canary.sim.Engine implements it): `attach(engine)` reads the pool from
+The engine protocol (kv_canary.demo.sim.Engine implements it): `attach(engine)` reads the pool from
 `engine.full` / `engine.swa` (KvStorage: per-layer K/V tensors, row_slots, bytes_per_token),
 `engine.swa_pool.full_to_swa`, `engine.cfg.swa_window`, `engine.req_to_token`, request `.rid` / `.row` / `.matched`,
 `engine.alloc.epoch` / `engine.swa_pool.epoch` (allocation epoch per slot) and
-`engine.cached_entries()`; batches are kv_canary.sim.ForwardBatch. Input fields of the schema
+`engine.cached_entries()`; batches are kv_canary.demo.sim.ForwardBatch. Input fields of the schema
 (SEMANTICS.md §8) get the owning request id when verified per request (or not verified) and the
 slot's allocation epoch when verified per slot. A launch fingerprints at most MAX_REAL_KV_SOURCES
 layers per group: `fingerprint_layers` chooses which (default: the first ones, with a

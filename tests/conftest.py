@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import hashlib
 import json
 import os
 import re
@@ -13,14 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from codegen.load import load_schema
-from codegen.render import render_all
-from codegen.writer import write_tree
-from kv_canary._loader import load_generated
+from kv_canary import layers
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
-EXAMPLE_SCHEMAS = sorted((ROOT / "examples" / "schemas").glob("*.yaml"))
+EXAMPLE_SCHEMAS = layers.example_schemas()
 # The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
 SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
 
@@ -70,14 +66,8 @@ def load_vectors() -> dict:
 
 
 def generate_layer(schema_path: Path):
-    """Generate `schema_path` into a temporary tree (never checked in) and import it."""
-    schema_path = Path(schema_path)
-    text = schema_path.read_text(encoding="utf-8")
-    key = hashlib.sha256(text.encode()).hexdigest()[:12]
-    out = _gen_root() / f"{schema_path.stem}_{key}"
-    if not (out / "__init__.py").exists():
-        write_tree(out, render_all(load_schema(schema_path), text))
-    return load_generated(out, f"kv_canary_test_gen_{schema_path.stem}_{key}")
+    """Generate `schema_path` into this test session's scratch cache (never checked in) and import it."""
+    return layers.generate_layer(schema_path, _gen_root())
 
 
 @pytest.fixture(scope="session")

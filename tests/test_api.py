@@ -35,7 +35,7 @@ KIND = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_k
         "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
 MAKE = {"write": scenarios.make_write_case, "verify": scenarios.make_verify_case, "plan": scenarios.make_plan_case,
         "scatter": scenarios.make_scatter_case}
-OWNER_EPOCH = ROOT / "examples" / "schemas" / "owner_epoch.yaml"
+OWNER_EPOCH = ROOT / "kv_canary" / "schemas" / "owner_epoch.yaml"
 
 
 def api_of(layer):

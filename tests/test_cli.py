@@ -8,9 +8,9 @@ import types
 from pathlib import Path
 
 import pytest
+from kv_canary.codegen.cli import main as codegen_main
 
 import kv_canary
-from codegen.cli import main as codegen_main
 from kv_canary.cli import build_parser
 from kv_canary.cli import main as kv_main
 
@@ -25,7 +25,7 @@ def subcommands(parser) -> set[str]:
 def test_kv_canary_has_the_codegen_commands_plus_demo():
     import argparse
 
-    from codegen.cli import add_codegen_commands
+    from kv_canary.codegen.cli import add_codegen_commands
     plain = argparse.ArgumentParser()
     add_codegen_commands(plain.add_subparsers(), ROOT)
     assert subcommands(plain) == {"generate", "check", "describe", "diff"}

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import jinja2
 import pytest
-
-from codegen import render
-from codegen.diagnostics import SchemaError
-from codegen.load import load_schema, load_schema_text
-from codegen.model import Constant
-from codegen.render import (
+from kv_canary.codegen import render
+from kv_canary.codegen.diagnostics import SchemaError
+from kv_canary.codegen.load import load_schema, load_schema_text
+from kv_canary.codegen.model import Constant
+from kv_canary.codegen.render import (
     cpp_literal,
     make_environment,
     make_header,
@@ -23,7 +22,7 @@ from codegen.render import (
     sha256_text,
     split_header,
 )
-from codegen.writer import files_on_disk, write_tree
+from kv_canary.codegen.writer import files_on_disk, write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "kernels.yaml"
@@ -184,7 +183,7 @@ def test_an_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_generate_cli_on_an_unchanged_tree_reports_zero_written(tmp_path, capsys):
-    from codegen.cli import main
+    from kv_canary.codegen.cli import main
     args = ["generate", "--schema", str(SCHEMA), "--out", str(tmp_path / "g")]
     assert main(args) == 0
     capsys.readouterr()

@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pytest
 from conftest import default_schema_text
-
-from codegen import render
-from codegen.cli import main
-from codegen.load import load_schema
-from codegen.render import GeneratedFile, make_header, render_all, sha256_text, split_header
-from codegen.writer import compare_tree, write_tree
+from kv_canary.codegen import render
+from kv_canary.codegen.cli import main
+from kv_canary.codegen.load import load_schema
+from kv_canary.codegen.render import GeneratedFile, make_header, render_all, sha256_text, split_header
+from kv_canary.codegen.writer import compare_tree, write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -22,13 +22,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import DEFAULT_SCHEMA, default_schema_text
-
-from codegen import checks
-from codegen.diagnostics import SchemaError
-from codegen.load import load_schema, load_schema_text
-from codegen.model import STATIC_SHARED_MEMORY_BYTES, block_per_request_shared_memory
-from codegen.render import render_all, split_header
-from codegen.writer import write_tree
+from kv_canary.codegen import checks
+from kv_canary.codegen.diagnostics import SchemaError
+from kv_canary.codegen.load import load_schema, load_schema_text
+from kv_canary.codegen.model import STATIC_SHARED_MEMORY_BYTES, block_per_request_shared_memory
+from kv_canary.codegen.render import render_all, split_header
+from kv_canary.codegen.writer import write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIM = ROOT / "kv_canary" / "emulation" / "cuda_host_shim.h"

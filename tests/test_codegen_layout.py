@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 from conftest import default_schema_text, load_vectors
-
-from codegen.load import load_schema
-from codegen.render import render_all, split_header
+from kv_canary.codegen.load import load_schema
+from kv_canary.codegen.render import render_all, split_header
 
 ROOT = Path(__file__).resolve().parent.parent
 VECTORS = load_vectors()
@@ -61,7 +60,7 @@ def test_mutated_schema_layer_reports_the_new_layout(epoch_schema_path):
     assert [(f.name, f.word, f.chained, f.verify_expected) for f in layout.INPUT_FIELDS] == [("epoch", 4, False, None)]
     # The fingerprint identifies the layout: it differs from the default schema's.
     default = load_schema(ROOT / "kernels.yaml")
-    from codegen.load import layout_fingerprint
+    from kv_canary.codegen.load import layout_fingerprint
     assert layout.LAYOUT_FINGERPRINT != layout_fingerprint(default)
 
 
@@ -92,16 +91,16 @@ def test_golden_record_hexdump_matches_vectors_json():
 
 
 def test_golden_record_follows_a_reordered_layout():
-    rows = hexdump_rows(layout_md(ROOT / "examples" / "schemas" / "wide_stride.yaml"))
+    rows = hexdump_rows(layout_md(ROOT / "kv_canary" / "schemas" / "wide_stride.yaml"))
     fields = {r[2]: r for r in rows if r[2] != "(padding)"}
     assert fields["token"][1] == (11).to_bytes(8, "little")
-    schema = load_schema(ROOT / "examples" / "schemas" / "wide_stride.yaml")
+    schema = load_schema(ROOT / "kv_canary" / "schemas" / "wide_stride.yaml")
     assert fields["prev_hash"][1] == schema.chain_head.to_bytes(8, "little")
     assert [r[0] for r in rows] == list(range(0, schema.canary.stride_bytes, 8))
 
 
 def test_describe_prints_the_layout_tables(capsys):
-    from codegen.cli import main
+    from kv_canary.codegen.cli import main
     assert main(["describe", "--schema", str(ROOT / "kernels.yaml")]) == 0
     out = capsys.readouterr().out
     assert out == layout_md(ROOT / "kernels.yaml")

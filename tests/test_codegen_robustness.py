@@ -7,9 +7,8 @@ import os
 from pathlib import Path
 
 import yaml
-
-from codegen.diagnostics import SchemaError
-from codegen.load import load_schema_text
+from kv_canary.codegen.diagnostics import SchemaError
+from kv_canary.codegen.load import load_schema_text
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLACEMENTS = (None, True, 7, -1, "x", "1bad", [], [1], {}, {"a": 1}, 2**70, 1.5, "DELETE")

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 from conftest import sglang_schema_text
-
-from codegen.cli import main
-from codegen.diff import diff_schemas, format_markdown
-from codegen.load import load_schema_text
+from kv_canary.codegen.cli import main
+from kv_canary.codegen.diff import diff_schemas, format_markdown
+from kv_canary.codegen.load import load_schema_text
 
 ROOT = Path(__file__).resolve().parent.parent
 # SGLang's default ABI (stride 32, abi_version 1), whatever stride and abi_version the checked-in
@@ -311,7 +310,7 @@ def _fenced(doc: str, lang: str) -> list[str]:
 
 
 def test_schema_change_doc_is_real():
-    from codegen.render import render_all, split_header
+    from kv_canary.codegen.render import render_all, split_header
 
     doc = (ROOT / "docs" / "schema-change.md").read_text(encoding="utf-8")
     new_text = edit(*EPOCH_EDIT)

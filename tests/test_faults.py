@@ -6,9 +6,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kv_canary import faults, generated
+from kv_canary import generated
+from kv_canary.demo import faults
+from kv_canary.demo.sim import Engine
 from kv_canary.manager import CanaryManager
-from kv_canary.sim import Engine
 
 torch.set_num_threads(1)  # tiny tensors: thread fan-out only costs time on 2 cores
 

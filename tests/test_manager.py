@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from kv_canary import faults
+from kv_canary.demo import faults
+from kv_canary.demo.sim import Engine, SimConfig
 from kv_canary.manager import CanaryManager, CanaryViolationError
-from kv_canary.sim import Engine, SimConfig
 
 torch.set_num_threads(1)
 STEPS = int(os.environ.get("KV_CANARY_SIM_STEPS", "60"))

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kv_canary import generated
+from kv_canary.demo.sim import Engine, SimConfig
 from kv_canary.manager import CanaryCoverageWarning, CanaryManager
-from kv_canary.sim import Engine, SimConfig
 
 torch.set_num_threads(1)
 MAX = generated.layout.MAX_REAL_KV_SOURCES

@@ -12,9 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from codegen.diagnostics import SchemaError
-from codegen.load import load_schema
+from kv_canary.codegen.diagnostics import SchemaError
+from kv_canary.codegen.load import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "schema_errors"

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from kv_canary.sim import Engine, SimConfig, kv_bytes
+from kv_canary.demo.sim import Engine, SimConfig, kv_bytes
 
 torch.set_num_threads(1)
 STEPS = int(os.environ.get("KV_CANARY_SIM_STEPS", "120"))

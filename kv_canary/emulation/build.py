@@ -12,7 +12,7 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from ..cuda.cache import cache_dir, content_key
+from ..cache import cache_dir, content_key
 from ..cuda.sources import kernel_abi, read_source, tree_dir
 
 SHIM_DIR = Path(__file__).resolve().parent

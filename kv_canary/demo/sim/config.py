@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import generated
+from ... import generated
 
 # Real-KV rows are read with aligned vector loads (RealKvSource checks it): bytes per token follow.
 _ALIGN = generated.layout.REAL_KV_LOAD_ALIGN_BYTES

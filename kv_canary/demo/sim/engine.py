@@ -3,7 +3,7 @@
 Each step builds a ForwardBatch the way an engine does (req_pool_indices, prefix/extend lengths,
 flat input_ids/positions/out_cache_loc, CUDA-graph padding rows) and calls the canary hooks around
 the stand-in model's forward: `head(batch)` -> forward -> `tail(batch)`, then `after_step(step)`
-(sweep and drain). Fault objects in `hooks` may edit any of it (see kv_canary.faults).
+(sweep and drain). Fault objects in `hooks` may edit any of it (see kv_canary.demo.faults).
 """
 from __future__ import annotations
 

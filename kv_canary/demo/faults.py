@@ -2,49 +2,27 @@
 and states which canary check must fire (launch tag, fail reason) and at which step, or, for a
 control, that the canary cannot see it.
 
-A fault is an engine hook (kv_canary.sim.Engine calls before_schedule / edit_batch /
+A fault is an engine hook (kv_canary.demo.sim.Engine calls before_schedule / edit_batch /
 during_forward) that records `damage_step`, the step in which the damage happened; the expected
 first detection is `damage_step + expect.delay`.
 """
 from __future__ import annotations
 
-import hashlib
-import tempfile
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 
-from . import generated
-from ._loader import PACKAGE_DIR, load_generated
-from .manager import CanaryManager
+from .. import generated
+from ..layers import example_schema, generate_layer
+from ..manager import CanaryManager
+from ..violations import Violation, sglang_reason_name
 from .sim import Engine, SimConfig
-from .violations import Violation, sglang_reason_name
-
-OWNER_EPOCH_SCHEMA = PACKAGE_DIR.parent / "examples" / "schemas" / "owner_epoch.yaml"
 
 
-def owner_epoch_layer(cache_dir: Optional[Path] = None):
-    """Generate examples/schemas/owner_epoch.yaml into a cache directory (never checked in) and import it."""
-    from codegen.load import load_schema
-    from codegen.render import render_all
-    from codegen.writer import write_tree
-
-    if not OWNER_EPOCH_SCHEMA.is_file():
-        raise FileNotFoundError(f"kv-canary: the owner_epoch scenario needs {OWNER_EPOCH_SCHEMA} (a source checkout)")
-    text = OWNER_EPOCH_SCHEMA.read_text(encoding="utf-8")
-    digest = hashlib.sha256(text.encode())
-    # The generator's sources are part of the key: a template change must not reuse a stale tree.
-    codegen_dir = OWNER_EPOCH_SCHEMA.parents[2] / "codegen"
-    for path in sorted(p for p in codegen_dir.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        digest.update(path.relative_to(codegen_dir).as_posix().encode() + b"\0" + path.read_bytes())
-    key = digest.hexdigest()[:12]
-    root = Path(cache_dir) if cache_dir is not None else Path(tempfile.gettempdir()) / "kv_canary_layers"
-    out = root / f"owner_epoch_{key}"
-    if not (out / "__init__.py").is_file():
-        write_tree(out, render_all(load_schema(OWNER_EPOCH_SCHEMA), text))
-    return load_generated(out, f"kv_canary_owner_epoch_{key}")
+def owner_epoch_layer(cache_dir=None):
+    """The layer of the shipped example schema owner_epoch.yaml (generated once into the cache)."""
+    return generate_layer(example_schema("owner_epoch"), cache_dir)
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -425,7 +403,7 @@ def scenarios() -> list[Scenario]:
         Scenario("stale_transfer/default_schema", "offload/restore takes a request's shared-prompt prefix from another "
                  "request's host copy: tokens, positions, chain and K/V bytes all match (expected-token check on)",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(None), no_share),
-        Scenario("stale_transfer/owner_epoch", "same bug, examples/schemas/owner_epoch.yaml: the owner id differs",
+        Scenario("stale_transfer/owner_epoch", "same bug, kv_canary/schemas/owner_epoch.yaml: the owner id differs",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect("HEAD_K_FULL", "VERIFY_OWNER_MISMATCH"),
                  no_share, layer="owner_epoch"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
@@ -461,7 +439,7 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
         ok = first.launch_tag == e.tag and e.reason in reasons and first.step == want_step
         why = "as expected" if ok else (f"expected {e.tag} {e.reason} at step {want_step}, got {first.launch_tag} "
                                         f"{'+'.join(reasons)} at step {first.step}")
-    settings = {"schema": "kernels.yaml" if sc.layer == "default" else f"examples/schemas/{sc.layer}.yaml",
+    settings = {"schema": "kernels.yaml" if sc.layer == "default" else f"kv_canary/schemas/{sc.layer}.yaml",
                 "check_verify_expected_token": manager.check_verify_expected_token,
                 "real_kv_hash_mode": manager.real_kv_hash_mode.name, "sweep_interval": manager.sweep_interval}
     return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,
