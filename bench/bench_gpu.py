@@ -18,7 +18,6 @@ others still run.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import statistics
 import sys
@@ -121,7 +120,7 @@ class Workload:
     def __init__(self, layer):
         import kv_canary
         self.layer, self.rt = layer, kv_canary.runtime_for(layer)
-        alloc, lay = importlib.import_module(layer.__name__ + ".allocators"), layer.layout
+        alloc, lay = layer.allocators, layer.layout
         dev = "cuda"
         self.num_slots = ENTRIES + 1
         sources = tuple(alloc.RealKvSource(tensor=torch.randint(0, 256, (self.num_slots, SOURCE_BYTES), dtype=torch.uint8,
@@ -256,7 +255,7 @@ def bench(repeats: int, out: dict, save) -> dict:
         out["verify_target"] = {"ratio": out["verify_persistent"]["ratio_vs_copy_bandwidth"], "target": TARGET_RATIO,
                                 "met": out["verify_persistent"]["ratio_vs_copy_bandwidth"] >= TARGET_RATIO}
 
-    alloc = importlib.import_module(layer.__name__ + ".allocators")
+    alloc = layer.allocators
 
     from kv_canary.cuda.sources import kernel_abi
     write_kernel = kernel_abi(layer).kernel_for_template("write")

@@ -1,19 +1,27 @@
 """Semantic checks on a parsed schema. Every problem is collected; none stops the others."""
 from __future__ import annotations
 
+import dataclasses
 import keyword
 import re
 
 from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
+from .kernel_abi import duplicate_params, kernel_params
 from .model import (
+    BUILTIN_FAIL_REASON_KINDS,
     CHAINABLE_ROLES,
     CONSTANT_TYPES,
+    INPUT_VALUE_SOURCES,
     KERNEL_TEMPLATES,
+    LAUNCH_HALVES,
+    LAUNCH_PHASES,
+    LAUNCH_TAG_ENUM,
     REAL_KV_SOURCE_FIELDS,
     REQUIRED_CANARY_ROLES,
     REQUIRED_CONSTANTS,
     REQUIRED_ENUMS,
     REQUIRED_FLAGS,
+    REQUIRED_LAUNCH_GROUP,
     VIOLATION_CARRIES,
     Schema,
     block_per_request_shared_memory,
@@ -83,6 +91,9 @@ LAYOUT_FIXED_NAMES = frozenset({
     "VIOLATION_FIELD_NAMES", "REAL_KV_SOURCE_FIELDS_PER_ENTRY", "MASK64", "splitmix64", "splitmix64_mix3",
     "to_signed64", "dataclass", "Optional", "annotations", "enum", "numbers", "operator",
     "VIOLATION_REASON_COUNT_NAMES", "VIOLATION_REASON_COUNT_BITS", "VIOLATION_REASON_COUNT_COLUMNS",
+    "LAUNCH_PHASES", "LAUNCH_HALVES", "LAUNCH_GROUPS", "LAUNCH_TAG_COORDINATES", "LAUNCH_TAG_BY_COORDINATES",
+    "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS",
+    "MESSAGE_PREFIX", "MESSAGES", "message", "fail",
 })
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
@@ -165,6 +176,8 @@ def check_schema(schema: Schema, d: Diagnostics) -> None:
     _check_canary(schema, d)
     _check_other_records(schema, d)
     _check_value_sets(schema, d)
+    _check_fail_reason_kinds(schema, d)
+    _check_launch_tags(schema, d)
     _check_kernels(schema, d)
     _check_generated_names(schema, d)
 
@@ -239,6 +252,7 @@ def _check_canary(schema: Schema, d: Diagnostics) -> None:
         elif r in used:
             d.error(f.verify.loc, f"fail_reason '{r}' is already used by field '{used[r]}'")
         used[r] = f.name
+    _check_input_sources(schema, d)
     chain = rec.chain
     if chain is None:
         return
@@ -264,6 +278,24 @@ def _check_canary(schema: Schema, d: Diagnostics) -> None:
         if name in seen:
             d.error(loc, f"chain fold names field '{name}' twice")
         seen.add(name)
+
+
+def _check_input_sources(schema: Schema, d: Diagnostics) -> None:
+    """An input field's value source must be one the runtime can check against its `expected`."""
+    reasons = {m.name: m for fs in schema.flags if fs.name == "FailReason" for m in fs.members}
+    for f in schema.canary.input_fields:
+        if not f.source or f.verify is None:
+            continue
+        allowed = INPUT_VALUE_SOURCES[f.source]
+        if f.verify.expected not in allowed:
+            d.error(f.verify.where.get("expected", f.verify.loc),
+                    f"field '{f.name}' has source '{f.source}', which the runtime can only check with expected: "
+                    f"{' or '.join(allowed)}, got '{f.verify.expected}'")
+        member = reasons.get(f.verify.fail_reason)
+        if member is not None and member.kind and member.kind != "verify":
+            d.error(f.verify.loc, f"field '{f.name}' verify fail_reason '{member.name}' has kind '{member.kind}'; "
+                                  f"a verified input field's mismatch is raised by verify launches, so its kind "
+                                  f"must be 'verify'")
 
 
 def _check_other_records(schema: Schema, d: Diagnostics) -> None:
@@ -297,7 +329,8 @@ def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
         _duplicates(d, vs.members, f"member of '{vs.name}'")
         if not vs.members:
             d.error(vs.loc, f"{vs.kind} set '{vs.name}' has no members")
-    _duplicates(d, all_sets, "flag or enum set")
+    # A declared set named like a generated one is reported once, by _check_launch_tags.
+    _duplicates(d, [vs for vs in all_sets if not vs.generated_from], "flag or enum set")
     for fs in schema.flags:
         seen = {}
         for m in fs.members:
@@ -327,6 +360,57 @@ def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
             for member in members:
                 if member not in have:
                     d.error(present[name].loc, f"{kind} set '{name}' is missing required member '{member}'")
+
+
+def _check_fail_reason_kinds(schema: Schema, d: Diagnostics) -> None:
+    """Every FailReason member says which launches raise it; other flag sets take no kind."""
+    for fs in schema.flags:
+        for m in fs.members:
+            if fs.name != "FailReason":
+                if m.kind:
+                    d.error(m.where.get("kind", m.loc), f"flag '{fs.name}.{m.name}' takes no kind (only FailReason "
+                                                        f"members say which launches raise them)")
+                continue
+            fixed = BUILTIN_FAIL_REASON_KINDS.get(m.name)
+            if not m.kind:
+                hint = fixed or "verify"
+                d.error(m.loc, f"FailReason member '{m.name}' must say which launches raise it: "
+                               f"{{value: {m.value}, kind: {hint}}} (kinds: verify, write, both)")
+            elif fixed is not None and m.kind != fixed:
+                d.error(m.where.get("kind", m.loc), f"FailReason member '{m.name}' is raised by "
+                                                    f"{'both verify and write' if fixed == 'both' else fixed} "
+                                                    f"launches: its kind must be '{fixed}', got '{m.kind}'")
+
+
+def _check_launch_tags(schema: Schema, d: Diagnostics) -> None:
+    """Every pool group gets one tag per phase and K/V half; the full-attention group is required."""
+    tags = schema.launch_tags
+    for vs in schema.flags + schema.enums:
+        if vs.name == LAUNCH_TAG_ENUM and not vs.generated_from:
+            d.error(vs.loc, f"{vs.kind} '{LAUNCH_TAG_ENUM}' is generated from launch_tags; remove it from "
+                            f"{vs.kind}s")
+    if not tags:
+        d.error(schema.section_loc("launch_tags"), "launch_tags declares no tag; the manager needs one per phase "
+                                                   "(head, tail, sweep) and K/V half of every pool group")
+        return
+    seen: dict = {}
+    for t in tags:
+        check_name(d, t.group, t.where.get("group", t.loc), "launch tag group")
+        first = seen.setdefault(t.coordinates, t)
+        if first is not t:
+            d.error(t.loc, f"launch tag '{t.name}' has the same phase, half and group ({t.phase}, {t.half}, "
+                           f"{t.group}) as '{first.name}'; each launch has one tag")
+    for group in schema.launch_groups:
+        where = next(t for t in tags if t.group == group)
+        missing = [f"{p}/{h}" for p in LAUNCH_PHASES for h in LAUNCH_HALVES if (p, h, group) not in seen]
+        if missing:
+            d.error(where.where.get("group", where.loc),
+                    f"pool group '{group}' has no launch tag for {', '.join(missing)}; the manager launches every "
+                    f"phase (head, tail, sweep) on both K/V halves of a group")
+    if REQUIRED_LAUNCH_GROUP not in schema.launch_groups:
+        d.error(schema.section_loc("launch_tags"),
+                f"launch_tags must declare group '{REQUIRED_LAUNCH_GROUP}' (the full-attention KV pool every engine "
+                f"has), got groups {', '.join(schema.launch_groups)}")
 
 
 def _check_kernels(schema: Schema, d: Diagnostics) -> None:
@@ -392,3 +476,20 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
                     f"'{schema.kernels_by_template(template)[0].name}'")
 
 
+
+
+def attach_kernel_params(schema: Schema, d: Diagnostics) -> Schema:
+    """Every kernel's parameter list (codegen/kernel_abi.py), with names derived from input fields
+    checked for collisions: a field named `tokens` would give the verify kernel and the VerifyPlan a
+    second `verify_expected_tokens`, so it is an error at the field, never silently wrong code."""
+    kernels = []
+    for k in schema.kernels:
+        params = kernel_params(schema, k)
+        for name in dict.fromkeys(duplicate_params(params)):
+            culprit = next((f for f in schema.canary.input_fields if name.endswith("_" + f.name)), None)
+            where = culprit.loc if culprit is not None else k.loc
+            what = f"field '{culprit.name}' would" if culprit is not None else "the schema would"
+            d.error(where, f"{what} give kernel '{k.name}' a second parameter '{name}' (and, for a per_request "
+                           f"field, a second VerifyPlan array); rename the field")
+        kernels.append(dataclasses.replace(k, params=params))
+    return dataclasses.replace(schema, kernels=tuple(kernels))

@@ -110,6 +110,9 @@ def _diff_record(c: _Collector, old: Record, new: Record) -> None:
         if _verify_desc(f) != _verify_desc(g):
             c.add("input field verify changed", f"{r}.{f.name}", _verify_desc(f) or "not verified",
                   _verify_desc(g) or "not verified", True)
+        if f.source and g.source and f.source != g.source:
+            # The stored word means something else: old records would be checked against the wrong table.
+            c.add("input field source changed", f"{r}.{f.name}", f.source, g.source, True)
 
 
 def _diff_chain(c: _Collector, old: Schema, new: Schema) -> None:
@@ -151,6 +154,24 @@ def _diff_value_sets(c: _Collector, old: tuple[ValueSet, ...], new: tuple[ValueS
                 c.add(f"{kind} {what} reused", f"{name}.{m}", f"{v} was {previous}", v, True)
             else:
                 c.add(f"{kind} {what} added", f"{name}.{m}", None, v, False)
+
+
+def _diff_fail_reason_kinds(c: _Collector, old: Schema, new: Schema) -> None:
+    before = {m.name: m.kind for m in old.fail_reason.members}
+    for m in new.fail_reason.members:
+        if m.name in before and before[m.name] != m.kind:
+            # Decoders and reports tell verify rows from write rows by the kind.
+            c.add("fail reason kind changed", f"FailReason.{m.name}", before[m.name], m.kind, True)
+
+
+def _diff_launch_tags(c: _Collector, old: Schema, new: Schema) -> None:
+    """A tag now stamped by another launch misattributes every row logged before (values: the enum diff)."""
+    before = {t.name: t for t in old.launch_tags}
+    for t in new.launch_tags:
+        o = before.get(t.name)
+        if o is not None and o.coordinates != t.coordinates:
+            c.add("launch tag moved to another launch", f"CanaryLaunchTag.{t.name}", "/".join(o.coordinates),
+                  "/".join(t.coordinates), True)
 
 
 def _const_desc(k) -> str:
@@ -226,6 +247,8 @@ def diff_schemas(old: Schema, new: Schema, old_name: str = "old", new_name: str 
     _diff_chain(c, old, new)
     _diff_value_sets(c, old.flags, new.flags, "flag")
     _diff_value_sets(c, old.enums, new.enums, "enum")
+    _diff_fail_reason_kinds(c, old, new)
+    _diff_launch_tags(c, old, new)
     _diff_constants(c, old, new)
     _diff_kernels(c, old, new)
     _diff_messages(c, old, new)

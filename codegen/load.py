@@ -5,7 +5,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from .checks import check_schema
+from .checks import attach_kernel_params, check_schema
 from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError
 from .messages import resolve_messages
 from .model import Schema
@@ -24,6 +24,8 @@ def load_schema_text(text: str, display_name: str = "kernels.yaml") -> Schema:
         d.raise_if_any()
     check_schema(schema, d)
     schema = resolve_messages(schema, d)
+    d.raise_if_any()
+    schema = attach_kernel_params(schema, d)
     d.raise_if_any()
     return schema
 

@@ -66,15 +66,40 @@ VIOLATION_CARRIES = (
 # Where the expected value of a verified input field comes from (SEMANTICS.md §8).
 INPUT_EXPECTED_SOURCES = ("per_request", "per_slot")
 
+# What the runtime (CanaryManager) writes into an input field, and the `expected` each can be
+# checked against (an empty tuple entry: the field may also be written and never verified).
+INPUT_VALUE_SOURCES = {
+    "request_id": ("per_request",),           # the id of the request that writes the slot
+    "allocation_epoch": ("per_slot",),        # the allocator's epoch of the slot
+    "caller_table": ("per_slot",),            # a per-slot table the caller hands the manager
+}
+
+# Launch tags (CanaryLaunchTag, stamped into every violation row): the coordinates of a launch in
+# the manager's step protocol. Every pool group gets one tag per phase and K/V half.
+LAUNCH_TAG_ENUM = "CanaryLaunchTag"
+LAUNCH_PHASES = ("head", "tail", "sweep")
+LAUNCH_HALVES = ("k", "v")
+REQUIRED_LAUNCH_GROUP = "full"
+
+# Which launches raise a FailReason bit (the report and the decoder tell verify rows from write
+# rows by it); the built-in reasons' kinds are fixed by the kernels.
+FAIL_REASON_KINDS = ("verify", "write", "both")
+BUILTIN_FAIL_REASON_KINDS = {
+    "VERIFY_CHAIN_HASH_MISMATCH": "verify",
+    "VERIFY_POSITION_MISMATCH": "verify",
+    "VERIFY_REAL_KV_HASH_MISMATCH": "verify",
+    "WRITE_TOKEN_MISMATCH": "write",
+    "WRITE_POSITION_MISMATCH": "write",
+    "VERIFY_TOKEN_MISMATCH": "verify",
+    "SLOT_OUT_OF_RANGE": "both",
+}
+
 # Flag sets and enums the kernels depend on, with the members they must have.
 REQUIRED_FLAGS = {
-    "FailReason": ("VERIFY_CHAIN_HASH_MISMATCH", "VERIFY_POSITION_MISMATCH",
-                   "VERIFY_REAL_KV_HASH_MISMATCH", "WRITE_TOKEN_MISMATCH",
-                   "WRITE_POSITION_MISMATCH", "VERIFY_TOKEN_MISMATCH", "SLOT_OUT_OF_RANGE"),
+    "FailReason": tuple(BUILTIN_FAIL_REASON_KINDS),
 }
 REQUIRED_ENUMS = {
     "RealKvHashMode": ("NONE", "PARTIAL", "ALL"),
-    "CanaryLaunchTag": (),
 }
 REQUIRED_CONSTANTS = {
     "REQ_POOL_IDX_PADDING": "i64",
@@ -156,6 +181,13 @@ def block_per_request_shared_memory(canary: "Record", threads: int) -> BlockShar
     return BlockSharedMemory(threads, entry, chunks, WARP_SIZE * (chunks + 1) * _KV_CHUNK_BYTES)
 
 
+def verify_slice_chunks(threads: int) -> int:
+    """16-byte chunks per row in one staged slice of the verify kernel's cooperative fingerprint: 8
+    (128 bytes, one cache line per row) while the block's warp tiles stay small, fewer for big blocks
+    so that static shared memory stays within STATIC_SHARED_MEMORY_BYTES (templates/cuda/verify.cu.j2)."""
+    return 8 if threads <= 256 else (4 if threads <= 512 else 2)
+
+
 def max_block_per_request_threads(canary: "Record", cap: int) -> int:
     """The most threads (a multiple of 32, at most cap) whose shared memory fits; 0 if none does."""
     return next((t for t in range(cap - cap % WARP_SIZE, 0, -WARP_SIZE)
@@ -181,6 +213,7 @@ class InputVerify:
     expected: str       # one of INPUT_EXPECTED_SOURCES
     fail_reason: str    # a FailReason member
     loc: Loc
+    where: Mapping[str, Loc] = _where()
 
 
 @dataclass(frozen=True)
@@ -194,6 +227,7 @@ class Field:
     doc: str
     loc: Loc
     where: Mapping[str, Loc] = _where()
+    source: str = ""    # role input: one of INPUT_VALUE_SOURCES; "" otherwise
 
 
 @dataclass(frozen=True)
@@ -236,6 +270,18 @@ class Record:
     def input_fields(self) -> tuple[Field, ...]:
         return tuple(f for f in self.fields if f.role == ROLE_INPUT)
 
+    def verified_inputs(self, expected: str) -> tuple[Field, ...]:
+        """Input fields verified against a per_request value or a per_slot table (SEMANTICS.md §8)."""
+        return tuple(f for f in self.input_fields if f.verify is not None and f.verify.expected == expected)
+
+    @property
+    def per_request_fields(self) -> tuple[Field, ...]:
+        return self.verified_inputs("per_request")
+
+    @property
+    def per_slot_fields(self) -> tuple[Field, ...]:
+        return self.verified_inputs("per_slot")
+
     @property
     def chain_fields(self) -> tuple[Field, ...]:
         return tuple(self.field(n) for n in self.chain.fold) if self.chain else ()
@@ -246,6 +292,24 @@ class Member:
     name: str
     value: int
     loc: Loc
+    kind: str = ""      # FailReason members: one of FAIL_REASON_KINDS
+    where: Mapping[str, Loc] = _where()
+
+
+@dataclass(frozen=True)
+class LaunchTag:
+    """A CanaryLaunchTag member and where the manager launches it."""
+    name: str
+    value: int
+    phase: str          # one of LAUNCH_PHASES
+    half: str           # one of LAUNCH_HALVES
+    group: str          # a pool group name (`full`, `swa`, ...)
+    loc: Loc
+    where: Mapping[str, Loc] = _where()
+
+    @property
+    def coordinates(self) -> tuple[str, str, str]:
+        return (self.phase, self.half, self.group)
 
 
 @dataclass(frozen=True)
@@ -255,6 +319,7 @@ class ValueSet:
     kind: str                   # "flag" or "enum"
     members: tuple[Member, ...]
     loc: Loc
+    generated_from: str = ""    # "launch_tags" for CanaryLaunchTag; "" for a set the schema declares
 
     def __getitem__(self, name: str) -> Member:
         for m in self.members:
@@ -297,6 +362,8 @@ class Kernel:
     specializations: tuple[Specialization, ...]
     loc: Loc
     where: Mapping[str, Loc] = _where()
+    # The kernel's parameters in ABI order (codegen.kernel_abi.Param), attached after the checks.
+    params: tuple = dc_field(default=(), compare=False)
 
     @property
     def variants(self) -> tuple[tuple[str, dict], ...]:
@@ -325,6 +392,7 @@ class Schema:
     message_prefix: str
     messages: tuple[Message, ...]
     kernels: tuple[Kernel, ...]
+    launch_tags: tuple[LaunchTag, ...]
     source_name: str
     # Location of each top-level key (`constants:`, `kernels:`, ...): where "missing X" errors point.
     section_locs: Mapping[str, Loc] = _where()
@@ -356,6 +424,14 @@ class Schema:
     @property
     def fail_reason(self) -> ValueSet:
         return self.flag_set("FailReason")
+
+    def fail_reasons_of_kind(self, *kinds: str) -> tuple[Member, ...]:
+        return tuple(m for m in self.fail_reason.members if m.kind in kinds)
+
+    @property
+    def launch_groups(self) -> tuple[str, ...]:
+        """Pool groups in order of first appearance in launch_tags."""
+        return tuple(dict.fromkeys(t.group for t in self.launch_tags))
 
     @property
     def chain_head(self) -> int:

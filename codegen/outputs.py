@@ -8,8 +8,6 @@ from __future__ import annotations
 STATIC_OUTPUTS = (
     ("python/__init__.py.j2", "__init__.py"),
     ("python/layout.py.j2", "layout.py"),
-    ("python/validators.py.j2", "validators.py"),
-    ("python/allocators.py.j2", "allocators.py"),
     ("python/reference.py.j2", "reference.py"),
     ("python/api.py.j2", "api.py"),
     ("docs/LAYOUT.md.j2", "LAYOUT.md"),

@@ -15,8 +15,13 @@ from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
 from .model import (
     CANARY_ROLES,
     CONSTANT_TYPES,
+    FAIL_REASON_KINDS,
     INPUT_EXPECTED_SOURCES,
+    INPUT_VALUE_SOURCES,
+    LAUNCH_HALVES,
+    LAUNCH_PHASES,
     LAUNCH_SHAPES,
+    LAUNCH_TAG_ENUM,
     ROLE_INPUT,
     VIOLATION_CARRIES,
     WORD_TYPES,
@@ -26,6 +31,7 @@ from .model import (
     InputVerify,
     Kernel,
     Launch,
+    LaunchTag,
     Member,
     Message,
     Record,
@@ -36,7 +42,7 @@ from .model import (
 )
 from .yaml_loader import YMap, YNode, YScalar, YSeq
 
-TOP_KEYS = ("format", "abi_version", "constants", "records", "flags", "enums", "messages", "kernels")
+TOP_KEYS = ("format", "abi_version", "constants", "records", "flags", "enums", "launch_tags", "messages", "kernels")
 RECORD_NAMES = ("canary", "violation", "real_kv_source")
 CONSTANT_KEYS = ("type", "value", "doc")
 RECORD_KEYS = {
@@ -45,12 +51,14 @@ RECORD_KEYS = {
     "real_kv_source": ("word", "fields", "doc"),
 }
 FIELD_KEYS = {
-    "canary": ("name", "role", "offset", "verify", "doc"),
+    "canary": ("name", "role", "offset", "source", "verify", "doc"),
     "violation": ("name", "carries", "doc"),
     "real_kv_source": ("name", "doc"),
 }
 CHAIN_KEYS = ("anchor", "fold")
 VERIFY_KEYS = ("expected", "fail_reason")
+FLAG_MEMBER_KEYS = ("value", "kind", "doc")
+LAUNCH_TAG_KEYS = ("value", "phase", "half", "group", "doc")
 KERNEL_KEYS = ("name", "template", "launch", "warp_reduction", "specializations", "doc")
 SUPPORTED_FORMATS = (1,)
 
@@ -196,6 +204,11 @@ class Parser:
         records = self.records(top.get("records")) if top.get("records") is not None else {}
         flags = self.value_sets(top.get("flags"), "flag") if top.get("flags") is not None else ()
         enums = self.value_sets(top.get("enums"), "enum") if top.get("enums") is not None else ()
+        launch_tags = self.launch_tags(top.get("launch_tags")) if top.get("launch_tags") is not None else ()
+        if top.get("launch_tags") is not None:
+            # The CanaryLaunchTag enum is generated from launch_tags (the checks see it as an enum).
+            enums += (ValueSet(LAUNCH_TAG_ENUM, "enum", tuple(Member(t.name, t.value, t.loc) for t in launch_tags),
+                               top.key_loc("launch_tags"), generated_from="launch_tags"),)
         prefix, messages = self.messages(top.get("messages"), constants, records) \
             if top.get("messages") is not None else ("", ())
         kernels = self.kernels(top.get("kernels")) if top.get("kernels") is not None else ()
@@ -203,7 +216,8 @@ class Parser:
             return None
         sections = MappingProxyType({k.value: k.loc for k, _ in top.entries})
         return Schema(fmt, abi, constants, records["canary"], records["violation"],
-                      records["real_kv_source"], flags, enums, prefix, messages, kernels, source_name, sections)
+                      records["real_kv_source"], flags, enums, prefix, messages, kernels, launch_tags, source_name,
+                      sections)
 
     def constants(self, node: YNode) -> tuple[Constant, ...]:
         m = self.mapping(node, "constants", allowed=_AnyKey())
@@ -270,6 +284,17 @@ class Parser:
         carries = self.opt(body, "carries", lambda n, w: self.choice(n, w, VIOLATION_CARRIES),
                            f"{what} carries", "")
         doc = self.opt(body, "doc", self.line, f"{what} doc", "")
+        source = ""
+        if body.get("source") is not None:
+            if role != ROLE_INPUT:
+                self.soft(body.key_loc("source"),
+                          f"{what}: only fields with role 'input' take a 'source', this one has role '{role}'")
+            else:
+                source = self.opt(body, "source", lambda n, w: self.choice(n, w, tuple(INPUT_VALUE_SOURCES)),
+                                  f"{what} source", "")
+        elif role == ROLE_INPUT:
+            self.soft(body.loc, f"{what} is missing required key 'source' (what the runtime writes into "
+                                   f"it: {', '.join(INPUT_VALUE_SOURCES)})")
         verify = None
         if body.get("verify") is not None:
             if role != ROLE_INPUT:
@@ -284,7 +309,7 @@ class Parser:
         if name is None:
             return None
         return Field(name, index, offset, role, carries, verify, doc,
-                     body.get("name").loc, where_of(body.entries))
+                     body.get("name").loc, where_of(body.entries), source)
 
     def _offset_error(self, loc: Loc, name: str, declared: int, offset: int, word_bytes: int, before) -> None:
         # Fields are packed in list order; an `offset:` only states (and so checks) where one lands.
@@ -303,7 +328,7 @@ class Parser:
         reason = self.opt(body, "fail_reason", self.name, f"{what} fail_reason", None)
         if expected is None or reason is None:
             return None
-        return InputVerify(expected, reason, body.get("fail_reason").loc)
+        return InputVerify(expected, reason, body.get("fail_reason").loc, where_of(body.entries))
 
     def chain(self, node: YNode) -> Optional[Chain]:
         body = self.mapping(node, "chain", CHAIN_KEYS, CHAIN_KEYS)
@@ -332,10 +357,42 @@ class Parser:
                 continue
             members = []
             for mkey, mval in body.entries:
-                v = self.integer(mval, f"{kind} member '{key.value}.{mkey.value}'")
-                if v is not None:
-                    members.append(Member(mkey.value, v, mkey.loc))
+                member = self.member(key.value, mkey, mval, kind)
+                if member is not None:
+                    members.append(member)
             out.append(ValueSet(key.value, kind, tuple(members), key.loc))
+        return tuple(out)
+
+    def member(self, set_name: str, key: YScalar, node: YNode, kind: str) -> Optional[Member]:
+        """`NAME: 4`, or for flags also `NAME: {value: 4, kind: verify}` (FailReason needs the kind)."""
+        what = f"{kind} member '{set_name}.{key.value}'"
+        if kind == "flag" and isinstance(node, YMap):
+            body = self.mapping(node, what, FLAG_MEMBER_KEYS, ("value",))
+            value = self.opt(body, "value", self.integer, f"{what} value", None)
+            member_kind = self.opt(body, "kind", lambda n, w: self.choice(n, w, FAIL_REASON_KINDS), f"{what} kind", "")
+            self.opt(body, "doc", self.line, f"{what} doc", "")
+            if value is None:
+                return None
+            return Member(key.value, value, key.loc, member_kind, where_of(body.entries))
+        value = self.integer(node, what)
+        return None if value is None else Member(key.value, value, key.loc)
+
+    def launch_tags(self, node: YNode) -> tuple[LaunchTag, ...]:
+        m = self.mapping(node, "launch_tags", allowed=_AnyKey())
+        out = []
+        for key, value in (m.entries if m else ()):
+            what = f"launch tag '{key.value}'"
+            body = self.mapping(value, what, LAUNCH_TAG_KEYS, ("value", "phase", "half", "group"))
+            if body is None:
+                continue
+            tag_value = self.opt(body, "value", self.integer, f"{what} value", None)
+            phase = self.opt(body, "phase", lambda n, w: self.choice(n, w, LAUNCH_PHASES), f"{what} phase", None)
+            half = self.opt(body, "half", lambda n, w: self.choice(n, w, LAUNCH_HALVES), f"{what} half", None)
+            group = self.opt(body, "group", self.name, f"{what} group", None)
+            self.opt(body, "doc", self.line, f"{what} doc", "")
+            if None in (tag_value, phase, half, group):
+                continue
+            out.append(LaunchTag(key.value, tag_value, phase, half, group, key.loc, where_of(body.entries)))
         return tuple(out)
 
     def messages(self, node: YNode, constants, records) -> tuple[str, tuple[Message, ...]]:

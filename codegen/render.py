@@ -15,8 +15,20 @@ from jinja2.ext import Extension
 
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
+from .kernel_abi import OPERATION_ARGS, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS
+from .launches import FIELD_KEYWORDS, launches, public_names
 from .load import layout_fingerprint
-from .model import MASK64, Constant, Schema, block_per_request_shared_memory, splitmix64
+from .model import (
+    LAUNCH_HALVES,
+    LAUNCH_PHASES,
+    MASK64,
+    STATIC_SHARED_MEMORY_BYTES,
+    Constant,
+    Schema,
+    block_per_request_shared_memory,
+    splitmix64,
+    verify_slice_chunks,
+)
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
 
 CODEGEN_DIR = Path(__file__).resolve().parent
@@ -81,6 +93,31 @@ def upper_ident(name: str) -> str:
     return name.upper()
 
 
+def wrap_call(head: str, parts: list[str], tail: str, indent: int = 0, width: int = 116) -> str:
+    """`head` + parts joined by ", " + `tail`, wrapped under the opening parenthesis at `width`
+    (the first line is assumed to start at column `indent`)."""
+    lines, line = [], head
+    pad = " " * (indent + len(head))
+    for i, part in enumerate(parts):
+        piece = part + ("," if i < len(parts) - 1 else tail)
+        if line != head and indent + len(line) + 1 + len(piece) > width:
+            lines.append(line.rstrip())
+            line = pad + piece
+        else:
+            line += ("" if line == head else " ") + piece
+    lines.append(line if parts else head + tail)
+    return "\n".join(lines)
+
+
+def arg_decls(args) -> list[str]:
+    """Keyword parameters of a launch signature: `name` or `name=default`."""
+    return [a.name if a.default is None else f"{a.name}={a.default}" for a in args]
+
+
+def arg_passes(args) -> list[str]:
+    return [f"{a.name}={a.name}" for a in args]
+
+
 class LineDirectives(Extension):
     """`#line @` on a template line becomes `#line N "codegen/templates/<name>"`, N = next line.
 
@@ -105,8 +142,9 @@ def make_environment() -> jinja2.Environment:
         autoescape=False,
         extensions=[LineDirectives],
     )
-    env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident)
-    env.globals.update(splitmix64=splitmix64)
+    env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident,
+                       wrap_call=wrap_call)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
     return env
 
 
@@ -168,8 +206,19 @@ def template_context(schema: Schema) -> dict:
         "fail_reason": schema.fail_reason,
         "kernel_templates": KERNEL_SOURCE_TEMPLATES,
         "golden_rows": golden_rows(schema),
+        "launch_phases": LAUNCH_PHASES,
+        "launch_halves": LAUNCH_HALVES,
+        "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         # The write kernel's shared-memory sizing: the same function checks.py bounds the schema with.
         "block_per_request_shared_memory": block_per_request_shared_memory,
+        "verify_slice_chunks": verify_slice_chunks,
+        "operation_args": OPERATION_ARGS,
+        "launches": launches(schema),
+        "public_names": public_names(schema),
+        "field_keywords": FIELD_KEYWORDS,
+        "real_kv_source_params": REAL_KV_SOURCE_PARAMS,
+        "real_kv_tail_params": REAL_KV_TAIL_PARAMS,
+        "static_shared_memory_bytes": STATIC_SHARED_MEMORY_BYTES,
     }
 
 

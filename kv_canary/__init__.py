@@ -37,18 +37,12 @@ globals().update({k: getattr(_layout, k) for k in dir(_layout)
                   if k.startswith(("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")) and not k.endswith("_NAMES")})
 
 # The launch API, data classes and allocators need torch; they load on first use (PEP 562) so that
-# `kv-canary describe/check/diff` and layout-only users do not pay for importing torch.
+# `kv-canary describe/check/diff` and layout-only users do not pay for importing torch. The launch
+# functions are the generated api's (its __all__); the data classes the default layer runtime's.
+_ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+                    "allocate_violation_ring", "allocate_reason_counts", "allocate_counter",
+                    "allocate_chain_position_flag", "allocate_context")
 _LAZY = {
-    "allocators": ("kv_canary.generated.allocators", None),
-    "validators": ("kv_canary.generated.validators", None),
-    **{name: ("kv_canary.generated.allocators", name) for name in (
-        "RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
-        "allocate_violation_ring", "allocate_counter", "allocate_chain_position_flag", "allocate_context")},
-    **{name: ("kv_canary.api", name) for name in (
-        "launch_canary_write_kernel", "launch_canary_verify_kernel", "launch_canary_plan_kernels",
-        "scatter_req_token_ids", "launch_canary_write_kernel_torch_reference",
-        "launch_canary_verify_kernel_torch_reference", "launch_canary_plan_kernels_torch_reference",
-        "scatter_req_token_ids_torch_reference")},
     "BackendUnavailable": ("kv_canary.backends", "BackendUnavailable"),
     "get_backend": ("kv_canary.backends", "get_backend"),
     "runtime_for": ("kv_canary.runtime", "runtime_for"),
@@ -60,17 +54,22 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'kv_canary' has no attribute {name!r}") from None
     import importlib
 
-    module = importlib.import_module(module_name)
-    value = module if attr is None else getattr(module, attr)
+    if name in _LAZY:
+        module_name, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module_name), attr)
+    elif name in ("allocators", "validators") or name in _ALLOCATOR_NAMES:
+        rt = generated._runtime()
+        value = getattr(rt, name) if name in ("allocators", "validators") else getattr(rt.allocators, name)
+    elif name in generated.api.__all__:
+        value = getattr(generated.api, name)
+    else:
+        raise AttributeError(f"module 'kv_canary' has no attribute {name!r}")
     globals()[name] = value  # cache: the next access is a plain attribute
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_ALLOCATOR_NAMES) | {"allocators", "validators"}
+                  | set(generated.api.__all__))

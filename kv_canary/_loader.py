@@ -9,6 +9,7 @@ its output sit side by side for review. Both are imported under their `kv_canary
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import sys
@@ -60,8 +61,13 @@ def register_codegen() -> None:
         _import_package(path, CODEGEN_PACKAGE)
 
 
+def _runtime_of(layer):
+    from .runtime import runtime_for  # torch loads with the first launch, not with the layout
+    return runtime_for(layer)
+
+
 def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
-    """Import the generated package at `path` (cached per module name)."""
+    """Import the generated package at `path` (cached per module name) and hand it its runtime."""
     path = Path(path).resolve()
     if not (path / "__init__.py").is_file():
         raise ImportError(f"kv-canary: no generated package at {path} (run `make generate`)")
@@ -69,4 +75,6 @@ def load_generated(path: Path | str, module_name: str | None = None) -> ModuleTy
         module_name = "kv_canary_generated_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     if module_name in sys.modules:
         return sys.modules[module_name]
-    return _import_package(path, module_name)
+    layer = _import_package(path, module_name)
+    layer.runtime_factory = functools.partial(_runtime_of, layer)
+    return layer

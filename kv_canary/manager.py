@@ -14,26 +14,31 @@ device: the ring's write index is copied asynchronously (pinned memory on CUDA) 
 step and the rows are read only once such a copy shows it non-zero. Layout (tags, columns, fields,
 input fields) comes from the generated layer the manager is built for.
 
-The engine protocol (kv_canary.demo.sim.Engine implements it): `attach(engine)` reads the pool from
-`engine.full` / `engine.swa` (KvStorage: per-layer K/V tensors, row_slots, bytes_per_token),
-`engine.swa_pool.full_to_swa`, `engine.cfg.swa_window`, `engine.req_to_token`, request `.rid` / `.row` / `.matched`,
-`engine.alloc.epoch` / `engine.swa_pool.epoch` (allocation epoch per slot) and
-`engine.cached_entries()`; batches are kv_canary.demo.sim.ForwardBatch. Input fields of the schema
-(SEMANTICS.md §8) get the owning request id when verified per request (or not verified) and the
-slot's allocation epoch when verified per slot. A launch fingerprints at most MAX_REAL_KV_SOURCES
+What the manager launches comes from the schema (the generated layer), never from names: every
+launch tag states its phase (head, tail, sweep), K/V half and pool group (`launch_tags` in
+kernels.yaml), and every input field states its value source (SEMANTICS.md §8): `request_id` (the
+owning request's id, checked per request), `allocation_epoch` (the allocator's epoch of the slot,
+checked per slot) or `caller_table` (a per-slot table the caller passes as
+`caller_tables={field: {group: tensor}}`, checked per slot).
+
+The engine protocol (kv_canary.demo.sim.Engine implements it): `attach(engine)` calls
+`engine.canary_pools()` -> {group: KvPoolView} (one per KV pool, keyed by the schema's launch-tag
+groups: `full`, and `swa` for sliding-window layers) and reads `engine.device`, `engine.cfg`
+(`max_running`, `max_ctx`), `engine.req_rows`, `engine.req_to_token`, requests' `.rid` / `.row` /
+`.matched`, and `engine.cached_entries()` for the sweep; batches are kv_canary.demo.sim.ForwardBatch
+(`token_rids` gives each token's request id). A launch fingerprints at most MAX_REAL_KV_SOURCES
 layers per group: `fingerprint_layers` chooses which (default: the first ones, with a
 CanaryCoverageWarning naming the layers left uncovered).
 """
 from __future__ import annotations
 
 import collections
-import importlib
 import logging
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -44,9 +49,6 @@ from .violations import Violation, ViolationDecoder, ViolationGroup, group_casca
 logger = logging.getLogger("kv_canary")
 
 MODES = ("off", "log", "raise")
-HALVES = ("K", "V")
-PHASES = ("HEAD", "TAIL", "SWEEP")
-GROUPS = ("FULL", "SWA")
 SNAPSHOT_DEPTH = 8  # pinned write-index snapshots in flight before a drain waits for the oldest
 
 
@@ -62,17 +64,32 @@ class CanaryViolationError(RuntimeError):
         self.violations = violations
 
 
+@dataclass(frozen=True)
+class KvPoolView:
+    """One KV pool as an engine hands it to the manager (engine.canary_pools()[group])."""
+    storage: object               # .k / .v: per-layer tensors; .halves(), .num_slots, .row_slots, .bytes_per_token
+    window: int                   # sliding window in tokens (0: full attention)
+    full_to_pool: Optional[torch.Tensor]   # int64 LUT full-pool slot -> this pool's slot (None: same slots)
+    allocation_epoch: torch.Tensor         # int64 [num_slots]: the allocator's epoch of each slot
+    out_cache_loc: Callable                # batch -> int64 [tokens]: the batch's slots in this pool
+    translate: Optional[Callable[[int], int]] = None  # full-pool slot -> this pool's slot, host side (sweep)
+
+
 @dataclass
 class _Group:
-    name: str                     # "FULL" or "SWA" (the CanaryLaunchTag suffix)
-    storage: object               # KvStorage
+    name: str                     # the launch-tag group (`full`, `swa`, ...)
+    pool: KvPoolView
     num_slots: int
     bufs: dict                    # half -> canary buffer
     contexts: dict                # (phase, half, kind) -> VerifyOrWriteContext, kind in {"verify", "write"}
     verify_plan: object
     write_plan: object
     sweep_plan: object
-    slot_tables: dict             # per_slot field name -> int64 [num_slots]
+    slot_tables: dict             # input field name -> int64 [num_slots] (allocation epochs, caller tables)
+
+    @property
+    def storage(self):
+        return self.pool.storage
 
 
 @dataclass
@@ -90,7 +107,7 @@ class CanaryManager:
     def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
                  chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
-                 fingerprint_layers: Optional[Mapping] = None):
+                 fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None):
         if mode not in MODES:
             raise ValueError(f"kv-canary: mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.layer = layer if layer is not None else sys.modules["kv_canary.generated"]
@@ -115,7 +132,7 @@ class CanaryManager:
         self.fingerprint_layers = self._check_fingerprint_layers(fingerprint_layers)
         self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
         self.rt = runtime_for(self.layer)
-        self.alloc = importlib.import_module(self.layer.__name__ + ".allocators")
+        self.alloc = self.rt.allocators
         self.decoder = ViolationDecoder(self.L)
         self.stats = CanaryStats()
         self.violations: list[Violation] = []
@@ -123,17 +140,29 @@ class CanaryManager:
         self.engine = None
         self._per_request = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_request"]
         self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
+        self.caller_tables = self._check_caller_tables(caller_tables)
 
     @property
     def enabled(self) -> bool:
         return self.mode != "off"
+
+    def _check_caller_tables(self, value) -> dict:
+        """{field: {group: tensor}} for the schema's `caller_table` input fields (checked at attach)."""
+        wanted = [f.name for f in self.L.INPUT_FIELDS if f.source == "caller_table"]
+        value = {} if value is None else value
+        if not isinstance(value, Mapping) or set(value) != set(wanted) or \
+                not all(isinstance(v, Mapping) for v in value.values()):
+            want = ", ".join(wanted) if wanted else "none (the schema declares no caller_table field)"
+            raise ValueError(f"kv-canary: caller_tables must map exactly the schema's caller_table input fields "
+                             f"({want}) to {{group: int64 [num_slots] tensor}}, got {value!r}")
+        return {name: dict(tables) for name, tables in value.items()}
 
     def _check_fingerprint_layers(self, value) -> dict:
         """{group: layer indices} as given (groups left out get the default: the first layers)."""
         if value is None:
             return {}
         cap = self.L.MAX_REAL_KV_SOURCES
-        want = f"a mapping of group ({', '.join(GROUPS)}) to 1..{cap} distinct layer indices >= 0"
+        want = f"a mapping of group ({', '.join(self.L.LAUNCH_GROUPS)}) to 1..{cap} distinct layer indices >= 0"
         if not isinstance(value, Mapping):
             raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {value!r}")
         out = {}
@@ -141,24 +170,21 @@ class CanaryManager:
             ok = isinstance(layers, Sequence) and not isinstance(layers, (str, bytes)) and 1 <= len(layers) <= cap \
                 and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) \
                 and len(set(layers)) == len(layers)
-            if name not in GROUPS or not ok:
+            if name not in self.L.LAUNCH_GROUPS or not ok:
                 raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {name!r}: {layers!r}")
             out[name] = tuple(layers)
         return out
 
-    def _choose_layers(self, engine) -> dict:
+    def _choose_layers(self, pools: dict) -> dict:
         """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
         cap, chosen, uncovered = self.L.MAX_REAL_KV_SOURCES, {}, []
-        pools = {"FULL": engine.full, "SWA": engine.swa}
         for name, layers in self.fingerprint_layers.items():
-            n = len(pools[name].k) if pools[name] is not None else 0
+            n = len(pools[name].storage.k) if name in pools else 0
             if n == 0 or max(layers) >= n:
                 raise ValueError(f"kv-canary: fingerprint_layers[{name!r}] must name layers of the {name} pool, "
                                  f"which has {n} layer(s); got {list(layers)}")
-        for name, store in pools.items():
-            if store is None:
-                continue
-            n = len(store.k)
+        for name, pool in pools.items():
+            n = len(pool.storage.k)
             chosen[name] = self.fingerprint_layers.get(name, tuple(range(min(n, cap))))
             if name not in self.fingerprint_layers and n > cap:
                 uncovered.append(f"{n - cap} of {n} {name} layers (layers {cap}..{n - 1})")
@@ -170,8 +196,38 @@ class CanaryManager:
         return chosen
 
     # -- setup ------------------------------------------------------------------------------
+    def _pools(self, engine) -> dict:
+        """The engine's pools the schema has launch tags for (in the schema's group order)."""
+        offered = dict(engine.canary_pools())
+        groups = self.L.LAUNCH_GROUPS
+        if groups[0] not in offered:
+            raise ValueError(f"kv-canary: the engine offers no {groups[0]!r} KV pool (canary_pools() gave "
+                             f"{', '.join(offered) or 'none'}); the schema's launch tags start with group {groups[0]!r}")
+        unserved = [g for g in offered if g not in groups]
+        if unserved:
+            warnings.warn(f"kv-canary: the schema declares no launch tags for the engine's {', '.join(unserved)} KV "
+                          f"pool(s) (launch_tags groups: {', '.join(groups)}); damage there goes unseen",
+                          CanaryCoverageWarning, stacklevel=3)
+        return {g: offered[g] for g in groups if g in offered}
+
+    def _slot_tables(self, name: str, pool: KvPoolView) -> dict:
+        """Per-slot tables of the group's input fields: what writes store and per-slot verifies check."""
+        tables = {}
+        for f in self.L.INPUT_FIELDS:
+            if f.source == "allocation_epoch":
+                tables[f.name] = pool.allocation_epoch
+            elif f.source == "caller_table":
+                table = self.caller_tables[f.name].get(name)
+                if not isinstance(table, torch.Tensor) or table.dtype != torch.int64 or \
+                        tuple(table.shape) != (pool.storage.num_slots,) or table.device != self.device:
+                    raise ValueError(f"kv-canary: caller_tables[{f.name!r}][{name!r}] must be an int64 tensor of "
+                                     f"shape ({pool.storage.num_slots},) on {self.device}, got "
+                                     f"{_describe(table)}")
+                tables[f.name] = table
+        return tables
+
     def attach(self, engine) -> None:
-        """Allocate every buffer, plan and context for `engine`'s pool (once, at fixed capacity)."""
+        """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
         self.engine = engine
         if not self.enabled:
             return
@@ -187,12 +243,9 @@ class CanaryManager:
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
         self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
         self._valid_len = [0] * engine.req_rows
-        self.fingerprinted = self._choose_layers(engine)
-        self.groups = [self._make_group("FULL", engine.full, cfg.max_running * cfg.max_ctx,
-                                        {n: engine.alloc.epoch for n in self._per_slot})]
-        if engine.swa is not None:
-            self.groups.append(self._make_group("SWA", engine.swa, cfg.max_running * cfg.max_ctx,
-                                                {n: engine.swa_pool.epoch for n in self._per_slot}))
+        pools = self._pools(engine)
+        self.fingerprinted = self._choose_layers(pools)
+        self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
         self._allocate_inputs(cfg)
         self._buf_of_tag = {int(ctx.kernel_kind): (g, half) for g in self.groups
                             for (phase, half, kind), ctx in g.contexts.items()}
@@ -203,30 +256,32 @@ class CanaryManager:
             self._pinned_idx = [torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(SNAPSHOT_DEPTH)]
             self._next_pin = 0
 
-    def _make_group(self, name: str, storage, verify_capacity: int, slot_tables: dict) -> _Group:
+    def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         A, L, dev = self.alloc, self.L, self.device
+        storage = pool.storage
         bufs, contexts = {}, {}
-        for half, tensors in zip(HALVES, storage.halves()):
+        for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
             bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
             sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
                                            num_bytes_per_token=storage.bytes_per_token,
                                            read_bytes=storage.bytes_per_token)
                             for t in (tensors[i] for i in self.fingerprinted[name]))
-            for phase in PHASES:
-                tag = L.CanaryLaunchTag[f"{phase}_{half}_{name}"]
+            for phase in L.LAUNCH_PHASES:
+                tag = L.launch_tag(phase, half, name)
                 for kind in ("verify", "write"):
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
-                    mode = L.RealKvHashMode.NONE if (phase, kind) == ("HEAD", "write") else self.real_kv_hash_mode
+                    mode = L.RealKvHashMode.NONE if (phase, kind) == ("head", "write") else self.real_kv_hash_mode
                     contexts[(phase, half, kind)] = A.VerifyOrWriteContext(
                         canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
                         violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
                         kernel_run_counter=self.kernel_run_counter, real_kv_sources=sources,
                         real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
                         violation_reason_counts=self.reason_counts)
-        return _Group(name, storage, storage.num_slots, bufs, contexts,
+        return _Group(name, pool, storage.num_slots, bufs, contexts,
                       A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev),
                       A.WritePlan.allocate(write_req_capacity=self.write_capacity, device=dev),
-                      A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev), slot_tables)
+                      A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
+                      self._slot_tables(name, pool))
 
     def _allocate_inputs(self, cfg) -> None:
         """Every device input the manager itself passes to a launch, allocated once: steps refill
@@ -300,12 +355,12 @@ class CanaryManager:
         capture it (and `tail`); `prepare` must have refilled the inputs for this batch."""
         if self.enabled:
             self._plan(batch)
-            self._verify_and_write("HEAD", batch)
+            self._verify_and_write("head", batch)
 
     def tail(self, batch) -> None:
         """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
-            self._verify_and_write("TAIL", batch)
+            self._verify_and_write("tail", batch)
 
     def after_step(self, step: int) -> None:
         if not self.enabled:
@@ -320,25 +375,23 @@ class CanaryManager:
         valid = self._valid_lens[:bs]
         extra = {n: self._owners[:bs] for n in self._per_request}
         for g in self.groups:
-            swa = g.name == "SWA"
             self.rt.launch_canary_plan_kernels(
                 verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
                 req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
                 extend_seq_lens=batch.extend_seq_lens, req_to_token=e.req_to_token,
-                swa_window_size=e.cfg.swa_window if swa else 0,
-                full_to_swa_index_mapping=e.swa_pool.full_to_swa if swa else None,
+                swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
                 verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
                 req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=valid,
                 kv_token_id_vs_position_offset=0, extra_request_values=extra, backend=self.backend)
 
     def _verify_and_write(self, phase: str, batch) -> None:
         for g in self.groups:
-            for half in HALVES:
+            for half in self.L.LAUNCH_HALVES:
                 self._verify(g, phase, half, g.verify_plan)
         for g in self.groups:
-            locs = batch.swa_out_cache_loc if g.name == "SWA" else batch.out_cache_loc
+            locs = g.pool.out_cache_loc(batch)
             extra = self._write_inputs(g, batch, locs)
-            for half in HALVES:
+            for half in self.L.LAUNCH_HALVES:
                 self.rt.launch_canary_write_kernel(
                     context=g.contexts[(phase, half, "write")], plan=g.write_plan, input_ids=batch.input_ids,
                     positions=batch.positions, out_cache_loc=locs, enable_write_input_assert=False,
@@ -348,18 +401,18 @@ class CanaryManager:
         self.rt.launch_canary_verify_kernel(
             context=g.contexts[(phase, half, "verify")], plan=plan,
             check_verify_expected_token=self.check_verify_expected_token,
-            extra_slot_tables=g.slot_tables, backend=self.backend)
+            extra_slot_tables={n: g.slot_tables[n] for n in self._per_slot}, backend=self.backend)
 
     def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> dict:
         """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
         out, n = {}, int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
             buf = self._token_inputs[(g.name, f.name)][:n]
-            if f.verify_expected == "per_slot":  # the slot's allocation epoch; 0 for skipped slots
+            if f.source == "request_id":
+                buf.copy_(batch.token_rids)
+            else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots
                 torch.index_select(g.slot_tables[f.name], 0, locs.clamp(0, g.num_slots - 1), out=buf)
                 buf.masked_fill_((locs < 0) | (locs >= g.num_slots), 0)
-            else:
-                buf.copy_(batch.token_rids)
             out[f.name] = buf
         return out
 
@@ -373,8 +426,8 @@ class CanaryManager:
             return 0
         for g in self.groups:
             s, p = slots, prevs
-            if g.name == "SWA":
-                lut = self.engine.swa_pool.lookup
+            lut = g.pool.translate
+            if lut is not None:
                 s = [lut(x) for x in slots]
                 p = [lut(x) if x >= 0 else -1 for x in prevs]
             n, plan = len(s), g.sweep_plan
@@ -384,8 +437,8 @@ class CanaryManager:
                 getattr(plan, "verify_expected_" + name)[:n] = -1
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
-            for half in HALVES:
-                self._verify(g, "SWEEP", half, plan)
+            for half in self.L.LAUNCH_HALVES:
+                self._verify(g, "sweep", half, plan)
         return len(slots)
 
     # -- host-offload support (records travel with the K/V bytes) ----------------------------
@@ -393,25 +446,27 @@ class CanaryManager:
         if not self.enabled:
             return None
         return {(g.name, half): g.bufs[half][self._group_slots(g, full_slots)].clone()
-                for g in self.groups for half in HALVES}
+                for g in self.groups for half in self.L.LAUNCH_HALVES}
 
     def import_records(self, full_slots: torch.Tensor, records: Optional[dict], n: int) -> None:
-        """Paste exported records into new slots and restamp per-slot fields (allocation epochs)."""
+        """Paste exported records into new slots and restamp per-slot fields (allocation epochs, caller
+        tables: the new slots' values, as a correct transfer would)."""
         if not self.enabled or records is None:
             return
         words = {f.name: f.word for f in self.L.INPUT_FIELDS}
         for g in self.groups:
             idx = self._group_slots(g, full_slots)
-            for half in HALVES:
+            for half in self.L.LAUNCH_HALVES:
                 buf = g.bufs[half]
                 buf[idx] = records[(g.name, half)][:n].to(buf.device)
                 view = buf.view(torch.int64)
-                for name in self._per_slot:
-                    view[idx, words[name]] = g.slot_tables[name][idx]
+                for name, table in g.slot_tables.items():
+                    view[idx, words[name]] = table[idx]
 
     def _group_slots(self, g: _Group, full_slots: torch.Tensor) -> torch.Tensor:
         full_slots = full_slots.to(self.device)
-        return self.engine.swa_pool.full_to_swa[full_slots] if g.name == "SWA" else full_slots
+        lut = g.pool.full_to_pool
+        return lut[full_slots] if lut is not None else full_slots
 
     # -- draining ---------------------------------------------------------------------------
     def _snapshot(self, step: int) -> None:
@@ -520,3 +575,9 @@ class CanaryManager:
     @property
     def kernel_runs(self) -> int:
         return int(self.kernel_run_counter[0]) if self.enabled else 0
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    return repr(value)

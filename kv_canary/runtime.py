@@ -1,24 +1,29 @@
 """Validation + backend dispatch for one generated layer (the default one or any other schema's).
 
-Every launch validates its inputs with the layer's generated validators (host-side, from shapes
-and dtypes only) and then hands them to a backend chosen by, in order: the `backend=` keyword,
-the KV_CANARY_BACKEND environment variable, the tensors' device (CUDA tensors -> `cuda` when
-CuPy sees a device, otherwise `torch`).
+A generated layer's public functions (generated/api.py, rendered from the launch table in
+codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) all call
+`Runtime.launch(operation, device_of, backend, **arguments)`: the layer's validators check the
+arguments (host-side, from shapes and dtypes only) and return the backend operation's keywords,
+then the backend chosen by, in order, the `backend=` keyword, the KV_CANARY_BACKEND environment
+variable and the tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise
+`torch`) runs it. The layer receives its runtime from kv_canary.load_generated (the generated
+package imports nothing from kv_canary).
 
-The public functions are generated per schema (generated/api.py: SGLang's exact keyword-only
-signatures, plus the input-field keywords only where the schema declares such fields); they call
-this Runtime, whose methods accept every keyword internally (an absent field mapping means {}).
+`runtime_for(layer).launch_canary_write_kernel(...)` (any public launch name) takes every keyword of
+every schema (an absent input-field mapping means {}): what the manager and the tests use.
 """
 from __future__ import annotations
 
 import functools
-import importlib
+import operator
 import os
 import threading
 
 import torch
 
+from .allocation import allocators_for
 from .backends import KNOWN_BACKENDS, get_backend
+from .validation import Validators
 
 ENV_BACKEND = "KV_CANARY_BACKEND"
 
@@ -44,85 +49,58 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=None)
+def _getter(path: str):
+    """`context.canary_buf` -> a function of the launch arguments returning that value."""
+    head, _, rest = path.partition(".")
+    attr = operator.attrgetter(rest) if rest else None
+    return lambda args: attr(args[head]) if attr else args[head]
+
+
 class Runtime:
-    """The four launch functions of one generated layer (SGLang's keywords, plus `backend=`)."""
+    """The launches, validators and allocators of one generated layer."""
 
     def __init__(self, layer):
         self.layer = layer
         self.layout = layer.layout
-        self.validators = importlib.import_module(layer.__name__ + ".validators")
-        self.allocators = importlib.import_module(layer.__name__ + ".allocators")
+        self.validators = Validators(layer.layout)
+        self.allocators = allocators_for(layer.layout, self.validators)
 
     @property
     def api(self):
         """The layer's generated public API module (`<layer>.api`), with its per-schema signatures."""
-        return importlib.import_module(self.layer.__name__ + ".api")
+        return self.layer.api
 
     def backend(self, name: str):
         return get_backend(name, self.layer)
 
-    def launch_canary_write_kernel(self, *, context, plan, input_ids, positions, out_cache_loc,
-                                   enable_write_input_assert, expected_input_tokens=None,
-                                   expected_input_positions=None, extra_inputs=None, backend=None) -> None:
-        extra = self.validators.validate_write(
-            context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-            enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
-            expected_input_positions=expected_input_positions, extra_inputs=extra_inputs)
-        self.backend(choose_backend(backend, context.canary_buf.device)).write(
-            context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-            enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
-            expected_input_positions=expected_input_positions, extra_inputs=extra)
+    def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
+        """Validate `arguments` for `operation`, then run it on the chosen backend."""
+        args = getattr(self.validators, "validate_" + operation)(**arguments)
+        device = _getter(device_of)(args).device
+        getattr(self.backend(choose_backend(backend, device)), operation)(**args)
 
-    def launch_canary_verify_kernel(self, *, context, plan, check_verify_expected_token,
-                                    extra_slot_tables=None, backend=None) -> None:
-        extra = self.validators.validate_verify(context=context, plan=plan,
-                                                check_verify_expected_token=check_verify_expected_token,
-                                                extra_slot_tables=extra_slot_tables)
-        self.backend(choose_backend(backend, context.canary_buf.device)).verify(
-            context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
-            extra_slot_tables=extra)
+    def __getattr__(self, name: str):
+        """Every public launch by name, taking every keyword of every schema plus `backend=`."""
+        launches = self.layer.api.LAUNCHES
+        if name in launches:
+            operation, device_of = launches[name]
+            return functools.partial(self._launch_any, operation, device_of)
+        launch = name.removesuffix("_torch_reference")
+        if launch != name and launch in launches:
+            operation, device_of = launches[launch]
+            return functools.partial(self._launch_any, operation, device_of, reference_of=launch)
+        raise AttributeError(f"kv-canary: the runtime of {self.layer.__name__} has no attribute {name!r}")
 
-    def launch_canary_plan_kernels(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens,
-                                   extend_seq_lens, req_to_token, swa_window_size, full_to_swa_index_mapping,
-                                   verify_capacity, req_to_verify_expected_tokens=None,
-                                   req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
-                                   extra_request_values=None, backend=None) -> None:
-        kwargs = dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out,
-                      req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-                      req_to_token=req_to_token, swa_window_size=swa_window_size,
-                      full_to_swa_index_mapping=full_to_swa_index_mapping, verify_capacity=verify_capacity,
-                      req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                      req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                      kv_token_id_vs_position_offset=kv_token_id_vs_position_offset)
-        extra = self.validators.validate_plan(**kwargs, extra_request_values=extra_request_values)
-        self.backend(choose_backend(backend, req_to_token.device)).plan(**kwargs, extra_request_values=extra)
-
-    def scatter_req_token_ids(self, *, flat_in, offsets, req_pool_indices, pool_out, backend=None) -> None:
-        self.validators.validate_scatter(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices,
-                                         pool_out=pool_out)
-        self.backend(choose_backend(backend, pool_out.device)).scatter(
-            flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
-
-    # SGLang's reference names: the same launches, always on the torch reference.
-    def launch_canary_write_kernel_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_write_kernel(**_no_backend("launch_canary_write_kernel", kwargs), backend="torch")
-
-    def launch_canary_verify_kernel_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_verify_kernel(**_no_backend("launch_canary_verify_kernel", kwargs), backend="torch")
-
-    def launch_canary_plan_kernels_torch_reference(self, **kwargs) -> None:
-        self.launch_canary_plan_kernels(**_no_backend("launch_canary_plan_kernels", kwargs), backend="torch")
-
-    def scatter_req_token_ids_torch_reference(self, **kwargs) -> None:
-        self.scatter_req_token_ids(**_no_backend("scatter_req_token_ids", kwargs), backend="torch")
-
-
-def _no_backend(launch: str, kwargs: dict) -> dict:
-    """The *_torch_reference variants pin the backend; a caller's `backend=` is a mistake, said plainly."""
-    if "backend" in kwargs:
-        raise TypeError(f"kv-canary: {launch}_torch_reference always runs the torch reference and takes no "
-                        f"backend= keyword, got backend={kwargs['backend']!r}; call {launch}(backend=...) instead")
-    return kwargs
+    def _launch_any(self, operation: str, device_of: str, reference_of: str = "", **arguments) -> None:
+        backend = arguments.pop("backend", None)
+        if reference_of:  # SGLang's reference names pin the backend; a backend= there is a mistake, said plainly
+            if backend is not None:
+                raise TypeError(f"kv-canary: {reference_of}_torch_reference always runs the torch reference and takes "
+                                f"no backend= keyword, got backend={backend!r}; call {reference_of}(backend=...) "
+                                f"instead")
+            backend = "torch"
+        self.launch(operation, device_of, backend, **arguments)
 
 
 _runtimes: dict = {}

@@ -12,8 +12,10 @@ MASK64 = (1 << 64) - 1
 # What each standard column carries (the layer names its column VIOLATION_COL_<CARRIES>).
 STANDARD_CARRIES = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token",
                     "stored_chain_hash", "expected_aux", "fail_reason")
-# FailReason members whose rows come from a verify (their expected_aux is the expected chain hash).
-VERIFY_REASON_PREFIX = "VERIFY_"
+# Row kinds, from the schema's FailReason kinds: a row with a write bit comes from a write; a row
+# whose bits are all verify bits from a verify (its expected_aux is the expected chain hash);
+# anything else (e.g. only SLOT_OUT_OF_RANGE, raised by both) is "other".
+ROW_KINDS = ("verify", "write", "other")
 
 
 def sglang_reason_name(member_name: str) -> str:
@@ -41,13 +43,18 @@ class Violation:
     reasons: tuple[str, ...]        # FailReason member names, lowest bit first
     extra: tuple[tuple[str, int], ...] = ()   # schema columns beyond the standard ones, by column name
     step: Optional[int] = field(default=None, compare=False)  # forward step that produced the row
+    kind: str = field(default="other", compare=False)          # one of ROW_KINDS (derived from the bits)
 
     def has(self, reason: str) -> bool:
         return reason in self.reasons
 
     @property
     def is_verify(self) -> bool:
-        return bool(self.reasons) and all(r.startswith(VERIFY_REASON_PREFIX) for r in self.reasons)
+        return self.kind == "verify"
+
+    @property
+    def is_write(self) -> bool:
+        return self.kind == "write"
 
     @property
     def sglang_reasons(self) -> tuple[str, ...]:
@@ -73,6 +80,16 @@ class ViolationDecoder:
         self.extra_cols = tuple((name, i) for i, name in enumerate(layout.VIOLATION_FIELD_NAMES) if i not in used)
         self._bits = sorted(((int(m), m.name) for m in layout.FailReason), key=lambda t: t[0])
         self._tags = {int(m): m.name for m in layout.CanaryLaunchTag}
+        self._verify_bits = int(layout.VERIFY_REASON_BITS)
+        self._write_bits = int(layout.WRITE_REASON_BITS)
+
+    def row_kind(self, bits: int) -> str:
+        """"write" if any bit is a write reason, "verify" if every bit is a verify reason, else "other"."""
+        if bits & self._write_bits:
+            return "write"
+        if bits and not bits & ~self._verify_bits:
+            return "verify"
+        return "other"
 
     def reason_names(self, bits: int) -> tuple[str, ...]:
         names = tuple(name for value, name in self._bits if bits & value)
@@ -91,7 +108,7 @@ class ViolationDecoder:
             position=row[c["stored_position"]], stored_token=row[c["stored_token"]],
             expected_token=row[c["expected_token"]], stored_chain_hash=row[c["stored_chain_hash"]],
             expected_aux=row[c["expected_aux"]], reason_bits=bits, reasons=self.reason_names(bits),
-            extra=tuple((name, row[i]) for name, i in self.extra_cols), step=step)
+            extra=tuple((name, row[i]) for name, i in self.extra_cols), step=step, kind=self.row_kind(bits))
 
     def decode(self, rows, steps: Optional[Iterable[Optional[int]]] = None) -> list[Violation]:
         """Rows: an int64 tensor [n, VIOLATION_FIELDS] or a list of rows."""

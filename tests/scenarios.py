@@ -25,7 +25,7 @@ SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.
 
 
 def _mods(layer):
-    return (layer.layout, importlib.import_module(layer.__name__ + ".allocators"),
+    return (layer.layout, layer.allocators,
             importlib.import_module(layer.__name__ + ".reference"))
 
 

@@ -16,7 +16,7 @@ VECTORS = load_vectors()
 def epoch_schema_text() -> str:
     text = default_schema_text(stride=64)
     edits = [("      - {name: real_kv_hash, role: kv_fingerprint}\n",
-              "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: epoch, role: input}\n")]
+              "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch}\n")]
     for old, new in edits:
         assert text.count(old) == 1
         text = text.replace(old, new)
@@ -72,7 +72,7 @@ def test_mutated_schema_minimum_stride_message_quotes_the_new_field_count(epoch_
 def test_mutated_schema_layout_md(epoch_schema_path):
     md = layout_md(epoch_schema_path)
     assert "Slot stride 64 bytes (record 40 bytes, 5 little-endian int64 words)." in md
-    assert "| 4 | 32 | `epoch` | input | no | - |" in md
+    assert "| 4 | 32 | `epoch` | input (allocation_epoch) | no | - |" in md
     rows = hexdump_rows(md)
     assert [r[0] for r in rows] == list(range(0, 64, 8))
     assert rows[4] == (32, bytes(8), "epoch", "0")

@@ -33,7 +33,7 @@ def rows(new_text: str, old_text: str = BASE) -> list[tuple[str, str, str, str, 
 
 
 ADD_EPOCH = ("      - {name: real_kv_hash, role: kv_fingerprint}\n",
-             "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: epoch, role: input}\n")
+             "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch}\n")
 STRIDE_64 = ("slot_stride_bytes: 32", "slot_stride_bytes: 64")
 
 # (id, edits, expected rows). Each is one kind of change; abi_version is left alone.
@@ -57,12 +57,12 @@ CASES = [
         ("chain anchor changed (HEAD changes)", "canary.chain.anchor",
          "CANARY_CHAIN_ANCHOR, HEAD 0xDE7FAE23A9A1B716", pytest.approx, True),
         ("constant changed", "CANARY_CHAIN_ANCHOR", "u64 0xC0FFEE1234567890", "u64 0xC0FFEE1234567891", True)]),
-    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")], [
+    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True)]),
-    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 128\n    VERIFY_EPOCH_MISMATCH: 64\n")], [
+    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 128, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 64, kind: verify}\n")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True),
         ("flag bit reused", "FailReason.VERIFY_EPOCH_MISMATCH", "64 was SLOT_OUT_OF_RANGE", "64", True)]),
-    ("flag bit added", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: 128\n")], [
+    ("flag bit added", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")], [
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False)]),
     ("enum value change", [("{NONE: 0, PARTIAL: 1, ALL: 2}", "{NONE: 0, PARTIAL: 2, ALL: 1}")], [
         ("enum value renumbered", "RealKvHashMode.PARTIAL", "1", "2", True),
@@ -86,6 +86,18 @@ CASES = [
     ("message text change", [('"{name} must be contiguous"', '"{name} must be a contiguous tensor"')], [
         ("message text changed", "messages.not_contiguous", "{name} must be contiguous",
          "{name} must be a contiguous tensor", False)]),
+    ("launch tag moved", [("SWEEP_K_SWA: {value: 10, phase: sweep, half: k, group: swa}",
+                           "SWEEP_K_SWA: {value: 10, phase: sweep, half: v, group: swa}"),
+                          ("SWEEP_V_SWA: {value: 11, phase: sweep, half: v, group: swa}",
+                           "SWEEP_V_SWA: {value: 11, phase: sweep, half: k, group: swa}")], [
+        ("launch tag moved to another launch", "CanaryLaunchTag.SWEEP_K_SWA", "sweep/k/swa", "sweep/v/swa", True),
+        ("launch tag moved to another launch", "CanaryLaunchTag.SWEEP_V_SWA", "sweep/v/swa", "sweep/k/swa", True)]),
+    ("launch group added", [("  SWEEP_V_SWA: {value: 11, phase: sweep, half: v, group: swa}\n",
+                             "  SWEEP_V_SWA: {value: 11, phase: sweep, half: v, group: swa}\n" + "".join(
+                                 f"  {p.upper()}_{h.upper()}_MLA: {{value: {12 + i}, phase: {p}, half: {h}, group: mla}}\n"
+                                 for i, (p, h) in enumerate((p, h) for p in ("head", "tail", "sweep") for h in "kv")))],
+     [("enum value added", f"CanaryLaunchTag.{p.upper()}_{h.upper()}_MLA", "-", str(12 + i), False)
+      for i, (p, h) in enumerate((p, h) for p in ("head", "tail", "sweep") for h in "kv")]),
     ("input field verify change", [ADD_EPOCH, STRIDE_64], None),  # base for the next case, see below
 ]
 
@@ -101,6 +113,13 @@ def test_change_is_found_and_classified(case_id, edits, want):
             assert g == w
 
 
+def test_input_field_source_change_is_breaking():
+    old = edit(ADD_EPOCH, STRIDE_64)
+    new = edit(("{name: epoch, role: input, source: allocation_epoch}", "{name: epoch, role: input, source: caller_table}"),
+               text=old)
+    assert rows(new, old) == [("input field source changed", "canary.epoch", "allocation_epoch", "caller_table", True)]
+
+
 def test_field_removed():
     old = edit(ADD_EPOCH, STRIDE_64)
     assert rows(edit(STRIDE_64), old) == [
@@ -112,9 +131,9 @@ def test_field_removed():
 
 def test_input_field_verify_change():
     old = edit(ADD_EPOCH, STRIDE_64)
-    new = edit(("{name: epoch, role: input}",
-                "{name: epoch, role: input, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}"),
-               ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: 128\n"), text=old)
+    new = edit(("{name: epoch, role: input, source: allocation_epoch}",
+                "{name: epoch, role: input, source: allocation_epoch, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}"),
+               ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"), text=old)
     assert rows(new, old) == [
         ("input field verify changed", "canary.epoch", "not verified", "per_slot → VERIFY_EPOCH_MISMATCH", True),
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False),
@@ -184,7 +203,7 @@ def test_cli_diff_against_a_git_revision(git_repo, capsys):
 
 
 def test_cli_diff_between_two_revisions(git_repo, capsys):
-    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")))
+    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")))
     git(git_repo, "commit", "-q", "-am", "renumber")
     assert main(["diff", "HEAD~1", "HEAD:kernels.yaml"]) == 2
     assert "| **BREAKING** | flag bit renumbered | `FailReason.SLOT_OUT_OF_RANGE` | 64 | 128 |" in capsys.readouterr().out
@@ -299,8 +318,9 @@ EPOCH_EDIT = (
     STRIDE_64,
     ("      - {name: real_kv_hash, role: kv_fingerprint}\n",
      "      - {name: real_kv_hash, role: kv_fingerprint}\n"
-     "      - {name: epoch, role: input, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n"),
-    ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: 128\n"),
+     "      - {name: epoch, role: input, source: allocation_epoch,\n"
+     "         verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n"),
+    ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
 )
 
 

@@ -3,7 +3,6 @@ the kernels store where the host backends raise, strict warp mode, device checks
 and build errors that point at template lines."""
 from __future__ import annotations
 
-import importlib
 import random
 import re
 import shutil
@@ -37,7 +36,7 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer):
     cuda backend launches) cannot, so it stores PLAN_UNREADABLE_INDEX (INT64_MAX, >= every slot
     count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
     from kv_canary.cuda.kernel_backend import KernelBackend
-    layout, alloc = default_layer.layout, importlib.import_module(default_layer.__name__ + ".allocators")
+    layout, alloc = default_layer.layout, default_layer.allocators
     rt = kv_canary.runtime_for(default_layer)
     lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
     args = dict(req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([2]), extend_seq_lens=torch.tensor([0]),
@@ -69,20 +68,16 @@ def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
     from kv_canary.emulation.library import EmulationLaunchError
     backend = _backend(default_layer)
     case = scenarios.make_verify_case(random.Random(3), default_layer, n_reqs=4)
-    kernel = kernel_abi(default_layer).kernel_for_template("verify")
-    values = backend._context_values(case["context"])
-    plan = case["plan"]
-    values.update(verify_slot_indices=plan.verify_slot_indices, verify_expected_tokens=plan.verify_expected_tokens,
-                  verify_expected_positions=plan.verify_expected_positions,
-                  verify_prev_slot_indices=plan.verify_prev_slot_indices, verify_num_valid=plan.verify_num_valid,
-                  verify_enable=plan.enable.fill_(1), verify_capacity=int(plan.verify_slot_indices.shape[0]))
-    from kv_canary.cuda.args import pack
-    packed = pack(kernel, values, device=torch.device("cpu"))
+    abi = kernel_abi(default_layer)
+    kernel = abi.kernel_for_template("verify")
+    case["plan"].enable.fill_(1)
+    args = kernel.bind(context=case["context"], plan=case["plan"], check_verify_expected_token=False,
+                       extra_slot_tables={}, kv=abi.real_kv_args(case["context"]))
     with pytest.raises(EmulationLaunchError, match="strict warp check: lane .* does not exist"):
         backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=48,
-                               packed=packed)
+                               args=args)
     backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=64,
-                           packed=packed)  # whole warps: fine
+                           args=args)  # whole warps: fine
 
 
 def test_emulated_backend_needs_cpu_tensors(default_layer):

@@ -3,7 +3,6 @@ reference, CUDA-graph capture and replay of plan -> verify -> write, zero-copy a
 Skipped cleanly where CuPy or torch sees no CUDA device (CI)."""
 from __future__ import annotations
 
-import importlib
 import os
 import random
 
@@ -106,7 +105,7 @@ class Step:
     """Device buffers of one forward step (fixed shapes, refilled in place between replays)."""
 
     def __init__(self, layer, device, *, bs=4, max_ctx=48, num_slots=512, tokens=12):
-        alloc = importlib.import_module(layer.__name__ + ".allocators")
+        alloc = layer.allocators
         self.layer, self.bs, self.tokens = layer, bs, tokens
         src = alloc.RealKvSource(tensor=torch.randint(0, 256, (num_slots, 64), dtype=torch.uint8, device=device),
                                  page_size=1, num_bytes_per_token=64, read_bytes=32)

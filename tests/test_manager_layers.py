@@ -42,17 +42,17 @@ def _run(manager, cfg=DEEP, hooks=(), steps=10):
 def test_default_covers_the_first_layers_and_warns_once_about_the_rest():
     m = CanaryManager(mode="log")
     _, warned = _run(m)
-    assert m.fingerprinted == {"FULL": tuple(range(MAX)), "SWA": (0,)}
+    assert m.fingerprinted == {"full": tuple(range(MAX)), "swa": (0,)}
     assert len(warned) == 1
     text = str(warned[0].message)
-    assert f"2 of {MAX + 2} FULL layers (layers {MAX}..{MAX + 1})" in text and "fingerprint_layers" in text
-    assert "SWA" not in text  # the SWA group has a single layer: fully covered
+    assert f"2 of {MAX + 2} full layers (layers {MAX}..{MAX + 1})" in text and "fingerprint_layers" in text
+    assert "swa" not in text  # the SWA group has a single layer: fully covered
 
 
 def test_no_warning_when_every_layer_fits():
     m = CanaryManager(mode="log")
     _, warned = _run(m, SimConfig(seed=7, num_pages=40, num_full_layers=MAX))
-    assert warned == [] and m.fingerprinted["FULL"] == tuple(range(MAX))
+    assert warned == [] and m.fingerprinted["full"] == tuple(range(MAX))
 
 
 def test_damage_in_an_uncovered_layer_goes_unseen_by_default():
@@ -64,14 +64,14 @@ def test_damage_in_an_uncovered_layer_goes_unseen_by_default():
 
 def test_chosen_layers_are_fingerprinted_and_silence_the_warning():
     flip = FlipInLayer(MAX + 1)
-    m = CanaryManager(mode="log", fingerprint_layers={"FULL": [0, MAX + 1]})
+    m = CanaryManager(mode="log", fingerprint_layers={"full": [0, MAX + 1]})
     _, warned = _run(m, hooks=[flip])
-    assert warned == [] and m.fingerprinted["FULL"] == (0, MAX + 1)
+    assert warned == [] and m.fingerprinted["full"] == (0, MAX + 1)
     first = m.violations[0]
     assert (first.step, first.launch_tag, first.slot) == (flip.at, "TAIL_K_FULL", flip.slot)
     assert first.reasons == ("VERIFY_REAL_KV_HASH_MISMATCH",)
     # A layer the choice leaves out is no longer covered.
-    m2 = CanaryManager(mode="log", fingerprint_layers={"FULL": [0, MAX + 1]})
+    m2 = CanaryManager(mode="log", fingerprint_layers={"full": [0, MAX + 1]})
     _run(m2, hooks=[FlipInLayer(1)])
     assert m2.stats.total == 0
 
@@ -79,11 +79,11 @@ def test_chosen_layers_are_fingerprinted_and_silence_the_warning():
 @pytest.mark.parametrize("value, match", [
     ([0, 1], "fingerprint_layers must be a mapping of group"),
     ({"MID": [0]}, "got 'MID'"),
-    ({"FULL": []}, "got 'FULL': \\[\\]"),
-    ({"FULL": [0, 0]}, "distinct layer indices"),
-    ({"FULL": [-1]}, "layer indices >= 0"),
-    ({"FULL": list(range(MAX + 1))}, f"1..{MAX} distinct"),
-    ({"FULL": "01"}, "got 'FULL': '01'"),
+    ({"full": []}, "got 'full': \\[\\]"),
+    ({"full": [0, 0]}, "distinct layer indices"),
+    ({"full": [-1]}, "layer indices >= 0"),
+    ({"full": list(range(MAX + 1))}, f"1..{MAX} distinct"),
+    ({"full": "01"}, "got 'full': '01'"),
 ])
 def test_bad_fingerprint_layers_are_rejected_at_construction(value, match):
     with pytest.raises(ValueError, match=match):
@@ -91,8 +91,8 @@ def test_bad_fingerprint_layers_are_rejected_at_construction(value, match):
 
 
 @pytest.mark.parametrize("value, match", [
-    ({"FULL": [MAX + 2]}, f"the FULL pool, which has {MAX + 2} layer\\(s\\); got \\[{MAX + 2}\\]"),
-    ({"SWA": [1]}, "the SWA pool, which has 1 layer\\(s\\); got \\[1\\]"),
+    ({"full": [MAX + 2]}, f"the full pool, which has {MAX + 2} layer\\(s\\); got \\[{MAX + 2}\\]"),
+    ({"swa": [1]}, "the swa pool, which has 1 layer\\(s\\); got \\[1\\]"),
 ])
 def test_layers_outside_the_pool_are_rejected_at_attach(value, match):
     with pytest.raises(ValueError, match=match):
@@ -101,5 +101,5 @@ def test_layers_outside_the_pool_are_rejected_at_attach(value, match):
 
 def test_a_group_the_engine_lacks_is_rejected():
     no_swa = SimConfig(seed=7, num_pages=40, num_swa_layers=0)
-    with pytest.raises(ValueError, match="the SWA pool, which has 0 layer"):
-        Engine(no_swa, canary=CanaryManager(fingerprint_layers={"SWA": [0]}))
+    with pytest.raises(ValueError, match="the swa pool, which has 0 layer"):
+        Engine(no_swa, canary=CanaryManager(fingerprint_layers={"swa": [0]}))

@@ -5,7 +5,6 @@ capacity. Checked on every host backend; the random differential suites compare 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
 import random
 import shutil
@@ -23,7 +22,7 @@ SEEDS = int(os.environ.get("KV_CANARY_REASON_COUNT_SEEDS", "40"))
 
 
 def _alloc(layer):
-    return importlib.import_module(layer.__name__ + ".allocators")
+    return layer.allocators
 
 
 def _reason_bits(layer) -> list[int]:

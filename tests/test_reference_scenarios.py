@@ -5,8 +5,6 @@ word indices come from the layer, expectations from SEMANTICS.md.
 """
 from __future__ import annotations
 
-import importlib
-
 import pytest
 import torch
 
@@ -22,7 +20,7 @@ class World:
     def __init__(self, layer, *, mode=None, sources=(), ring_capacity=16, num_slots=16):
         self.layer, self.lay = layer, layer.layout
         self.rt = kv_canary.runtime_for(layer)
-        self.alloc = importlib.import_module(layer.__name__ + ".allocators")
+        self.alloc = layer.allocators
         mode = self.lay.RealKvHashMode.NONE if mode is None else mode
         self.ctx = self.alloc.allocate_context(num_slots=num_slots, ring_capacity=ring_capacity, device="cpu",
                                                real_kv_sources=sources, real_kv_hash_mode=mode)
@@ -110,7 +108,7 @@ def test_position_shifted_fires_position(any_layer):
 
 @pytest.mark.parametrize("mode", ["PARTIAL", "ALL", "NONE"])
 def test_real_kv_byte_flipped(any_layer, mode):
-    alloc = importlib.import_module(any_layer.__name__ + ".allocators")
+    alloc = any_layer.allocators
     kv = torch.randint(0, 256, (16, 4 * 64), dtype=torch.uint8)
     src = alloc.RealKvSource(tensor=kv, page_size=4, num_bytes_per_token=64, read_bytes=48)
     w = World(any_layer, mode=any_layer.layout.RealKvHashMode[mode], sources=(src,))
@@ -229,7 +227,7 @@ def test_ring_overflow_keeps_counting(any_layer):
 
 def test_plan_sentinels_and_overflow(any_layer):
     lay = any_layer.layout
-    alloc = importlib.import_module(any_layer.__name__ + ".allocators")
+    alloc = any_layer.allocators
     rt = kv_canary.runtime_for(any_layer)
     r2t = torch.arange(1, 4 * 8 + 1, dtype=torch.int32).view(4, 8)
     extra = {f.name: torch.tensor([5, 6, 7]) for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"}

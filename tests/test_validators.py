@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 
 import pytest
@@ -187,16 +186,16 @@ def epoch_layer(tmp_path_factory):
     text = default_schema_text(stride=64)
     text = text.replace("      - {name: real_kv_hash, role: kv_fingerprint}\n",
                         "      - {name: real_kv_hash, role: kv_fingerprint}\n"
-                        "      - {name: epoch, role: input, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")
-    text = text.replace("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: 128\n")
+                        "      - {name: epoch, role: input, source: allocation_epoch, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")
+    text = text.replace("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")
     path = tmp_path_factory.mktemp("schema") / "epoch64.yaml"
     path.write_text(text)
     return generate_layer(path)
 
 
 def test_mutated_schema_messages_and_extra_keywords(epoch_layer):
-    val = importlib.import_module(epoch_layer.__name__ + ".validators")
-    alloc = importlib.import_module(epoch_layer.__name__ + ".allocators")
+    val = epoch_layer.validators
+    alloc = epoch_layer.allocators
     assert val.message("canary_stride", n=4) == P + "canary_buf slot stride must hold at least 5 int64 fields, got 4"
     with raises(ValueError, P + "canary_buf slot stride must hold at least 5 int64 fields, got 4"):
         alloc.allocate_canary_buf(4, device="cpu", slot_stride_bytes=32)

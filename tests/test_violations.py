@@ -76,7 +76,7 @@ def test_decode_rejects_wrong_width(default_layer):
 
 
 def _v(slot, aux, reasons=("VERIFY_CHAIN_HASH_MISMATCH",), tag=2, step=5):
-    return Violation("TAIL_K_FULL", tag, slot, 0, 0, 0, 0, aux, 1, reasons, step=step)
+    return Violation("TAIL_K_FULL", tag, slot, 0, 0, 0, 0, aux, 1, reasons, step=step, kind="verify")
 
 
 def test_group_cascades_roots_first():

@@ -41,11 +41,11 @@ class CudaBackend(KernelBackend):
         """SM count x blocks_per_sm (kernels.yaml), clamped to the compiled kernel's occupancy."""
         return self.warm_up(device).persistent_blocks(entry_point or kernel.variants[0][0], kernel.blocks_per_sm)
 
-    def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
+    def launch(self, kernel, entry_point: str, *, work: int, args: tuple, device: torch.device) -> None:
         mods = self.warm_up(device)
         persistent = mods.persistent_blocks(entry_point, kernel.blocks_per_sm) if kernel.shape == "persistent" else 0
         blocks = blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=persistent)
-        mods.launch(entry_point, blocks=blocks, threads=kernel.threads, packed=packed)
+        mods.launch(entry_point, blocks=blocks, threads=kernel.threads, kinds=kernel.kinds, args=args)
 
 
 def create(layer) -> CudaBackend:

@@ -64,11 +64,11 @@ class EmulatedBackend(KernelBackend):
         self.host_checks.scatter_rows(**kwargs)
         super().scatter(**kwargs)
 
-    def launch(self, kernel, entry_point: str, *, work: int, packed: list, device: torch.device) -> None:
+    def launch(self, kernel, entry_point: str, *, work: int, args: tuple, device: torch.device) -> None:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.
         threads = min(self.threads, kernel.threads)
         blocks = blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks)
-        self.library.launch(kernel, entry_point, blocks=blocks, threads=threads, packed=packed)
+        self.library.launch(kernel, entry_point, blocks=blocks, threads=threads, args=args)
 
 
 def create(layer) -> EmulatedBackend:

@@ -9,8 +9,6 @@ which verify and write then report as SLOT_OUT_OF_RANGE (codegen/templates/cuda/
 """
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import torch
 
@@ -23,7 +21,7 @@ class HostChecks:
     """The checks of one generated layer (its padding row and its §7 message texts)."""
 
     def __init__(self, layer):
-        self.validators = importlib.import_module(layer.__name__ + ".validators")
+        self.layout = layer.layout
         self.padding = int(layer.layout.REQ_POOL_IDX_PADDING)
 
     def request_rows(self, req_pool_indices: torch.Tensor, *, rows: int, table: str) -> None:
@@ -33,7 +31,7 @@ class HostChecks:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             pad_note = "" if 0 <= self.padding < rows else f" and is not the padding row {self.padding}"
-            raise ValueError(f"{self.validators.PREFIX}req_pool_indices[{i}] = {int(rp[i])} is outside {table} rows "
+            raise ValueError(f"{self.layout.MESSAGE_PREFIX}req_pool_indices[{i}] = {int(rp[i])} is outside {table} rows "
                              f"[0, {rows}){pad_note}")
 
     def plan_rows(self, *, req_pool_indices, req_to_token, **_) -> None:
@@ -61,7 +59,7 @@ class HostChecks:
         def check(values: np.ndarray) -> None:
             bad = values >= lut_len
             if bad.any():
-                raise self.validators.fail("swa_index", s=int(values[bad][0]), n=lut_len)
+                raise self.layout.fail("swa_index", s=int(values[bad][0]), n=lut_len)
 
         if max_ctx == 0:
             return  # nothing to translate: every prefix clamps to 0

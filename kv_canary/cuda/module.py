@@ -77,11 +77,11 @@ class DeviceModules:
         loop runs in a single wave instead of leaving a partial second wave."""
         return persistent_grid(self.sm_count, blocks_per_sm, self.resident_blocks.get(entry_point, 0))
 
-    def launch(self, entry_point: str, *, blocks: int, threads: int, packed: list) -> None:
+    def launch(self, entry_point: str, *, blocks: int, threads: int, kinds: tuple, args: tuple) -> None:
         """Launch on torch's current stream of this device; returns without waiting."""
         import cupy
         fn = self.functions[entry_point]
-        args = tuple(_NUMPY[kind](value) for kind, value in packed)
+        args = tuple(_NUMPY[kind](value) for kind, value in zip(kinds, args))
         with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
             fn((blocks,), (threads,), args)
 

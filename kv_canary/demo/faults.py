@@ -306,15 +306,19 @@ class StaleTransfer(Fault):
 # -- scenarios --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Expect:
-    tag: Optional[str]          # None: the canary must stay silent (a control)
+    launch: Optional[tuple[str, str, str]]  # (phase, half, group) of the launch that must see it; None: a control
     reason: Optional[str] = None
     delay: int = 0              # first detection step - damage step
 
-    def describe(self) -> str:
-        if self.tag is None:
+    def tag(self, layout) -> Optional[str]:
+        """The schema's name for the expected launch's tag (tags are found by coordinates)."""
+        return None if self.launch is None else layout.launch_tag(*self.launch).name
+
+    def describe(self, layout) -> str:
+        if self.launch is None:
             return "not detected (control)"
         when = "same step" if self.delay == 0 else f"damage step + {self.delay}"
-        return f"{self.tag} {self.reason} ({when})"
+        return f"{self.tag(layout)} {self.reason} ({when})"
 
 
 @dataclass(frozen=True)
@@ -344,6 +348,8 @@ class ScenarioResult:
     why: str
     settings: dict = field(default_factory=dict)   # the canary settings the scenario ran with
     fault: Optional[Fault] = None                  # the fault object after the run (for inspection)
+    expected: str = ""                             # what the scenario expects, in the layer's tag names
+    expected_tag: Optional[str] = None             # the layer's name of the expected launch's tag (None: control)
 
     def describe_settings(self) -> str:
         s = self.settings
@@ -366,57 +372,58 @@ def scenarios() -> list[Scenario]:
     no_share = replace(BASE, radix_cache=False, num_swa_layers=0)
     return [
         Scenario("slot_reuse_while_referenced", "radix evicts a locked prefix page; it is reused while still read",
-                 lambda: SlotReuseWhileReferenced(8), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: SlotReuseWhileReferenced(8), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
         Scenario("double_free", "a page freed twice is handed to a second request",
-                 lambda: DoubleFree(8), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: DoubleFree(8), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
         Scenario("off_by_one_after_spec", "positions off by one after a speculative step rejected drafts",
-                 lambda: OffByOnePositionAfterSpec(8), Expect("HEAD_K_FULL", "WRITE_POSITION_MISMATCH"),
+                 lambda: OffByOnePositionAfterSpec(8), Expect(("head", "k", "full"), "WRITE_POSITION_MISMATCH"),
                  replace(BASE, spec_draft_tokens=2)),
         Scenario("wrong_token_at_chunk_boundary", "chunked prefill feeds the previous chunk's last token again",
-                 lambda: WrongTokenAtChunkBoundary(6), Expect("HEAD_K_FULL", "VERIFY_TOKEN_MISMATCH", 1),
+                 lambda: WrongTokenAtChunkBoundary(6), Expect(("head", "k", "full"), "VERIFY_TOKEN_MISMATCH", 1),
                  replace(BASE, chunk_size=5, prompt_len=(14, 24))),
         Scenario("wrong_token_at_chunk_boundary/control", "same bug, expected-token check off",
                  lambda: WrongTokenAtChunkBoundary(6), Expect(None), replace(BASE, chunk_size=5, prompt_len=(14, 24)),
                  manager={"check_verify_expected_token": False}),
         Scenario("stale_swa_translation", "a full->SWA entry points at an SWA slot another request owns",
-                 lambda: StaleSwaTranslation(8), Expect("TAIL_K_SWA", "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: StaleSwaTranslation(8), Expect(("tail", "k", "swa"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
         Scenario("late_write/bytes", "a delayed K/V write lands in a freed, reused page",
-                 lambda: LateWriteIntoFreedPage(4, "bytes"), Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"),
+                 lambda: LateWriteIntoFreedPage(4, "bytes"), Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"),
                  no_share, steps=64),
         Scenario("late_write/records", "a delayed K/V + canary write lands in a freed, reused page",
-                 lambda: LateWriteIntoFreedPage(4, "records"), Expect("TAIL_K_FULL", "VERIFY_CHAIN_HASH_MISMATCH"),
+                 lambda: LateWriteIntoFreedPage(4, "records"), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"),
                  no_share, steps=64),
         Scenario("late_write/bytes_past_16", "a delayed write changes only K bytes 16..31 of a reused slot (ALL mode)",
                  lambda: LateWriteIntoFreedPage(4, "bytes_past_16"),
-                 Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"), no_share, steps=64),
+                 Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"), no_share, steps=64),
         Scenario("late_write/bytes_past_16/control", "same damage, PARTIAL mode reads only the first 16 bytes",
                  lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(None), no_share, steps=64,
                  manager={"real_kv_hash_mode": "PARTIAL"}),
         Scenario("cold_page_bit_flip", "a bit flips in a cached page nobody reads; the sweep finds it",
-                 lambda: ColdPageBitFlip(12, SWEEP), Expect("SWEEP_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"), BASE,
+                 lambda: ColdPageBitFlip(12, SWEEP), Expect(("sweep", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"), BASE,
                  steps=60, manager={"sweep_interval": SWEEP}),
         Scenario("padding_write_wraps", "a padding token stored at slot -1 lands in the last slot",
-                 lambda: PaddingWriteWraps(4), Expect("TAIL_K_FULL", "VERIFY_REAL_KV_HASH_MISMATCH"),
+                 lambda: PaddingWriteWraps(4), Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"),
                  replace(BASE, max_running=3, num_pages=24), steps=120),
         Scenario("out_of_range_slot", "a decode token gets slot index num_slots",
-                 lambda: OutOfRangeSlot(8), Expect("HEAD_K_FULL", "SLOT_OUT_OF_RANGE"), no_share),
+                 lambda: OutOfRangeSlot(8), Expect(("head", "k", "full"), "SLOT_OUT_OF_RANGE"), no_share),
         Scenario("stale_transfer/default_schema", "offload/restore takes a request's shared-prompt prefix from another "
                  "request's host copy: tokens, positions, chain and K/V bytes all match (expected-token check on)",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(None), no_share),
         Scenario("stale_transfer/owner_epoch", "same bug, kv_canary/schemas/owner_epoch.yaml: the owner id differs",
-                 lambda: StaleTransfer(10, shared_prompt=True), Expect("HEAD_K_FULL", "VERIFY_OWNER_MISMATCH"),
+                 lambda: StaleTransfer(10, shared_prompt=True), Expect(("head", "k", "full"), "VERIFY_OWNER_MISMATCH"),
                  no_share, layer="owner_epoch"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
                  "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
-                 Expect("HEAD_K_FULL", "VERIFY_TOKEN_MISMATCH"), no_share),
+                 Expect(("head", "k", "full"), "VERIFY_TOKEN_MISMATCH"), no_share),
     ]
 
 
-def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None) -> ScenarioResult:
+def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
+                 **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation."""
     if layer is None and sc.layer == "owner_epoch":
         layer = owner_epoch_layer()
-    kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager}
+    kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
@@ -427,28 +434,31 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
     launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]
     reasons = tuple(sorted({r for v in launch for r in v.reasons}))
     e = sc.expect
+    want_tag = e.tag(manager.L)
     if fault.damage_step is None:
         ok, why = False, "the fault never fired (no matching state in this run)"
-    elif e.tag is None:
+    elif want_tag is None:
         ok = manager.stats.total == 0
         why = "silent, as documented" if ok else f"{manager.stats.total} unexpected violation(s)"
     elif first is None:
         ok, why = False, "not detected"
     else:
         want_step = fault.damage_step + e.delay
-        ok = first.launch_tag == e.tag and e.reason in reasons and first.step == want_step
-        why = "as expected" if ok else (f"expected {e.tag} {e.reason} at step {want_step}, got {first.launch_tag} "
+        ok = first.launch_tag == want_tag and e.reason in reasons and first.step == want_step
+        why = "as expected" if ok else (f"expected {want_tag} {e.reason} at step {want_step}, got {first.launch_tag} "
                                         f"{'+'.join(reasons)} at step {first.step}")
     settings = {"schema": "kernels.yaml" if sc.layer == "default" else f"kv_canary/schemas/{sc.layer}.yaml",
                 "check_verify_expected_token": manager.check_verify_expected_token,
                 "real_kv_hash_mode": manager.real_kv_hash_mode.name, "sweep_interval": manager.sweep_interval}
     return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,
-                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why, settings, fault)
+                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why, settings, fault,
+                          e.describe(manager.L), want_tag)
 
 
-def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None):
+def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None,
+              layer=None, **manager_kwargs):
     """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager)."""
-    manager = CanaryManager(mode="log", backend=backend, sweep_interval=SWEEP)
+    manager = CanaryManager(layer=layer, mode="log", backend=backend, sweep_interval=SWEEP, **manager_kwargs)
     engine = Engine(config or BASE, canary=manager, device=device)
     engine.run(steps, progress=progress)
     manager.drain()

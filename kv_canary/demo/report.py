@@ -26,7 +26,7 @@ def table_rows(results) -> list[tuple[str, ...]]:
     for r in results:
         first_step = "-" if r.first is None else f"{r.first.step} (damage {r.damage_step})"
         mark = "ok" if r.ok else "FAIL"
-        rows.append((f"[{mark}] {r.scenario.name}", canary_cell(r), r.scenario.expect.describe(), r.detected_by, first_step,
+        rows.append((f"[{mark}] {r.scenario.name}", canary_cell(r), r.expected, r.detected_by, first_step,
                      str(r.violations), r.first.log_line() if r.first is not None else "-"))
     return rows
 
@@ -87,7 +87,7 @@ def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
         out += [f"### {sc.name}", "", f"{sc.title}.", "",
                 f"- fault: {r.detail or 'did not fire'} (damage step {r.damage_step})",
                 f"- canary: {r.describe_settings()}",
-                f"- expected: {sc.expect.describe()}; result: {r.why}",
+                f"- expected: {r.expected}; result: {r.why}",
                 f"- violations: {r.violations} (ring overflow lost {r.lost})"]
         if r.groups:
             out += ["- root causes (CHAIN cascades grouped behind the first bad slot of their chain):", "", "```"]

@@ -11,11 +11,8 @@ from pathlib import Path
 from ..cuda.abi import check_identity
 from ..cuda.sources import kernel_abi
 
-
-def _ctype(ctype: str):
-    if ctype.endswith("*"):
-        return ctypes.c_void_p
-    return {"long long": ctypes.c_longlong, "int": ctypes.c_int}[ctype]
+# The C kind of a kernel parameter (generated kernel_abi KernelAbi.kinds) -> its ctypes type.
+CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_longlong, "i32": ctypes.c_int}
 
 
 class EmulationLaunchError(RuntimeError):
@@ -48,13 +45,13 @@ class EmulationLibrary:
         fn = self._launchers.get(entry_point)
         if fn is None:
             fn = getattr(self.lib, self.abi.EMULATION_LAUNCHER_PREFIX + entry_point)
-            fn.argtypes = [ctypes.c_uint, ctypes.c_uint] + [_ctype(ctype) for _, ctype in kernel.params]
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint] + [CTYPES[kind] for kind in kernel.kinds]
             fn.restype = ctypes.c_int
             self._launchers[entry_point] = fn
         return fn
 
-    def launch(self, kernel, entry_point: str, *, blocks: int, threads: int, packed: list) -> None:
-        rc = self.launcher(kernel, entry_point)(blocks, threads, *(value for _, value in packed))
+    def launch(self, kernel, entry_point: str, *, blocks: int, threads: int, args: tuple) -> None:
+        rc = self.launcher(kernel, entry_point)(blocks, threads, *args)
         if rc != 0:
             reason = self.lib.kvc_emu_last_error().decode("utf-8", "replace")
             raise EmulationLaunchError(f"kv-canary: emulated launch of {entry_point} (grid {blocks} x {threads}) "

@@ -15,7 +15,7 @@ import torch
 
 from .config import SimConfig
 from .model import kv_bytes, next_token
-from .pool import KvStorage, PageAllocator, SwaPool
+from .pool import FULL, SWA, KvStorage, PageAllocator, SwaPool
 from .radix import RadixCache
 
 PADDING_ROW = 0   # request row 0 is the padding row (REQ_POOL_IDX_PADDING in every shipped schema)
@@ -361,6 +361,20 @@ class Engine:
             self.step()
             if progress is not None:
                 progress(i + 1, steps)
+
+    # -- what the canary protects ------------------------------------------------------------
+    def canary_pools(self) -> dict:
+        """The KV pools by launch-tag group (kv_canary.manager.KvPoolView): the full pool, and
+        the sliding-window pool when the model has SWA layers."""
+        from ...manager import KvPoolView
+        pools = {FULL: KvPoolView(self.full, window=0, full_to_pool=None, allocation_epoch=self.alloc.epoch,
+                                  out_cache_loc=lambda batch: batch.out_cache_loc, translate=None)}
+        if self.swa is not None:
+            pools[SWA] = KvPoolView(self.swa, window=self.cfg.swa_window, full_to_pool=self.swa_pool.full_to_swa,
+                                    allocation_epoch=self.swa_pool.epoch,
+                                    out_cache_loc=lambda batch: batch.swa_out_cache_loc,
+                                    translate=self.swa_pool.lookup)
+        return pools
 
     # -- what the sweep verifies -------------------------------------------------------------
     def cached_entries(self):

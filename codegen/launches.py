@@ -1,0 +1,79 @@
+"""The launch table: kv-canary's public launch functions, described once.
+
+generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from this
+table; kv_canary.runtime dispatches them generically (`validate_<operation>` then the backend's
+`<operation>`). Adding a launch is a row here, a validator and a backend operation
+(docs/adding-a-kernel.md).
+
+Signatures are SGLang's: keyword-only, in SGLang's order, with its defaults. Keywords for the input
+fields a schema declares (SEMANTICS.md §8) appear only when the schema has such fields.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import Schema
+
+
+@dataclass(frozen=True)
+class Arg:
+    name: str
+    default: str | None = None      # Python source of the default; None: a required keyword
+
+
+@dataclass(frozen=True)
+class PublicLaunch:
+    name: str                       # the public (SGLang) name
+    operation: str                  # backend operation and validator: kv_canary.validation.validate_<operation>
+    args: tuple[Arg, ...]           # keyword-only, in order
+    device_of: str                  # dotted path of the argument whose device chooses the backend
+    doc: str                        # one line
+    reference: bool = True          # also generate `<name>_torch_reference` (always the torch reference)
+
+
+# Schema-dependent keywords: (keyword, which input fields make it appear, what it maps them to).
+FIELD_KEYWORDS = {
+    "extra_inputs": ("input_fields", "int64 per-token tensor"),
+    "extra_slot_tables": ("per_slot_fields", "int64 [num_slots] tensor"),
+    "extra_request_values": ("per_request_fields", "int64 [bs] tensor"),
+}
+
+
+def _field_arg(schema: Schema, keyword: str) -> tuple[Arg, ...]:
+    fields = getattr(schema.canary, FIELD_KEYWORDS[keyword][0])
+    return (Arg(keyword),) if fields else ()
+
+
+def launches(schema: Schema) -> tuple[PublicLaunch, ...]:
+    """The public launches of this schema, in `__all__` order."""
+    return (
+        PublicLaunch(
+            "launch_canary_write_kernel", "write",
+            (Arg("context"), Arg("plan"), Arg("input_ids"), Arg("positions"), Arg("out_cache_loc"),
+             Arg("enable_write_input_assert"), Arg("expected_input_tokens", "None"),
+             Arg("expected_input_positions", "None"), *_field_arg(schema, "extra_inputs")),
+            "context.canary_buf", "Write the records of a WritePlan's chains (SEMANTICS.md §5.1)."),
+        PublicLaunch(
+            "launch_canary_verify_kernel", "verify",
+            (Arg("context"), Arg("plan"), Arg("check_verify_expected_token"),
+             *_field_arg(schema, "extra_slot_tables")),
+            "context.canary_buf", "Check the entries of a VerifyPlan and append mismatches to the ring (SEMANTICS.md §5.2)."),
+        PublicLaunch(
+            "launch_canary_plan_kernels", "plan",
+            (Arg("verify_plan_out"), Arg("write_plan_out"), Arg("req_pool_indices"), Arg("prefix_lens"),
+             Arg("extend_seq_lens"), Arg("req_to_token"), Arg("swa_window_size"), Arg("full_to_swa_index_mapping"),
+             Arg("verify_capacity"), Arg("req_to_verify_expected_tokens", "None"),
+             Arg("req_to_verify_expected_tokens_valid_lens", "None"), Arg("kv_token_id_vs_position_offset", "0"),
+             *_field_arg(schema, "extra_request_values")),
+            "req_to_token", "Derive the verify and write plans of a batch (SEMANTICS.md §5.3)."),
+        PublicLaunch(
+            "scatter_req_token_ids", "scatter",
+            (Arg("flat_in"), Arg("offsets"), Arg("req_pool_indices"), Arg("pool_out")),
+            "pool_out", "Copy each request's token ids into its row of the expected-token pool (SEMANTICS.md §5.4)."),
+    )
+
+
+def public_names(schema: Schema) -> tuple[str, ...]:
+    """`__all__` of generated/api.py: every launch, then every `_torch_reference` variant."""
+    table = launches(schema)
+    return tuple(x.name for x in table) + tuple(f"{x.name}_torch_reference" for x in table if x.reference)

@@ -1,0 +1,339 @@
+"""Host-side validation of every launch (SEMANTICS.md §7), for one generated layer.
+
+Every number, name and message comes from the layer's layout tables (generated/layout.py): the
+record and ring sizes, the enums, the §7 texts with the schema's values already in them, and the
+input fields a schema declares. Everything is checked from shapes, dtypes and Python arguments
+only: no device value is read, so validation never synchronises a GPU. Backends may assume
+validated inputs. `validate_<operation>` returns the keyword arguments the backend operation takes,
+normalised (input-field mappings become dicts with exactly the schema's keys).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Mapping, Optional
+
+import torch
+
+_INT64 = torch.int64
+_INT32 = torch.int32
+_UINT8 = torch.uint8
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(int(d) for d in t.shape)
+
+
+class Validators:
+    """The checks of one layer (`layout`: the layer's generated layout module)."""
+
+    def __init__(self, layout):
+        self.layout = layout
+        self.prefix = layout.MESSAGE_PREFIX
+        self.messages = layout.MESSAGES
+        fields = layout.INPUT_FIELDS
+        self.input_fields = tuple(f.name for f in fields)
+        self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
+        self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
+
+    def message(self, key: str, **values: Any) -> str:
+        """The full §7 text of `key` with its run-time values filled in."""
+        return self.prefix + self.messages[key].format(**values)
+
+    def fail(self, key: str, **values: Any) -> ValueError:
+        return ValueError(self.message(key, **values))
+
+    def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
+                     device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
+        """Type, dtype, rank, shape (None entries match anything), device and contiguity of one tensor."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise TypeError(f"{self.prefix}{name} must have dtype {dtype}, got {t.dtype}")
+        want_ndim = len(shape) if shape is not None else ndim
+        if want_ndim is not None and t.dim() != want_ndim:
+            raise ValueError(f"{self.prefix}{name} must be {want_ndim}-D, got shape {_shape(t)}")
+        if shape is not None and any(w is not None and w != g for w, g in zip(shape, _shape(t))):
+            want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
+        if device is not None and t.device != device:
+            raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
+        if contiguous and not t.is_contiguous():
+            raise self.fail("not_contiguous", name=name)
+        return t
+
+    def as_int(self, name: str, value: Any) -> int:
+        """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
+        if not isinstance(value, bool):
+            try:
+                return operator.index(value)
+            except TypeError:
+                pass
+        raise TypeError(f"{self.prefix}{name} must be an int, got {type(value).__name__}")
+
+    def check_int(self, name: str, value: Any, *, minimum: Optional[int] = None) -> int:
+        value = self.as_int(name, value)
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{self.prefix}{name} must be >= {minimum}, got {value}")
+        return value
+
+    def check_enum(self, name: str, value: Any, enum_type):
+        """A member of one of the schema's enums, given as the member or its int value."""
+        members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
+        if not isinstance(value, bool):
+            try:
+                return enum_type(operator.index(value))
+            except (TypeError, ValueError):
+                pass
+        raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}")
+
+    def check_device(self, name: str, device: Any) -> torch.device:
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"{self.prefix}{name} must be a torch.device or a device string such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
+
+    def check_bool(self, name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{self.prefix}{name} must be a bool, got {type(value).__name__}")
+        return value
+
+    # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
+    def check_real_kv_source(self, *, tensor: Any, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
+        """The §4 rules, in SGLang's order; plus the 16-byte alignment that vector loads need."""
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        page_size = self.as_int("RealKvSource.page_size", page_size)
+        num_bytes_per_token = self.as_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
+        read_bytes = self.as_int("RealKvSource.read_bytes", read_bytes)
+        if page_size < 1:
+            raise self.fail("real_kv_page_size", page_size=page_size)
+        if num_bytes_per_token <= 0 or num_bytes_per_token % align:
+            raise self.fail("real_kv_num_bytes_per_token", n=num_bytes_per_token)
+        if read_bytes <= 0 or read_bytes % align or read_bytes > num_bytes_per_token:
+            raise self.fail("real_kv_read_bytes", n=num_bytes_per_token, r=read_bytes)
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() < 2:
+            raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
+        es = tensor.element_size()
+        row_stride = int(tensor.stride(0)) * es
+        if row_stride % align:
+            raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(tensor.stride()), dtype=tensor.dtype)
+        # A row's bytes are read as one flat run starting at the row's first element.
+        if not tensor[0:1].is_contiguous() and tensor.shape[0] > 0:
+            raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
+                             f"got shape={_shape(tensor)}, strides={tuple(tensor.stride())}")
+        row_bytes = es
+        for d in tensor.shape[1:]:
+            row_bytes *= int(d)
+        needed = page_size * num_bytes_per_token
+        if row_bytes < needed:
+            raise self.fail("real_kv_row_width", b=row_bytes, p=page_size, n=num_bytes_per_token, m=needed)
+        if tensor.data_ptr() % align:
+            raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
+                             f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
+
+    def check_real_kv_sources(self, sources: Any, *, device: torch.device) -> tuple:
+        if not isinstance(sources, (tuple, list)):
+            raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
+        if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
+            raise self.fail("real_kv_source_count", n=len(sources))
+        for i, src in enumerate(sources):
+            for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
+                if not hasattr(src, attr):
+                    raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
+            self.check_real_kv_source(tensor=src.tensor, page_size=src.page_size,
+                                      num_bytes_per_token=src.num_bytes_per_token, read_bytes=src.read_bytes)
+            if src.tensor.device != device:
+                raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
+                                 f"got {src.tensor.device}")
+        return tuple(sources)
+
+    # -- buffers and plans --------------------------------------------------------------------------------
+    def check_canary_buf(self, canary_buf: Any) -> int:
+        """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record; returns num_slots."""
+        self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2, contiguous=False)
+        if not canary_buf.is_contiguous():
+            raise self.fail("not_contiguous", name="canary_buf")
+        stride = int(canary_buf.shape[1])
+        if stride % self.layout.CANARY_WORD_BYTES:
+            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {self.layout.CANARY_WORD_BYTES} bytes, "
+                             f"got {stride} (shape {_shape(canary_buf)})")
+        if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
+            raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
+        return int(canary_buf.shape[0])
+
+    def check_verify_capacity(self, verify_capacity: Any) -> int:
+        if isinstance(verify_capacity, bool) or not isinstance(verify_capacity, int):
+            raise TypeError(f"{self.prefix}verify_capacity must be an int, got {type(verify_capacity).__name__}")
+        if verify_capacity <= 0:
+            raise self.fail("verify_capacity", n=verify_capacity)
+        return verify_capacity
+
+    def check_write_capacity(self, write_req_capacity: Any) -> int:
+        if isinstance(write_req_capacity, bool) or not isinstance(write_req_capacity, int):
+            raise TypeError(f"{self.prefix}write_req_capacity must be an int, got {type(write_req_capacity).__name__}")
+        if write_req_capacity <= 0:
+            raise self.fail("write_capacity", n=write_req_capacity)
+        return write_req_capacity
+
+    def check_context(self, context: Any) -> int:
+        """Every tensor of a VerifyOrWriteContext; returns num_slots."""
+        for attr in ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
+                     "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert"):
+            if not hasattr(context, attr):
+                raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
+        num_slots = self.check_canary_buf(context.canary_buf)
+        dev = context.canary_buf.device
+        self.check_tensor("violation_ring", context.violation_ring, dtype=_INT64, shape=(None, self.layout.VIOLATION_FIELDS), device=dev)
+        self.check_tensor("violation_write_index", context.violation_write_index, dtype=_INT32, shape=(1,), device=dev)
+        self.check_tensor("slot_run_counter", context.slot_run_counter, dtype=_INT64, shape=(1,), device=dev)
+        self.check_tensor("kernel_run_counter", context.kernel_run_counter, dtype=_INT64, shape=(1,), device=dev)
+        self.check_tensor("enable_chain_position_assert", context.enable_chain_position_assert, dtype=_INT32, shape=(1,), device=dev)
+        # [extension] optional per-reason totals; getattr: an SGLang-style context object has no such field.
+        counts = getattr(context, "violation_reason_counts", None)
+        if counts is not None:
+            self.check_tensor("violation_reason_counts", counts, dtype=_INT64, shape=(self.layout.VIOLATION_REASON_COUNT_COLUMNS,),
+                              device=dev)
+        self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
+        self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
+        self.check_real_kv_sources(context.real_kv_sources, device=dev)
+        return num_slots
+
+    def check_verify_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
+        """Every array of a VerifyPlan; returns its capacity."""
+        names = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
+                 *("verify_expected_" + n for n in self.per_request_fields))
+        for attr in (*names, "verify_num_valid", "enable"):
+            if not hasattr(plan, attr):
+                raise TypeError(f"{self.prefix}plan must be a VerifyPlan of this schema (missing {attr}), got {type(plan).__name__}")
+        first = getattr(plan, names[0])
+        self.check_tensor("plan.verify_slot_indices", first, dtype=_INT64, ndim=1, device=device, device_of=device_of)
+        cap = int(first.shape[0])
+        if cap <= 0:
+            raise self.fail("verify_capacity", n=cap)
+        for attr in names[1:]:
+            self.check_tensor("plan." + attr, getattr(plan, attr), dtype=_INT64, shape=(cap,), device=device, device_of=device_of)
+        self.check_tensor("plan.verify_num_valid", plan.verify_num_valid, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        self.check_tensor("plan.enable", plan.enable, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        return cap
+
+    def check_write_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
+        """Every array of a WritePlan; returns its request capacity."""
+        for attr in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):
+            if not hasattr(plan, attr):
+                raise TypeError(f"{self.prefix}plan must be a WritePlan (missing {attr}), got {type(plan).__name__}")
+        self.check_tensor("plan.write_seed_slot_indices", plan.write_seed_slot_indices, dtype=_INT64, ndim=1, device=device, device_of=device_of)
+        cap = int(plan.write_seed_slot_indices.shape[0])
+        if cap <= 0:
+            raise self.fail("write_capacity", n=cap)
+        self.check_tensor("plan.write_offsets", plan.write_offsets, dtype=_INT64, shape=(cap + 1,), device=device, device_of=device_of)
+        self.check_tensor("plan.write_num_valid_reqs", plan.write_num_valid_reqs, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        return cap
+
+    def _check_extra(self, kind: str, given: Optional[Mapping], names: tuple, *, length: int, length_of: str,
+                     device: torch.device, device_of: str) -> dict:
+        """A {field name: int64 [length]} mapping with exactly `names` as keys ({} / None when there are none)."""
+        given = {} if given is None else given
+        if not isinstance(given, Mapping):
+            raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
+        if set(given) != set(names):
+            want = ", ".join(names) if names else "no fields (this schema declares none)"
+            raise ValueError(f"{self.prefix}{kind} must have exactly the keys [{want}], got [{', '.join(map(str, given))}]")
+        out = {}
+        for name in names:
+            out[name] = self.check_tensor(f"{kind}[{name!r}]", given[name], dtype=_INT64, shape=(length,), device=device,
+                                          device_of=device_of)
+        return out
+
+    # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
+    def validate_write(self, *, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+                       expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> dict:
+        self.check_context(context)
+        dev = context.canary_buf.device
+        self.check_write_plan(plan, device=dev)
+        self.check_tensor("input_ids", input_ids, dtype=_INT64, ndim=1, device=dev)
+        n = int(input_ids.shape[0])
+        self.check_tensor("positions", positions, dtype=_INT64, shape=(n,), device=dev)
+        self.check_tensor("out_cache_loc", out_cache_loc, dtype=_INT64, shape=(n,), device=dev)
+        self.check_bool("enable_write_input_assert", enable_write_input_assert)
+        if enable_write_input_assert:
+            if expected_input_tokens is None or expected_input_positions is None:
+                raise self.fail("expected_inputs_required")
+            self.check_tensor("expected_input_tokens", expected_input_tokens, dtype=_INT64, shape=(n,), device=dev)
+            self.check_tensor("expected_input_positions", expected_input_positions, dtype=_INT64, shape=(n,), device=dev)
+        elif expected_input_tokens is not None or expected_input_positions is not None:
+            raise self.fail("expected_inputs_forbidden")
+        extra = self._check_extra("extra_inputs", extra_inputs, self.input_fields, length=n, length_of="input_ids",
+                                  device=dev, device_of="canary_buf")
+        return dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                    enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+                    expected_input_positions=expected_input_positions, extra_inputs=extra)
+
+    def validate_verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> dict:
+        num_slots = self.check_context(context)
+        dev = context.canary_buf.device
+        self.check_verify_plan(plan, device=dev)
+        self.check_bool("check_verify_expected_token", check_verify_expected_token)
+        extra = self._check_extra("extra_slot_tables", extra_slot_tables, self.per_slot_fields, length=num_slots,
+                                  length_of="canary_buf", device=dev, device_of="canary_buf")
+        return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
+                    extra_slot_tables=extra)
+
+    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
+                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
+                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
+        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
+        on = dict(device_of="req_to_token")
+        self.check_tensor("req_to_token", req_to_token, dtype=_INT32, ndim=2, contiguous=True)
+        dev = req_to_token.device
+        cap = self.check_verify_plan(verify_plan_out, device=dev, **on)
+        wcap = self.check_write_plan(write_plan_out, device=dev, **on)
+        self.check_verify_capacity(verify_capacity)
+        if verify_capacity != cap:
+            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {cap}, got {verify_capacity}")
+        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, **on)
+        bs = int(req_pool_indices.shape[0])
+        if bs > wcap:
+            raise ValueError(f"{self.prefix}req_pool_indices holds {bs} requests but write_plan_out.write_req_capacity "
+                             f"is {wcap}")
+        self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
+        self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
+        self.check_int("swa_window_size", swa_window_size, minimum=0)
+        if swa_window_size > 0:
+            if full_to_swa_index_mapping is None:
+                raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
+            self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1, device=dev,
+                              **on)
+        elif full_to_swa_index_mapping is not None:
+            raise ValueError(f"{self.prefix}full_to_swa_index_mapping must be None when swa_window_size == 0, "
+                             f"got a {type(full_to_swa_index_mapping).__name__}")
+        if (req_to_verify_expected_tokens is None) != (req_to_verify_expected_tokens_valid_lens is None):
+            given = ("req_to_verify_expected_tokens" if req_to_verify_expected_tokens is not None
+                     else "req_to_verify_expected_tokens_valid_lens")
+            raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
+                             f"must be given together, got only {given}")
+        if req_to_verify_expected_tokens is not None:
+            self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2,
+                              device=dev, **on)
+            self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
+                              dtype=_INT64, shape=(bs,), device=dev, **on)
+        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
+                                  length_of="req_pool_indices", device=dev, **on)
+        return dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
+                    prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
+                    swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
+                    verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra)
+
+    def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
+        self.check_tensor("pool_out", pool_out, dtype=_INT32, ndim=2)
+        dev = pool_out.device
+        self.check_tensor("flat_in", flat_in, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
+        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
+        bs = int(req_pool_indices.shape[0])
+        self.check_tensor("offsets", offsets, dtype=_INT64, shape=(bs + 1,), device=dev, device_of="pool_out")
+        return dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
