@@ -374,7 +374,7 @@ def _verify_result(ms: float, nbytes: int, copy: dict | None, violations: int, *
 
 
 def write_target_line(r: dict) -> str:
-    """The prefill write against its chain alone (shared with scripts/gpu_check.py's summary)."""
+    """The prefill write against its chain alone (scripts/gpu_check.py prints the same figures)."""
     t = r.get("write_target")
     verdict = f"target <= {WRITE_TARGET_RATIO}x: {'met' if t['met'] else 'NOT met'}" if t else "target unknown"
     return (f"prefill chain only (bench/chain_only.cu, the serial floor): {_fmt(r.get('chain_only_32768_ms'), '.3f')} ms; "
