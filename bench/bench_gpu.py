@@ -10,6 +10,10 @@
 - write latency: one 32,768-token prefill chain; 256 one-token decodes; both with kernels.yaml's
   write launch shape (reported), and the prefill again with SGLang's one-thread-per-request shape
   (`per_request`, a layer generated with the write launch pinned to it) for comparison.
+- the prefill's floor: bench/chain_only.cu folds the same 32,768 tokens into the schema's chain in
+  one thread and nothing else (compiled against the layer's header like the generated kernels);
+  target: the write within 1.3x of it. Self-checking: its final link must be the link of the
+  record the write stored last.
 - plan latency: 256 requests x 4,096 prefix tokens.
 CUDA events, warm-up, median of --repeats. Skips (exit 0, or 2 with --require-gpu) when no GPU is
 visible. Each benchmark is a section: a failing one is recorded under "errors" (exit 1) and the
@@ -180,6 +184,39 @@ class Workload:
 
 
 TARGET_RATIO = 0.6  # issue 4: verify >= 60% of the copy bandwidth measured in the same run
+WRITE_TARGET_RATIO = 1.3  # issue 14: a prefill write within 1.3x of its chain alone
+CHAIN_ONLY_SOURCE = ROOT / "bench" / "chain_only.cu"
+CHAIN_ONLY_KERNEL = "kv_canary_chain_only"
+
+
+def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor):
+    """(run, final_link): run() launches bench/chain_only.cu over the tokens on torch's current
+    stream (one block of one warp); final_link is the int64 [1] CUDA tensor it writes."""
+    import cupy
+    import numpy as np
+
+    import kv_canary
+    from kv_canary.cuda.module import load_source_module
+    index = input_ids.device.index if input_ids.device.index is not None else torch.cuda.current_device()
+    mods = kv_canary.runtime_for(layer).backend("cuda").warm_up(input_ids.device)  # its stream helper
+    module = load_source_module(layer, CHAIN_ONLY_SOURCE.read_text(encoding="utf-8"), CHAIN_ONLY_SOURCE.name, index)
+    with cupy.cuda.Device(index):
+        fn = module.get_function(CHAIN_ONLY_KERNEL)
+    final_link = torch.zeros(1, dtype=torch.int64, device=input_ids.device)
+    args = (np.uint64(input_ids.data_ptr()), np.uint64(positions.data_ptr()), np.int64(input_ids.numel()),
+            np.uint64(final_link.data_ptr()))
+
+    def run():
+        with cupy.cuda.Device(index), mods.stream(torch.cuda.current_stream(index)):
+            fn((1,), (32,), args)
+    return run, final_link
+
+
+def stored_link(layer, canary_buf: torch.Tensor, slot: int) -> int:
+    """link() of the record stored at `slot` (the torch reference's fold, on the host)."""
+    ref = importlib.import_module(layer.__name__ + ".reference")
+    words = canary_buf.view(torch.int64)[slot:slot + 1, :layer.layout.CANARY_FIELDS_PER_SLOT]
+    return int(ref.link_t(words.cpu())[0])
 
 
 def verify_grid_info(layer) -> dict:
@@ -261,20 +298,41 @@ def bench(repeats: int, out: dict, save) -> dict:
     write_kernel = kernel_abi(layer).kernel_for_template("write")
     out["write_launch"] = {"shape": write_kernel.shape, "threads": write_kernel.threads}
 
-    def prefill(key, rt=None, samples=max(3, repeats // 4)):
-        # One 32,768-token prefill chain (its own plan: 1 request, offsets [0, n]).
-        def run():
+    def prefill_inputs() -> dict:
+        # One 32,768-token prefill chain from the head to slots 1..n (its own plan: 1 request, offsets [0, n]).
+        if "prefill" not in state:
             one = alloc.WritePlan.allocate(write_req_capacity=1, device="cuda")
             one.write_offsets.copy_(torch.tensor([0, PREFILL_TOKENS]))
             one.write_seed_slot_indices.fill_(-1)
             one.write_num_valid_reqs.fill_(1)
-            loc = torch.arange(1, PREFILL_TOKENS + 1, dtype=torch.int64, device="cuda")
-            ids = torch.randint(0, 50_000, (PREFILL_TOKENS,), device="cuda")
-            pos = torch.arange(PREFILL_TOKENS, device="cuda")
-            out[key] = time_ms(lambda: w.write(input_ids=ids, positions=pos, out_cache_loc=loc, plan=one, rt=rt),
-                               repeats=samples, warmup=1)  # the first call also absorbs a compile
+            state["prefill"] = dict(plan=one, out_cache_loc=torch.arange(1, PREFILL_TOKENS + 1, device="cuda"),
+                                    input_ids=torch.randint(0, 50_000, (PREFILL_TOKENS,), device="cuda"),
+                                    positions=torch.arange(PREFILL_TOKENS, device="cuda"))
+        return state["prefill"]
+
+    def prefill(key, rt=None, samples=max(3, repeats // 4)):
+        def run():
+            p = prefill_inputs()
+            out[key] = time_ms(lambda: w.write(**p, rt=rt), repeats=samples, warmup=1)  # the first call also absorbs a compile
         return run
     section("write_prefill_32768", prefill("write_prefill_32768_ms"))
+
+    def chain_only():
+        # The same tokens through the chain alone; its final link is the last stored record's link.
+        p = prefill_inputs()
+        run, final_link = chain_only_launcher(layer, p["input_ids"], p["positions"])
+        out["chain_only_32768_ms"] = time_ms(run, repeats=max(3, repeats // 4), warmup=1)
+        torch.cuda.synchronize()
+        w.write(**p)  # the records of these tokens, whatever ran before
+        want = stored_link(layer, w.ctx.canary_buf, PREFILL_TOKENS)
+        if int(final_link[0]) != want:
+            raise AssertionError(f"chain-only final link {int(final_link[0]) & (2**64 - 1):#018x} differs from the "
+                                 f"link of the prefill's last record {want & (2**64 - 1):#018x}")
+        if "write_prefill_32768_ms" in out:
+            ratio = out["write_prefill_32768_ms"] / out["chain_only_32768_ms"]
+            out["write_prefill_vs_chain_only"] = ratio
+            out["write_target"] = {"ratio": ratio, "target": WRITE_TARGET_RATIO, "met": ratio <= WRITE_TARGET_RATIO}
+    section("chain_only_32768", chain_only)
     if write_kernel.shape != "per_request":
         # SGLang's shape, for the before/after: one thread fingerprints and chains all 32,768 entries.
         section("write_prefill_32768_per_request",
@@ -314,6 +372,14 @@ def _verify_result(ms: float, nbytes: int, copy: dict | None, violations: int, *
     return result
 
 
+def write_target_line(r: dict) -> str:
+    """The prefill write against its chain alone (scripts/gpu_check.py prints the same figures)."""
+    t = r.get("write_target")
+    verdict = f"target <= {WRITE_TARGET_RATIO}x: {'met' if t['met'] else 'NOT met'}" if t else "target unknown"
+    return (f"prefill chain only (bench/chain_only.cu, the serial floor): {_fmt(r.get('chain_only_32768_ms'), '.3f')} ms; "
+            f"write / chain only {_fmt(r.get('write_prefill_vs_chain_only'), '.2f')}x ({verdict})")
+
+
 def _fmt(value, fmt: str, scale: float = 1.0) -> str:
     return format(value / scale, fmt) if isinstance(value, (int, float)) else "n/a"
 
@@ -347,6 +413,7 @@ def report(r: dict) -> str:
     lines.append(f"write ({launch.get('shape', '?')}, {launch.get('threads', '?')} threads): 32,768-token prefill "
                  f"{_fmt(r.get('write_prefill_32768_ms'), '.3f')} ms; "
                  f"256 one-token decodes {_fmt(r.get('write_decode_256_ms'), '.3f')} ms")
+    lines.append(write_target_line(r))
     if "write_prefill_32768_per_request_ms" in r:
         lines.append(f"write prefill with SGLang's per_request shape (one thread per request): "
                      f"{r['write_prefill_32768_per_request_ms']:.3f} ms "

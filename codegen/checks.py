@@ -441,10 +441,10 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
             fix = (f"use at most {most} threads" if most else "no thread count fits; use launch shape 'per_request'")
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' launch shape 'block_per_request' needs {smem.total_bytes} bytes of static "
-                    f"shared memory with {launch.threads} threads ({launch.threads} staged entries of "
-                    f"{smem.entry_bytes} bytes for the {len(schema.canary.fields)}-field record + {smem.warps} "
-                    f"warp tiles of {smem.tile_bytes} bytes), more than the {smem.limit_bytes} a block may "
-                    f"declare; {fix}")
+                    f"shared memory with {launch.threads} threads ({smem.buffers} x {smem.staged_entries} staged entries "
+                    f"of {smem.entry_bytes} bytes for the {len(schema.canary.fields)}-field record + "
+                    f"{smem.stager_warps} warp tiles of {smem.tile_bytes} bytes), more than the {smem.limit_bytes} "
+                    f"a block may declare; {fix}")
         elif k.warp_reduction and launch.threads % 32:
             d.error(launch.where.get("threads", launch.loc),
                     f"kernel '{k.name}' uses a warp reduction, so its thread count must be a multiple of 32, "

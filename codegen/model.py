@@ -148,21 +148,28 @@ _KV_CHUNK_BYTES = 16  # kvc::KvChunk: one 16-byte vector load (two u64 words)
 class BlockSharedMemory:
     """Static shared memory of the write kernel's block_per_request shape (templates/cuda/write.cu.j2).
 
-    The template sizes its arrays from this, and checks.py rejects a schema whose total does not
-    fit, so the two cannot disagree; the template also static_asserts the struct sizes against it.
+    Warp 0 walks the chain; every other warp stages one entry per thread into a chunk (a one-warp
+    block's warp does both, over 32 entries). Chunks are double-buffered, so that chunk k+1 is
+    staged while chunk k is walked, and each staging warp has one tile for its cooperative
+    fingerprint loads. The template sizes its arrays from this, and checks.py rejects a schema
+    whose total does not fit, so the two cannot disagree; the template also static_asserts the
+    struct sizes against it.
     """
     threads: int
-    entry_bytes: int    # sizeof(Entry): slot, in_range (padded to 8), expected token and position, the record
-    slice_chunks: int   # 16-byte chunks per row in one slice of a warp's cooperative fingerprint
-    tile_bytes: int     # sizeof(KvWarpTile<slice_chunks>): 32 rows of slice_chunks + 1 (padding) chunks
+    entry_bytes: int     # sizeof(Entry): the record, slot, prev_pos, and two int flags
+    staged_entries: int  # entries per chunk: threads - 32 (warp 0 walks), or 32 for a one-warp block
+    slice_chunks: int    # 16-byte chunks per row in one slice of a warp's cooperative fingerprint
+    tile_bytes: int      # sizeof(KvWarpTile<slice_chunks>): 32 rows of slice_chunks + 1 (padding) chunks
+
+    buffers = 2  # chunk k walked while chunk k+1 is staged
 
     @property
-    def warps(self) -> int:
-        return self.threads // WARP_SIZE
+    def stager_warps(self) -> int:
+        return self.staged_entries // WARP_SIZE
 
     @property
     def total_bytes(self) -> int:
-        return self.entry_bytes * self.threads + self.tile_bytes * self.warps
+        return self.buffers * self.staged_entries * self.entry_bytes + self.tile_bytes * self.stager_warps
 
     @property
     def limit_bytes(self) -> int:
@@ -174,11 +181,13 @@ class BlockSharedMemory:
 
 
 def block_per_request_shared_memory(canary: "Record", threads: int) -> BlockSharedMemory:
-    """One staged Entry per thread plus one tile per warp, with the widest slice that still fits."""
-    entry = 8 * (len(canary.fields) + 4)
-    per_thread_tile = STATIC_SHARED_MEMORY_BYTES // max(threads, 1) - entry  # a warp's tile / 32 lanes
-    chunks = next((k for k in (8, 4, 2) if per_thread_tile >= _KV_CHUNK_BYTES * (k + 1)), 1)
-    return BlockSharedMemory(threads, entry, chunks, WARP_SIZE * (chunks + 1) * _KV_CHUNK_BYTES)
+    """Two buffers of staged Entries plus one tile per staging warp, with the widest slice that still fits."""
+    entry = 8 * (len(canary.fields) + 3)
+    staged = threads - WARP_SIZE if threads > WARP_SIZE else WARP_SIZE
+    warps = staged // WARP_SIZE
+    per_warp_tile = (STATIC_SHARED_MEMORY_BYTES - BlockSharedMemory.buffers * staged * entry) // warps
+    chunks = next((k for k in (8, 4, 2) if per_warp_tile >= WARP_SIZE * _KV_CHUNK_BYTES * (k + 1)), 1)
+    return BlockSharedMemory(threads, entry, staged, chunks, WARP_SIZE * (chunks + 1) * _KV_CHUNK_BYTES)
 
 
 def verify_slice_chunks(threads: int) -> int:

@@ -228,6 +228,12 @@ def bench_lines(bench: dict) -> list[str]:
                      f"(fixed-grid time / persistent time)")
     lines.append(f"- write: one 32,768-token prefill chain {_num(bench.get('write_prefill_32768_ms'), '.3f')} ms; "
                  f"256 one-token decodes {_num(bench.get('write_decode_256_ms'), '.3f')} ms")
+    target = bench.get("write_target")
+    verdict = (f"target <= {target['target']}x: {'met' if target['met'] else 'NOT met'}" if target
+               else "target unknown")
+    lines.append(f"- prefill chain only (bench/chain_only.cu: one thread folds the same 32,768 tokens, nothing else): "
+                 f"{_num(bench.get('chain_only_32768_ms'), '.3f')} ms; write / chain only "
+                 f"**{_num(bench.get('write_prefill_vs_chain_only'), '.2f')}x** ({verdict})")
     lines.append(f"- plan: 256 requests x 4,096 prefix tokens {_num(bench.get('plan_256x4096_ms'), '.3f')} ms")
     for name, err in (bench.get("errors") or {}).items():
         lines.append(f"- ERROR in {name}: {err}")

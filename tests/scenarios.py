@@ -248,6 +248,29 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
                 expected_input_positions=exp_pos, extra_inputs=extra)
 
 
+def write_ranges(case: dict) -> list[tuple[int, int]]:
+    """[lo, hi) of every request the write kernel runs (the plan's active rows, clamped as it clamps them)."""
+    plan, total = case["plan"], int(case["out_cache_loc"].shape[0])
+    n = max(0, min(int(plan.write_num_valid_reqs[0]), int(plan.write_seed_slot_indices.shape[0])))
+    return [(min(max(int(plan.write_offsets[r]), 0), total), min(max(int(plan.write_offsets[r + 1]), 0), total))
+            for r in range(n)]
+
+
+def crowd_slots(rng: random.Random, case: dict, *, distinct: int = 3) -> dict:
+    """Every request's in-range slots redrawn from `distinct` of its own: many duplicate slots inside
+    one request, next to each other and far apart (in one chunk of a block's walk and across chunks),
+    where the later entry must win. Each request draws from its own slots (requests whose ranges
+    overlap, e.g. the plan's garbage rows past the batch, may then share some)."""
+    locs, num_slots = case["out_cache_loc"].tolist(), int(case["context"].canary_buf.shape[0])
+    for lo, hi in write_ranges(case):
+        own = sorted({s for s in locs[lo:hi] if 0 <= s < num_slots})
+        if own:
+            pool = rng.sample(own, min(distinct, len(own)))
+            locs[lo:hi] = [rng.choice(pool) if 0 <= s < num_slots else s for s in locs[lo:hi]]
+    case["out_cache_loc"].copy_(_i64(locs))
+    return case
+
+
 # -- verify ---------------------------------------------------------------------------------------------
 def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_prefix: int = 64) -> dict:
     lay, alloc, _ = _mods(layer)

@@ -123,12 +123,13 @@ def _largest_accepted(n_fields: int) -> int:
 
 
 @pytest.mark.parametrize("n_fields, want", [
-    # Entry = 8 * (fields + 4) bytes per thread, plus one 32-row tile of 16-byte chunks per warp
-    # (the arithmetic of write.cu.j2's structs, worked by hand):
-    (4, 512),    # 64 * 512 + 16 * 1024 = 49152: exactly 48 KiB
-    (16, 256),   # 160 * 256 + 8 * 1024 = 49152; 288 threads would need 46080 + 9 * 1024
-    (32, 128),   # 288 * 128 + 4 * 2560 = 47104; 160 threads: 46080 + 5 * 1024 = 51200
-    (64, 64),    # 544 * 64 + 2 * 4608 = 44032 (8-chunk slices); 96 threads: 52224 + 3 * 1024
+    # Two buffers of (threads - 32) staged Entries of 8 * (fields + 3) bytes (warp 0 walks and stages
+    # nothing), plus one 32-row tile of 16-byte chunks per staging warp (the arithmetic of
+    # write.cu.j2's structs, worked by hand):
+    (4, 352),    # 2 * 320 * 56 + 10 * 1024 = 46080; 384 threads: 39424 + 11 * 1024 = 50688
+    (16, 160),   # 2 * 128 * 152 + 4 * 2560 = 49152 (4-chunk slices): exactly 48 KiB; 192: 48640 + 5 * 1024
+    (32, 96),    # 2 * 64 * 280 + 2 * 4608 = 45056 (8-chunk slices); 128 threads: 53760 + 3 * 1024
+    (64, 64),    # 2 * 32 * 536 + 1 * 4608 = 38912; 96 threads: 68608 + 2 * 1024
 ])
 def test_block_per_request_thread_bound(n_fields, want):
     assert _largest_accepted(n_fields) == want
@@ -142,10 +143,10 @@ def test_shared_memory_error_names_the_threads_and_the_fix():
     line = next(i for i, s in enumerate(lines) if "shape: block_per_request, threads: 256" in s) + 1
     col = lines[line - 1].index("256") + 1
     assert str(err.value) == (
-        f"kernels.yaml:{line}:{col}: error: kernel 'canary_write' launch shape 'block_per_request' needs 81920 bytes "
-        f"of static shared memory with 256 threads (256 staged entries of 288 bytes for the 32-field record + 8 "
+        f"kernels.yaml:{line}:{col}: error: kernel 'canary_write' launch shape 'block_per_request' needs 132608 bytes "
+        f"of static shared memory with 256 threads (2 x 224 staged entries of 280 bytes for the 32-field record + 7 "
         f"warp tiles of 1024 bytes), more than the {STATIC_SHARED_MEMORY_BYTES} a block may declare; use at most "
-        f"128 threads")
+        f"96 threads")
 
 
 def _write_sources(schema) -> tuple[str, str, dict[str, str]]:
@@ -157,13 +158,13 @@ def _write_sources(schema) -> tuple[str, str, dict[str, str]]:
 def test_the_compiler_agrees_with_the_shared_memory_bound():
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC bindings (cupy-cuda13x) not installed")
     from kv_canary.cuda import nvrtc
-    schema = load_schema_text(_wide_record_text(32, 128))  # the most threads checks.py accepts
+    schema = load_schema_text(_wide_record_text(32, 96))  # the most threads checks.py accepts
     name, source, headers = _write_sources(schema)
     assert nvrtc.compile_source(source, f"{name}.cu", headers, arch=90)[:4] == b"\x7fELF"
     # One warp more, past the checker (it would refuse this schema): the kernel's own assert fires.
     write = schema.kernels_by_template("write")[0]
-    wider = dataclasses.replace(write, launch=dataclasses.replace(write.launch, threads=160))
-    assert not block_per_request_shared_memory(schema.canary, 160).fits
+    wider = dataclasses.replace(write, launch=dataclasses.replace(write.launch, threads=128))
+    assert not block_per_request_shared_memory(schema.canary, 128).fits
     name, source, headers = _write_sources(dataclasses.replace(
         schema, kernels=tuple(wider if k is write else k for k in schema.kernels)))
     with pytest.raises(nvrtc.CudaCompileError, match=f"static shared memory of {name}"):

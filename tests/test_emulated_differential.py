@@ -36,9 +36,11 @@ def each_case(layer, kind: str, make, *, ordered: bool) -> None:
 
 
 def test_write_matches_reference(any_layer):
-    # Each request is walked in entry order by one thread (block_per_request: thread 0 of the
-    # request's block) and emulated blocks run in request order: rows land in entry order, and the
-    # sequential semantics of duplicates and in-batch seeds hold, so overlap cases are exact too.
+    # Each request's chain is walked in entry order by one thread, its rows are appended in entry
+    # order (block_per_request: each stager thread appends its entry's rows before its warp's first
+    # collective, and emulated threads run in index order), and emulated blocks run in request
+    # order: rows land where the reference puts them, and the sequential semantics of duplicates
+    # and in-batch seeds hold, so overlap cases are exact too.
     each_case(any_layer, "write",
               lambda rng, layer: scenarios.make_write_case(rng, layer, overlap=rng.random() < 0.5), ordered=True)
 

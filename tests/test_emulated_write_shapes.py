@@ -1,11 +1,14 @@
 """The write kernel's two launch shapes (issue 4 §1) against the torch reference, in emulation.
 
-`block_per_request` (kernels.yaml's default) stages a request's entries in chunks of blockDim.x and
-lets thread 0 walk each chunk; `per_request` (SGLang's) walks a request in one thread. Requests here
-are long enough to span several chunks (the emulated block has at most 64 threads; the 32-thread
-variant makes every chunk a single warp), and half of the cases overlap requests (duplicate slots,
-seeds written earlier in the batch): emulated blocks run in order, so every row must land exactly
-where the reference puts it. Cases per shape: 80 x KV_CANARY_CASES.
+`block_per_request` (kernels.yaml's default) takes a request's entries in double-buffered chunks:
+thread 0 walks chunk k's chain while the other warps check and store chunk k-1 and stage chunk k+1;
+`per_request` (SGLang's) walks a request in one thread. Requests here are long enough to span
+several chunks (the emulated block has 64 threads by default: chunks of one stager warp; the
+32-thread variant has one warp that walks and stages in turn; the full-block test runs kernels.yaml's
+256 threads: chunks of 224 across seven stager warps), and half of the cases overlap requests
+(duplicate slots, seeds written earlier in the batch). Emulated blocks run in order and each stager
+appends its rows before its warp's first collective, in thread order, so every row must land exactly
+where the reference puts it. Cases per shape: 80 x KV_CANARY_CASES (full block: 12 x).
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ from kv_canary.cuda.sources import kernel_abi, read_source
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-CASES = max(1, int(80 * float(os.environ.get("KV_CANARY_CASES", "1"))))
+MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
+CASES = max(1, int(80 * MULTIPLIER))
 
 
 @pytest.fixture(scope="module", params=[("default", 0), ("block_per_request", 32), ("per_request", 128)],
@@ -55,3 +59,23 @@ def test_long_requests_match_reference_in_both_shapes(shaped_layer):
         except AssertionError as exc:
             raise AssertionError(f"write case seed={seed} ({shaped_layer.__name__}): {exc}") from None
 
+
+
+def test_full_block_with_repeated_slots_matches_reference(default_layer, monkeypatch):
+    """kernels.yaml's whole block (warp 0 walks, the other warps stage chunks of threads - 32) over
+    requests of several chunks, half of them with slots repeated many times inside one request: in
+    one chunk across lanes and warps, and across chunks (scenarios.crowd_slots)."""
+    backend = kv_canary.runtime_for(default_layer).backend("emulated")
+    write = kernel_abi(default_layer).kernel_for_template("write")
+    assert write.threads > 64, "kernels.yaml's write block is no wider than the emulation's default"
+    monkeypatch.setattr(backend, "threads", write.threads)
+    for seed in range(max(1, int(12 * MULTIPLIER))):
+        rng = random.Random(seed)
+        case = scenarios.make_write_case(rng, default_layer, n_reqs=rng.randint(1, 4), max_extend=3 * write.threads,
+                                         overlap=rng.random() < 0.5)
+        if seed % 2:
+            scenarios.crowd_slots(rng, case)
+        try:
+            compare(default_layer, "write", case, "emulated", ordered=True)
+        except AssertionError as exc:
+            raise AssertionError(f"full-block write case seed={seed}: {exc}") from None

@@ -44,18 +44,17 @@ def each_case(layer, kind: str, make, *, ordered: bool) -> None:
             raise AssertionError(f"{kind} case seed={seed} ({layer.__name__}): {exc}") from None
 
 
-def parallel_safe_write_case(rng: random.Random, layer, **shape) -> dict:
+def parallel_safe_write_case(rng: random.Random, layer, *, crowded: bool = False, **shape) -> dict:
     """A write case without cross-request overlap (overlap=False), and without the one overlap it
     still allows: slot 0 written by two requests. Requests run in parallel on a GPU, so which of
-    two requests writes a shared slot last is not defined there; later claims become -1 (skipped)."""
+    two requests writes a shared slot last is not defined there; later claims become -1 (skipped).
+    `crowded`: each request's slots repeat many times (scenarios.crowd_slots)."""
     case = scenarios.make_write_case(rng, layer, overlap=False, **shape)
-    plan, locs = case["plan"], case["out_cache_loc"]
-    total = int(locs.shape[0])
-    n = max(0, min(int(plan.write_num_valid_reqs[0]), int(plan.write_seed_slot_indices.shape[0])))
+    if crowded:
+        scenarios.crowd_slots(rng, case)
+    locs = case["out_cache_loc"]
     owner: dict = {}
-    for r in range(n):
-        lo = min(max(int(plan.write_offsets[r]), 0), total)
-        hi = min(max(int(plan.write_offsets[r + 1]), 0), total)
+    for r, (lo, hi) in enumerate(scenarios.write_ranges(case)):
         for i in range(lo, hi):
             slot = int(locs[i])
             if slot >= 0 and owner.setdefault(slot, r) != r:
@@ -81,6 +80,22 @@ def test_long_write_requests_match_reference(shape, threads):
             compare(layer, "write", case, "cuda", ordered=False)
         except AssertionError as exc:
             raise AssertionError(f"write case seed={seed} ({layer.__name__}): {exc}") from None
+
+
+@pytest.mark.parametrize("shape,threads", [("default", 0), ("block_per_request", 32)])
+def test_duplicate_slots_in_one_request_end_with_the_later_entry(shape, threads):
+    """Requests whose slots repeat many times, inside one chunk (across lanes and warps) and across
+    chunks: the block's stores of a chunk run in parallel, so only the later of two entries with one
+    slot may store; the buffer must be the reference's on every run, not on most."""
+    from write_shapes import write_shape_layer
+    layer = kv_canary.generated if shape == "default" else write_shape_layer(shape, threads)
+    for seed in range(max(1, int(40 * MULTIPLIER))):
+        rng = random.Random(seed)
+        case = parallel_safe_write_case(rng, layer, crowded=True, n_reqs=rng.randint(1, 4), max_extend=700)
+        try:
+            compare(layer, "write", case, "cuda", ordered=False)
+        except AssertionError as exc:
+            raise AssertionError(f"crowded write case seed={seed} ({layer.__name__}): {exc}") from None
 
 
 def test_verify_matches_reference(any_layer):

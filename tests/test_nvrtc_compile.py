@@ -84,6 +84,28 @@ def test_write_compiles_in_every_launch_shape(shape, threads):
         assert cubin[:4] == b"\x7fELF" and write.variants[0][0].encode() + b"\0" in cubin
 
 
+CHAIN_ONLY = Path(__file__).resolve().parent.parent / "bench" / "chain_only.cu"
+
+
+def test_chain_only_benchmark_kernel_compiles(any_layer):
+    """bench/bench_gpu.py times the prefill write against bench/chain_only.cu, built against the
+    layer's header like the generated kernels: it must compile for every arch before a GPU sees it."""
+    for arch in ARCHS:
+        cubin = kv_nvrtc.compile_source(CHAIN_ONLY.read_text(encoding="utf-8"), CHAIN_ONLY.name, _headers(any_layer),
+                                        arch=arch)
+        assert cubin[:4] == b"\x7fELF" and b"kv_canary_chain_only\0" in cubin
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
+def test_chain_only_benchmark_kernel_compiles_with_nvcc(default_layer, tmp_path):
+    out = tmp_path / "chain_only.cubin"
+    proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings",
+                           f"-I{tree_dir(default_layer) / 'cuda'}", str(CHAIN_ONLY), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"nvcc failed on {CHAIN_ONLY.name}:\n{proc.stderr}"
+    assert out.read_bytes()[:4] == b"\x7fELF"
+
+
 def test_verify_has_both_expected_token_specialisations(default_layer):
     verify = kernel_abi(default_layer).kernel_for_template("verify")
     flags = {symbol: dict(values) for symbol, values in verify.variants}

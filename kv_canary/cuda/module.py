@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -32,7 +33,7 @@ class DeviceModules:
         cc = int(device.compute_capability)
         self.arch, self.cubin = target_for(cc)
         self.sm_count = int(device.attributes["MultiProcessorCount"])
-        headers = {"kv_canary_layout.cuh": read_source(layer, abi.HEADER)}
+        headers = layer_headers(layer)
         self.functions = {}
         self.binaries = {}
         self.resident_blocks: dict[str, int] = {}  # entry point -> blocks one SM keeps resident
@@ -84,6 +85,24 @@ class DeviceModules:
         args = tuple(_NUMPY[kind](value) for kind, value in zip(kinds, args))
         with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
             fn((blocks,), (threads,), args)
+
+
+def layer_headers(layer) -> dict[str, str]:
+    """The in-memory includes of a CUDA source built against `layer`: its generated layout header."""
+    abi = kernel_abi(layer)
+    return {Path(abi.HEADER).name: read_source(layer, abi.HEADER)}
+
+
+def load_source_module(layer, source: str, name: str, device_index: int):
+    """A CuPy RawModule of a .cu that is not one of the layer's kernels but includes its
+    kv_canary_layout.cuh (a benchmark's reference kernel), compiled for the device through the same
+    cache as the layer's kernels. Like the layer's modules, load it before any CUDA-graph capture."""
+    import cupy
+    device = cupy.cuda.Device(device_index)
+    arch, cubin = target_for(int(device.compute_capability))
+    path = cached_binary(source, name, layer_headers(layer), arch=arch, cubin=cubin)
+    with device:
+        return cupy.RawModule(path=str(path))
 
 
 def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
