@@ -214,7 +214,7 @@ def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor)
 
 def stored_link(layer, canary_buf: torch.Tensor, slot: int) -> int:
     """link() of the record stored at `slot` (the torch reference's fold, on the host)."""
-    ref = importlib.import_module(layer.__name__ + ".reference")
+    ref = layer.reference
     words = canary_buf.view(torch.int64)[slot:slot + 1, :layer.layout.CANARY_FIELDS_PER_SLOT]
     return int(ref.link_t(words.cpu())[0])
 
