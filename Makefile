@@ -29,7 +29,7 @@ test: setup check-generated
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(PY) -m ruff check codegen kv_canary tests
+	$(PY) -m ruff check codegen kv_canary tests bench scripts
 
 # Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
 # abi_version bump. Only a base before this clone's history (the parent of a first commit, beyond a
