@@ -14,6 +14,7 @@ from .generated.api import (
     launch_canary_verify_kernel_torch_reference,
     launch_canary_write_kernel,
     launch_canary_write_kernel_torch_reference,
+    launch_scatter_req_token_ids_kernel,
     scatter_req_token_ids,
     scatter_req_token_ids_torch_reference,
 )
@@ -22,4 +23,5 @@ __all__ = [
     "launch_canary_write_kernel", "launch_canary_verify_kernel", "launch_canary_plan_kernels", "scatter_req_token_ids",
     "launch_canary_write_kernel_torch_reference", "launch_canary_verify_kernel_torch_reference",
     "launch_canary_plan_kernels_torch_reference", "scatter_req_token_ids_torch_reference",
+    "launch_scatter_req_token_ids_kernel",
 ]
