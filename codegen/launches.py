@@ -29,6 +29,7 @@ class PublicLaunch:
     device_of: str                  # dotted path of the argument whose device chooses the backend
     doc: str                        # one line
     reference: bool = True          # also generate `<name>_torch_reference` (always the torch reference)
+    aliases: tuple[str, ...] = ()   # other public names of the same function (SGLang's module-level names)
 
 
 # Schema-dependent keywords: (keyword, which input fields make it appear, what it maps them to).
@@ -69,11 +70,13 @@ def launches(schema: Schema) -> tuple[PublicLaunch, ...]:
         PublicLaunch(
             "scatter_req_token_ids", "scatter",
             (Arg("flat_in"), Arg("offsets"), Arg("req_pool_indices"), Arg("pool_out")),
-            "pool_out", "Copy each request's token ids into its row of the expected-token pool (SEMANTICS.md §5.4)."),
+            "pool_out", "Copy each request's token ids into its row of the expected-token pool (SEMANTICS.md §5.4).",
+            aliases=("launch_scatter_req_token_ids_kernel",)),
     )
 
 
 def public_names(schema: Schema) -> tuple[str, ...]:
-    """`__all__` of generated/api.py: every launch, then every `_torch_reference` variant."""
+    """`__all__` of generated/api.py: every launch, every `_torch_reference` variant, every alias."""
     table = launches(schema)
-    return tuple(x.name for x in table) + tuple(f"{x.name}_torch_reference" for x in table if x.reference)
+    return (tuple(x.name for x in table) + tuple(f"{x.name}_torch_reference" for x in table if x.reference)
+            + tuple(alias for x in table for alias in x.aliases))

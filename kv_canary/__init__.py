@@ -22,6 +22,7 @@ MAX_REAL_KV_SOURCES = _layout.MAX_REAL_KV_SOURCES
 REQ_POOL_IDX_PADDING = _layout.REQ_POOL_IDX_PADDING
 TOKEN_TO_KV_SLOT_PADDING = _layout.TOKEN_TO_KV_SLOT_PADDING
 CANARY_FIELDS_PER_SLOT = _layout.CANARY_FIELDS_PER_SLOT
+CANARY_SLOT_BYTES = _layout.CANARY_RECORD_BYTES  # SGLang's name (its verify.py): bytes of the record, fields x 8
 # SGLang's names address fields by role, so they stay right when a schema renames or moves fields.
 CANARY_FIELD_TOKEN = _layout.CANARY_TOKEN_WORD
 CANARY_FIELD_POSITION = _layout.CANARY_POSITION_WORD

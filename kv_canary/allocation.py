@@ -64,7 +64,18 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                    enable=torch.ones(1, dtype=torch.int32, device=device))
 
     def verify_plan_bytes(cls, verify_capacity: int) -> int:
-        return len(array_fields) * v.check_verify_capacity(verify_capacity) * 8 + 2 * 4
+        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
+        cap = v.check_int("verify_capacity", verify_capacity, minimum=0)
+        return len(array_fields) * cap * 8 + 2 * 4
+
+    def zero_verify_plan(self):
+        """SGLang's test helper: every array back to its value before any plan, num_valid 0 and enable
+        0. Only for tests of the plan launch (in a test of verify or write it would hide bugs)."""
+        for name in array_fields:
+            getattr(self, name).fill_(-1 if name in unknown_at_start else 0)
+        self.verify_num_valid.zero_()
+        self.enable.zero_()
+        return self
 
     VerifyPlan = dataclasses.make_dataclass(
         "VerifyPlan",
@@ -73,7 +84,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         + [(name, torch.Tensor) for name in per_request_arrays],
         namespace={"__doc__": "Flat verify entries (SEMANTICS.md §5.2), sized to a fixed capacity.",
                    "ARRAY_FIELDS": array_fields, "allocate": classmethod(allocate_verify_plan),
-                   "allocation_bytes": classmethod(verify_plan_bytes), "__module__": __name__},
+                   "allocation_bytes": classmethod(verify_plan_bytes), "zero_for_testing_": zero_verify_plan,
+                   "__module__": __name__},
         frozen=True, slots=True, kw_only=True)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,8 +105,17 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
         @classmethod
         def allocation_bytes(cls, write_req_capacity: int) -> int:
-            cap = v.check_write_capacity(write_req_capacity)
+            """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
+            cap = v.check_int("write_req_capacity", write_req_capacity, minimum=0)
             return (cap + 1) * 8 + cap * 8 + 4
+
+        def zero_for_testing_(self) -> "WritePlan":
+            """SGLang's test helper: offsets, seeds and num_valid_reqs all 0. Only for tests of the plan
+            launch (in a test of write it would hide bugs)."""
+            self.write_offsets.zero_()
+            self.write_seed_slot_indices.zero_()
+            self.write_num_valid_reqs.zero_()
+            return self
 
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:

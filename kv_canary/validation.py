@@ -164,18 +164,17 @@ class Validators:
         return int(canary_buf.shape[0])
 
     def check_verify_capacity(self, verify_capacity: Any) -> int:
-        if isinstance(verify_capacity, bool) or not isinstance(verify_capacity, int):
-            raise TypeError(f"{self.prefix}verify_capacity must be an int, got {type(verify_capacity).__name__}")
-        if verify_capacity <= 0:
-            raise self.fail("verify_capacity", n=verify_capacity)
-        return verify_capacity
+        return self._check_capacity("verify_capacity", verify_capacity, "verify_capacity")
 
     def check_write_capacity(self, write_req_capacity: Any) -> int:
-        if isinstance(write_req_capacity, bool) or not isinstance(write_req_capacity, int):
-            raise TypeError(f"{self.prefix}write_req_capacity must be an int, got {type(write_req_capacity).__name__}")
-        if write_req_capacity <= 0:
-            raise self.fail("write_capacity", n=write_req_capacity)
-        return write_req_capacity
+        return self._check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
+
+    def _check_capacity(self, name: str, value: Any, message: str) -> int:
+        """A plan capacity: an int (numpy integers too) > 0, else the schema's §7 text."""
+        value = self.as_int(name, value)
+        if value <= 0:
+            raise self.fail(message, n=value)
+        return value
 
     def check_context(self, context: Any) -> int:
         """Every tensor of a VerifyOrWriteContext; returns num_slots."""
@@ -300,15 +299,14 @@ class Validators:
                              f"is {wcap}")
         self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
         self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
-        self.check_int("swa_window_size", swa_window_size, minimum=0)
-        if swa_window_size > 0:
-            if full_to_swa_index_mapping is None:
-                raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
+        # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
+        # or without a window (SEMANTICS.md §5.3); only a window needs one.
+        swa_window_size = self.check_int("swa_window_size", swa_window_size)
+        if swa_window_size > 0 and full_to_swa_index_mapping is None:
+            raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
+        if full_to_swa_index_mapping is not None:
             self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1, device=dev,
                               **on)
-        elif full_to_swa_index_mapping is not None:
-            raise ValueError(f"{self.prefix}full_to_swa_index_mapping must be None when swa_window_size == 0, "
-                             f"got a {type(full_to_swa_index_mapping).__name__}")
         if (req_to_verify_expected_tokens is None) != (req_to_verify_expected_tokens_valid_lens is None):
             given = ("req_to_verify_expected_tokens" if req_to_verify_expected_tokens is not None
                      else "req_to_verify_expected_tokens_valid_lens")
@@ -330,7 +328,13 @@ class Validators:
                     kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra)
 
     def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
-        self.check_tensor("pool_out", pool_out, dtype=_INT32, ndim=2)
+        # pool_out may be a view with padded rows (SGLang's scatter steps rows by stride(0) too); its
+        # rows must be contiguous and must not overlap, or requests would land in each other's cells.
+        self.check_tensor("pool_out", pool_out, dtype=_INT32, ndim=2, contiguous=False)
+        rows, cols = _shape(pool_out)
+        if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
+            raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
+                             f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
         dev = pool_out.device
         self.check_tensor("flat_in", flat_in, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
         self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")

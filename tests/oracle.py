@@ -290,7 +290,8 @@ class Oracle:
         r2t = req_to_token.tolist()
         rows = len(r2t)
         max_ctx = req_to_token.shape[1]
-        lut = full_to_swa_index_mapping.tolist() if swa_window_size > 0 else None
+        # A given LUT translates every slot, window or not (SEMANTICS.md §5.3).
+        lut = full_to_swa_index_mapping.tolist() if full_to_swa_index_mapping is not None else None
         pool = req_to_verify_expected_tokens.tolist() if req_to_verify_expected_tokens is not None else None
         valid = req_to_verify_expected_tokens_valid_lens.tolist() if pool is not None else None
         extras = {name: t.tolist() for name, t in (extra_request_values or {}).items()}

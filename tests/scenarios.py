@@ -6,9 +6,9 @@ two backends get identical inputs; `case_to(case, device)` moves one; `compare_s
 asserts that two cases ended in the same state. `rng` is a `random.Random`.
 
 Shapes follow issue 3 §3: 0-16 requests, prefixes 0-64, extends 0-32, page sizes 1/4/16, 0-4
-real-KV sources of 16-256 read bytes, every hash mode, SWA on/off, expected-token pools on/off,
-small rings that overflow, and corruptions (flipped bits in any field, swapped slots, shifted
-positions, flipped real-KV bytes). Write cases keep slots distinct across requests and seeds
+real-KV sources of 16-256 read bytes, every hash mode, SWA on/off (and a LUT without a window),
+expected-token pools on/off, small rings that overflow, and corruptions (flipped bits in any field,
+swapped slots, shifted positions, flipped real-KV bytes). Write cases keep slots distinct across requests and seeds
 outside the batch unless `overlap=True` (a GPU runs requests in parallel, so only then is the
 sequential host order observable).
 """
@@ -21,6 +21,7 @@ import random
 import torch
 
 PAGE_SIZES = (1, 4, 16)
+LUT_WITHOUT_WINDOW_ODDS = 0.3     # of the full-attention plan cases (2 in 3 of all plan cases)
 SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -352,7 +353,9 @@ def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_
             rows[i] = lay.REQ_POOL_IDX_PADDING                  # CUDA-graph padding row
     window = rng.choice((0, 0, rng.randint(1, 16)))
     lut = None
-    if window:
+    # Every SWA plan has a LUT, and so do 30% of the full-attention ones (about 1 plan case in 5):
+    # a given LUT translates every slot, window or not (SEMANTICS.md §5.3).
+    if window or rng.random() < LUT_WITHOUT_WINDOW_ODDS:
         lut = _i64(rng.randrange(-1, num_slots) if rng.random() < 0.05 else rng.randrange(1, num_slots)
                    for _ in range(num_slots))
     pool = valid = None
@@ -377,6 +380,38 @@ def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_
                 extend_seq_lens=_i64(extends), req_to_token=r2t, swa_window_size=window, full_to_swa_index_mapping=lut,
                 verify_capacity=cap, req_to_verify_expected_tokens=pool, req_to_verify_expected_tokens_valid_lens=valid,
                 kv_token_id_vs_position_offset=rng.choice((0, 0, 1)), extra_request_values=extra)
+
+
+def lut_without_window(case: dict) -> bool:
+    """A plan case whose LUT translates without a window (SEMANTICS.md §5.3)."""
+    return case["full_to_swa_index_mapping"] is not None and case["swa_window_size"] <= 0
+
+
+class PlanCaseTally:
+    """Counts the plan cases a differential suite draws, and those with a LUT but no window.
+
+    `make` wraps make_plan_case; `report` prints the counts (visible with `pytest -s`) and, for a
+    run of at least MIN_CASES, asserts that the LUT-without-window share has not silently vanished.
+    """
+
+    MIN_CASES = 50
+    MIN_SHARE = 0.08   # well below the generator's 1 in 5, well above 0
+
+    def __init__(self):
+        self.cases = self.lut_without_window = 0
+
+    def make(self, rng: random.Random, layer, **kw) -> dict:
+        case = make_plan_case(rng, layer, **kw)
+        self.cases += 1
+        self.lut_without_window += lut_without_window(case)
+        return case
+
+    def report(self, suite: str) -> None:
+        share = self.lut_without_window / self.cases if self.cases else 0.0
+        print(f"\n{suite}: {self.lut_without_window} of {self.cases} plan cases have a LUT and no window ({share:.1%})")
+        if self.cases >= self.MIN_CASES:
+            assert share >= self.MIN_SHARE, (f"{suite}: only {self.lut_without_window} of {self.cases} plan cases "
+                                             f"have a LUT and no window")
 
 
 # -- scatter --------------------------------------------------------------------------------------------

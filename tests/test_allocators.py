@@ -44,6 +44,8 @@ def test_verify_plan(any_layer):
         t = getattr(plan, name)
         assert t.shape == (5,) and t.dtype == torch.int64
     assert plan.verify_expected_tokens.tolist() == [-1] * 5            # unknown until a plan fills them
+    for name in ("verify_slot_indices", "verify_expected_positions", "verify_prev_slot_indices"):
+        assert getattr(plan, name).tolist() == [0] * 5, name             # SGLang: torch.empty (any bytes)
     assert plan.verify_num_valid.dtype == torch.int32 and plan.verify_num_valid.item() == 0
     assert plan.enable.dtype == torch.int32 and plan.enable.item() == 1
     assert alloc.VerifyPlan.allocation_bytes(5) == nbytes(plan) == 5 * 8 * len(arrays) + 8
@@ -55,6 +57,7 @@ def test_write_plan(any_layer):
     assert plan.write_offsets.shape == (4,) and plan.write_offsets.dtype == torch.int64
     assert plan.write_seed_slot_indices.shape == (3,) and plan.write_seed_slot_indices.dtype == torch.int64
     assert plan.write_num_valid_reqs.dtype == torch.int32 and plan.write_num_valid_reqs.item() == 0
+    assert plan.write_offsets.tolist() == [0] * 4 and plan.write_seed_slot_indices.tolist() == [-1] * 3
     assert alloc.WritePlan.allocation_bytes(3) == nbytes(plan) == 4 * 8 + 3 * 8 + 4
 
 

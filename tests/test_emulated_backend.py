@@ -31,7 +31,8 @@ def test_plan_scans_batches_larger_than_a_block(default_layer):
         compare(default_layer, "plan", case, "emulated", ordered=True)
 
 
-def test_unreadable_lut_index_is_reported_not_read(default_layer):
+@pytest.mark.parametrize("window", [4, 0])   # a LUT translates with or without a window (§5.3)
+def test_unreadable_lut_index_is_reported_not_read(default_layer, window):
     """An index past the SWA LUT: both host backends raise (§5.3, §7); the kernel itself (what the
     cuda backend launches) cannot, so it stores PLAN_UNREADABLE_INDEX (INT64_MAX, >= every slot
     count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
@@ -40,7 +41,7 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer):
     rt = kv_canary.runtime_for(default_layer)
     lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
     args = dict(req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([2]), extend_seq_lens=torch.tensor([0]),
-                req_to_token=torch.tensor([[0, 0], [5, 9]], dtype=torch.int32), swa_window_size=4,
+                req_to_token=torch.tensor([[0, 0], [5, 9]], dtype=torch.int32), swa_window_size=window,
                 full_to_swa_index_mapping=lut, verify_capacity=4)
     for backend in ("torch", "emulated"):
         with pytest.raises(ValueError, match="^kv-canary: SWA slot 9 is outside full_to_swa_index_mapping length 8$"):

@@ -50,7 +50,9 @@ def test_verify_matches_reference(any_layer):
 
 
 def test_plan_matches_reference(any_layer):
-    each_case(any_layer, "plan", scenarios.make_plan_case, ordered=True)
+    tally = scenarios.PlanCaseTally()
+    each_case(any_layer, "plan", tally.make, ordered=True)
+    tally.report(f"emulated vs reference ({any_layer.__name__})")
 
 
 def test_scatter_matches_reference(any_layer):

@@ -56,7 +56,9 @@ def test_verify_matches_oracle(any_layer):
 
 
 def test_plan_matches_oracle(any_layer):
-    differential(any_layer, "plan", scenarios.make_plan_case)
+    tally = scenarios.PlanCaseTally()
+    differential(any_layer, "plan", tally.make)
+    tally.report(f"reference vs oracle ({any_layer.__name__})")
 
 
 def test_scatter_matches_oracle(any_layer):

@@ -44,12 +44,13 @@ class HostChecks:
                     full_to_swa_index_mapping, verify_capacity, **_) -> None:
         """Every req_to_token value the plan translates lies inside the LUT (negatives pass through).
 
-        Same values and order as the torch reference: the write seeds, then (when the verify plan
-        does not overflow) the entries' slots, then their predecessors, so both raise the same text.
+        A given LUT translates with or without a window (SEMANTICS.md §5.3). Same values and order
+        as the torch reference: the write seeds, then (when the verify plan does not overflow) the
+        entries' slots, then their predecessors, so both raise the same text.
         """
-        window = int(swa_window_size)
-        if window <= 0:
+        if full_to_swa_index_mapping is None:
             return
+        window = int(swa_window_size)
         lut_len = int(full_to_swa_index_mapping.shape[0])
         rp, pre, ext = _host(req_pool_indices), _host(prefix_lens), _host(extend_seq_lens)
         table = _host(req_to_token).astype(np.int64)
@@ -66,7 +67,7 @@ class HostChecks:
         seeded = active & (pre > 0) & (ext > 0)
         check(table[rp[seeded], np.minimum(pre[seeded] - 1, max_ctx - 1)])
         pre_c = np.clip(pre, 0, max_ctx)
-        start = np.maximum(pre_c - window, 0)
+        start = np.maximum(pre_c - window, 0) if window > 0 else np.zeros_like(pre_c)
         counts = np.where(active, pre_c - start, 0)
         total = int(counts.sum())
         if total == 0 or total > int(verify_capacity):
