@@ -66,6 +66,16 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     def verify_plan_bytes(cls, verify_capacity: int) -> int:
         return len(array_fields) * v.check_verify_capacity(verify_capacity) * 8 + 2 * 4
 
+    def zero_verify_plan_for_testing_(self):
+        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values -1 (unknown,
+        as SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
+        verify and write bugs."""
+        for name in array_fields:
+            getattr(self, name).fill_(-1 if name in unknown_at_start else 0)
+        self.verify_num_valid.zero_()
+        self.enable.zero_()
+        return self
+
     VerifyPlan = dataclasses.make_dataclass(
         "VerifyPlan",
         [(name, torch.Tensor) for name in array_fields[:4]] + [("verify_num_valid", torch.Tensor),
@@ -73,7 +83,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         + [(name, torch.Tensor) for name in per_request_arrays],
         namespace={"__doc__": "Flat verify entries (SEMANTICS.md §5.2), sized to a fixed capacity.",
                    "ARRAY_FIELDS": array_fields, "allocate": classmethod(allocate_verify_plan),
-                   "allocation_bytes": classmethod(verify_plan_bytes), "__module__": __name__},
+                   "allocation_bytes": classmethod(verify_plan_bytes),
+                   "zero_for_testing_": zero_verify_plan_for_testing_, "__module__": __name__},
         frozen=True, slots=True, kw_only=True)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,6 +106,14 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         def allocation_bytes(cls, write_req_capacity: int) -> int:
             cap = v.check_write_capacity(write_req_capacity)
             return (cap + 1) * 8 + cap * 8 + 4
+
+        def zero_for_testing_(self) -> "WritePlan":
+            """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
+            zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
+            self.write_offsets.zero_()
+            self.write_seed_slot_indices.zero_()
+            self.write_num_valid_reqs.zero_()
+            return self
 
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
