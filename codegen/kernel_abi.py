@@ -8,8 +8,8 @@ rendered from it, so they cannot disagree; a parameter that is added here reache
 
 A parameter's value is a Python expression over the arguments of the backend operation that
 launches the kernel (kv_canary/backends: write, verify, plan, scatter) plus `kv`, the real-KV
-parameter tuple of the context (generated `real_kv_args(context)`) and `verify_offsets`, the plan's
-scratch array. `kind` says how the value crosses into C: a tensor's data pointer (`ptr`, None ->
+parameter tuple of the context (generated `real_kv_args(context)`); the plan's two stages take
+SGLang's keywords of launch_plan_offsets_kernel and launch_plan_entries_kernel. `kind` says how the value crosses into C: a tensor's data pointer (`ptr`, None ->
 NULL) or an integer checked against the C type's range (`i64`, `i32`).
 """
 from __future__ import annotations
@@ -38,12 +38,16 @@ OPERATION_ARGS = {
     "write": ("context", "plan", "input_ids", "positions", "out_cache_loc", "enable_write_input_assert",
               "expected_input_tokens", "expected_input_positions", "extra_inputs", "kv"),
     "verify": ("context", "plan", "check_verify_expected_token", "extra_slot_tables", "kv"),
-    "plan_offsets": ("verify_plan_out", "write_plan_out", "req_pool_indices", "prefix_lens", "extend_seq_lens",
-                     "req_to_token", "swa_window_size", "full_to_swa_index_mapping", "verify_offsets"),
-    "plan_entries": ("verify_plan_out", "req_pool_indices", "prefix_lens", "req_to_token", "swa_window_size",
-                     "full_to_swa_index_mapping", "req_to_verify_expected_tokens",
-                     "req_to_verify_expected_tokens_valid_lens", "kv_token_id_vs_position_offset",
-                     "extra_request_values", "verify_offsets"),
+    # The plan's two stages take SGLang's keywords of launch_plan_offsets_kernel / launch_plan_entries_kernel.
+    "plan_offsets": ("req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token", "full_to_swa_index_mapping",
+                     "out_verify_offsets_scratch", "out_write_offsets", "out_write_seed_slot_indices",
+                     "out_verify_num_valid", "out_verify_enable", "out_write_num_valid_reqs", "swa_window_size",
+                     "verify_capacity"),
+    "plan_entries": ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
+                     "verify_offsets_scratch", "verify_enable", "req_to_verify_expected_tokens",
+                     "req_to_verify_expected_tokens_valid_lens", "out_verify_slot_indices", "out_verify_expected_tokens",
+                     "out_verify_expected_positions", "out_verify_prev_slot_indices", "kv_token_id_vs_position_offset",
+                     "swa_window_size", "extra_request_values", "out_extra_verify_expected"),
     "scatter": ("flat_in", "offsets", "req_pool_indices", "pool_out"),
 }
 
@@ -192,14 +196,14 @@ def plan_offsets_params(schema: Schema) -> tuple[Param, ...]:
     return (
         *_plan_common(),
         _p("extend_seq_lens", "const long long*", "extend_seq_lens"),
-        _p("verify_capacity", "long long", "verify_plan_out.verify_slot_indices.shape[0]"),
-        _p("verify_offsets", "long long*", "verify_offsets"),
-        _p("write_offsets", "long long*", "write_plan_out.write_offsets"),
-        _p("write_seed_slot_indices", "long long*", "write_plan_out.write_seed_slot_indices"),
-        _p("write_num_valid_reqs", "int*", "write_plan_out.write_num_valid_reqs"),
-        _p("write_req_capacity", "long long", "write_plan_out.write_seed_slot_indices.shape[0]"),
-        _p("verify_num_valid", "int*", "verify_plan_out.verify_num_valid"),
-        _p("verify_enable", "int*", "verify_plan_out.enable"),
+        _p("verify_capacity", "long long", "verify_capacity"),
+        _p("verify_offsets", "long long*", "out_verify_offsets_scratch"),
+        _p("write_offsets", "long long*", "out_write_offsets"),
+        _p("write_seed_slot_indices", "long long*", "out_write_seed_slot_indices"),
+        _p("write_num_valid_reqs", "int*", "out_write_num_valid_reqs"),
+        _p("write_req_capacity", "long long", "out_write_seed_slot_indices.shape[0]"),
+        _p("verify_num_valid", "int*", "out_verify_num_valid"),
+        _p("verify_enable", "int*", "out_verify_enable"),
     )
 
 
@@ -207,24 +211,23 @@ def plan_entries_params(schema: Schema) -> tuple[Param, ...]:
     pool = "req_to_verify_expected_tokens"
     out = [
         *_plan_common(),
-        _p("verify_offsets", "const long long*", "verify_offsets"),
-        _p("verify_num_valid", "const int*", "verify_plan_out.verify_num_valid"),
-        _p("verify_enable", "const int*", "verify_plan_out.enable"),
-        _p("verify_capacity", "long long", "verify_plan_out.verify_slot_indices.shape[0]"),
+        _p("verify_offsets", "const long long*", "verify_offsets_scratch"),
+        _p("verify_enable", "const int*", "verify_enable"),
+        _p("verify_capacity", "long long", "out_verify_slot_indices.shape[0]"),
         _p(pool, "const int*", pool),
         _p("expected_tokens_rows", "long long", f"{pool}.shape[0] if {pool} is not None else 0"),
         _p("expected_tokens_cols", "long long", f"{pool}.shape[1] if {pool} is not None else 0"),
         _p("expected_tokens_row_stride", "long long", f"{pool}.stride(0) if {pool} is not None else 0"),
         _p("req_to_verify_expected_tokens_valid_lens", "const long long*", "req_to_verify_expected_tokens_valid_lens"),
         _p("kv_token_id_vs_position_offset", "long long", "kv_token_id_vs_position_offset"),
-        _p("verify_slot_indices", "long long*", "verify_plan_out.verify_slot_indices"),
-        _p("verify_expected_tokens", "long long*", "verify_plan_out.verify_expected_tokens"),
-        _p("verify_expected_positions", "long long*", "verify_plan_out.verify_expected_positions"),
-        _p("verify_prev_slot_indices", "long long*", "verify_plan_out.verify_prev_slot_indices"),
+        _p("verify_slot_indices", "long long*", "out_verify_slot_indices"),
+        _p("verify_expected_tokens", "long long*", "out_verify_expected_tokens"),
+        _p("verify_expected_positions", "long long*", "out_verify_expected_positions"),
+        _p("verify_prev_slot_indices", "long long*", "out_verify_prev_slot_indices"),
     ]
     for f in schema.canary.per_request_fields:
         out.append(_p(f"request_value_{f.name}", "const long long*", f"extra_request_values[{f.name!r}]"))
-        out.append(_p(f"verify_expected_{f.name}", "long long*", f"verify_plan_out.verify_expected_{f.name}"))
+        out.append(_p(f"verify_expected_{f.name}", "long long*", f"out_extra_verify_expected[{f.name!r}]"))
     return tuple(out)
 
 

@@ -144,7 +144,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident,
                        wrap_call=wrap_call)
-    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr, list=list)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
     return env
 
 

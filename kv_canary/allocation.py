@@ -69,8 +69,9 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         return len(array_fields) * cap * 8 + 2 * 4
 
     def zero_verify_plan(self):
-        """SGLang's test helper: every array back to its value before any plan, num_valid 0 and enable
-        0. Only for tests of the plan launch (in a test of verify or write it would hide bugs)."""
+        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values -1 (unknown,
+        as SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
+        verify and write bugs."""
         for name in array_fields:
             getattr(self, name).fill_(-1 if name in unknown_at_start else 0)
         self.verify_num_valid.zero_()
@@ -110,8 +111,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
             return (cap + 1) * 8 + cap * 8 + 4
 
         def zero_for_testing_(self) -> "WritePlan":
-            """SGLang's test helper: offsets, seeds and num_valid_reqs all 0. Only for tests of the plan
-            launch (in a test of write it would hide bugs)."""
+            """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
+            zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
             self.write_offsets.zero_()
             self.write_seed_slot_indices.zero_()
             self.write_num_valid_reqs.zero_()

@@ -11,6 +11,8 @@ package imports nothing from kv_canary).
 
 `runtime_for(layer).launch_canary_write_kernel(...)` (any public launch name) takes every keyword of
 every schema (an absent input-field mapping means {}): what the manager and the tests use.
+SGLang's `use_torch_reference(device)` is answered by this same choice, so it composes with
+`backend=` and KV_CANARY_BACKEND exactly as the launches do.
 """
 from __future__ import annotations
 
@@ -80,6 +82,15 @@ class Runtime:
         device = _getter(device_of)(args).device
         getattr(self.backend(choose_backend(backend, device)), operation)(**args)
 
+    def compute_slot_hash(self, buf_i64, source_slot_idx) -> int:
+        """SGLang's compute_slot_hash: the link of one slot (u64), HEAD for a negative slot."""
+        args = self.validators.validate_slot_hash(buf_i64=buf_i64, source_slot_idx=source_slot_idx)
+        return self.layer.reference.compute_slot_hash(**args)
+
+    def use_torch_reference(self, device, *, backend=None) -> bool:
+        """SGLang's predicate, answered by the launches' own backend choice (choose_backend)."""
+        return choose_backend(backend, self.validators.check_device("device", device)) == "torch"
+
     def __getattr__(self, name: str):
         """Every public launch by name, taking every keyword of every schema plus `backend=`."""
         launches = self.layer.api.LAUNCHES
@@ -87,7 +98,7 @@ class Runtime:
             operation, device_of = launches[name]
             return functools.partial(self._launch_any, operation, device_of)
         launch = name.removesuffix("_torch_reference")
-        if launch != name and launch in launches:
+        if launch != name and launch in launches and name in self.layer.api.__all__:
             operation, device_of = launches[launch]
             return functools.partial(self._launch_any, operation, device_of, reference_of=launch)
         raise AttributeError(f"kv-canary: the runtime of {self.layer.__name__} has no attribute {name!r}")

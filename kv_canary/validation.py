@@ -279,44 +279,75 @@ class Validators:
         return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
                     extra_slot_tables=extra)
 
-    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
-                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
-                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
-                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
-        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
-        on = dict(device_of="req_to_token")
+    # -- the plan's inputs: shared by the whole plan and by its two stages ------------------------------
+    def _check_req_to_token(self, req_to_token: Any) -> torch.device:
         self.check_tensor("req_to_token", req_to_token, dtype=_INT32, ndim=2, contiguous=True)
-        dev = req_to_token.device
-        cap = self.check_verify_plan(verify_plan_out, device=dev, **on)
-        wcap = self.check_write_plan(write_plan_out, device=dev, **on)
-        self.check_verify_capacity(verify_capacity)
-        if verify_capacity != cap:
-            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {cap}, got {verify_capacity}")
-        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, **on)
+        return req_to_token.device
+
+    def _check_requests(self, *, req_pool_indices, prefix_lens, extend_seq_lens=None, device: torch.device,
+                        write_capacity: Optional[int] = None, write_capacity_of: str = "") -> int:
+        """req_pool_indices, prefix_lens and (when given) extend_seq_lens, int64 [bs]; returns bs."""
+        on = dict(device=device, device_of="req_to_token")
+        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, **on)
         bs = int(req_pool_indices.shape[0])
-        if bs > wcap:
-            raise ValueError(f"{self.prefix}req_pool_indices holds {bs} requests but write_plan_out.write_req_capacity "
-                             f"is {wcap}")
-        self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
-        self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), device=dev, **on)
+        if write_capacity is not None and bs > write_capacity:
+            raise ValueError(f"{self.prefix}req_pool_indices holds {bs} requests but {write_capacity_of} is "
+                             f"{write_capacity}")
+        self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), **on)
+        if extend_seq_lens is not None:
+            self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), **on)
+        return bs
+
+    def _check_swa(self, *, swa_window_size, full_to_swa_index_mapping, device: torch.device) -> None:
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
         # or without a window (SEMANTICS.md §5.3); only a window needs one.
         swa_window_size = self.check_int("swa_window_size", swa_window_size)
         if swa_window_size > 0 and full_to_swa_index_mapping is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
         if full_to_swa_index_mapping is not None:
-            self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1, device=dev,
-                              **on)
+            self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1,
+                              device=device, device_of="req_to_token")
+
+    def _check_expected_token_pool(self, *, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
+                                   bs: int, device: torch.device) -> None:
+        """The optional expected-token pool (int32 [rows, cols]) and its per-request valid lengths, together."""
         if (req_to_verify_expected_tokens is None) != (req_to_verify_expected_tokens_valid_lens is None):
             given = ("req_to_verify_expected_tokens" if req_to_verify_expected_tokens is not None
                      else "req_to_verify_expected_tokens_valid_lens")
             raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
                              f"must be given together, got only {given}")
         if req_to_verify_expected_tokens is not None:
-            self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2,
-                              device=dev, **on)
+            on = dict(device=device, device_of="req_to_token")
+            self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2, **on)
             self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
-                              dtype=_INT64, shape=(bs,), device=dev, **on)
+                              dtype=_INT64, shape=(bs,), **on)
+
+    def _check_offsets_scratch(self, name: str, scratch: Any, *, bs: int, device: torch.device) -> None:
+        """The verify entry offsets handed from the first plan stage to the second: int64, at least bs + 1."""
+        self.check_tensor(name, scratch, dtype=_INT64, ndim=1, device=device, device_of="req_to_token")
+        if int(scratch.shape[0]) < bs + 1:
+            raise ValueError(f"{self.prefix}{name} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
+                             f"req_pool_indices length), got shape {_shape(scratch)}")
+
+    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
+                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
+                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
+        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        cap = self.check_verify_plan(verify_plan_out, device=dev, **on)
+        wcap = self.check_write_plan(write_plan_out, device=dev, **on)
+        self.check_verify_capacity(verify_capacity)
+        if verify_capacity != cap:
+            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {cap}, got {verify_capacity}")
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
+                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
+                                  write_capacity_of="write_plan_out.write_req_capacity")
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                                        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                                        bs=bs, device=dev)
         self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
         extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
                                   length_of="req_pool_indices", device=dev, **on)
@@ -326,6 +357,74 @@ class Validators:
                     verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
                     req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
                     kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra)
+
+    def validate_plan_offsets(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+                              full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
+                              out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
+                              out_write_num_valid_reqs, swa_window_size, verify_capacity) -> dict:
+        """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        self.check_tensor("out_write_seed_slot_indices", out_write_seed_slot_indices, dtype=_INT64, ndim=1,
+                          device=dev, **on)
+        wcap = int(out_write_seed_slot_indices.shape[0])
+        if wcap <= 0:
+            raise self.fail("write_capacity", n=wcap)
+        self.check_tensor("out_write_offsets", out_write_offsets, dtype=_INT64, shape=(wcap + 1,), device=dev, **on)
+        for name, t in (("out_verify_num_valid", out_verify_num_valid), ("out_verify_enable", out_verify_enable),
+                        ("out_write_num_valid_reqs", out_write_num_valid_reqs)):
+            self.check_tensor(name, t, dtype=_INT32, shape=(1,), device=dev, **on)
+        self.check_verify_capacity(verify_capacity)
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
+                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
+                                  write_capacity_of="the write request capacity (out_write_seed_slot_indices length)")
+        self._check_offsets_scratch("out_verify_offsets_scratch", out_verify_offsets_scratch, bs=bs, device=dev)
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+                    req_to_token=req_to_token, full_to_swa_index_mapping=full_to_swa_index_mapping,
+                    out_verify_offsets_scratch=out_verify_offsets_scratch, out_write_offsets=out_write_offsets,
+                    out_write_seed_slot_indices=out_write_seed_slot_indices, out_verify_num_valid=out_verify_num_valid,
+                    out_verify_enable=out_verify_enable, out_write_num_valid_reqs=out_write_num_valid_reqs,
+                    swa_window_size=swa_window_size, verify_capacity=verify_capacity)
+
+    def validate_plan_entries(self, *, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
+                              verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
+                              req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices,
+                              out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices,
+                              kv_token_id_vs_position_offset, swa_window_size, extra_request_values=None,
+                              out_extra_verify_expected=None) -> dict:
+        """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        self.check_tensor("out_verify_slot_indices", out_verify_slot_indices, dtype=_INT64, ndim=1, device=dev, **on)
+        cap = int(out_verify_slot_indices.shape[0])
+        if cap <= 0:
+            raise self.fail("verify_capacity", n=cap)
+        for name, t in (("out_verify_expected_tokens", out_verify_expected_tokens),
+                        ("out_verify_expected_positions", out_verify_expected_positions),
+                        ("out_verify_prev_slot_indices", out_verify_prev_slot_indices)):
+            self.check_tensor(name, t, dtype=_INT64, shape=(cap,), device=dev, **on)
+        self.check_tensor("verify_enable", verify_enable, dtype=_INT32, shape=(1,), device=dev, **on)
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, device=dev)
+        self._check_offsets_scratch("verify_offsets_scratch", verify_offsets_scratch, bs=bs, device=dev)
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                                        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                                        bs=bs, device=dev)
+        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
+                                  length_of="req_pool_indices", device=dev, **on)
+        out_extra = self._check_extra("out_extra_verify_expected", out_extra_verify_expected, self.per_request_fields,
+                                      length=cap, length_of="out_verify_slot_indices", device=dev, **on)
+        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
+                    full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets_scratch=verify_offsets_scratch,
+                    verify_enable=verify_enable, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                    out_verify_slot_indices=out_verify_slot_indices, out_verify_expected_tokens=out_verify_expected_tokens,
+                    out_verify_expected_positions=out_verify_expected_positions,
+                    out_verify_prev_slot_indices=out_verify_prev_slot_indices,
+                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, swa_window_size=swa_window_size,
+                    extra_request_values=extra, out_extra_verify_expected=out_extra)
 
     def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
         # pool_out may be a view with padded rows (SGLang's scatter steps rows by stride(0) too); its
@@ -341,3 +440,26 @@ class Validators:
         bs = int(req_pool_indices.shape[0])
         self.check_tensor("offsets", offsets, dtype=_INT64, shape=(bs + 1,), device=dev, device_of="pool_out")
         return dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+
+    def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
+        """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)
+        or the uint8 canary_buf (viewed as int64 here), and a slot below num_slots (negative: HEAD)."""
+        if not isinstance(buf_i64, torch.Tensor):
+            raise TypeError(f"{self.prefix}buf_i64 must be a torch.Tensor, got {type(buf_i64).__name__}")
+        if buf_i64.dtype == _UINT8:
+            self.check_canary_buf(buf_i64)
+            buf_i64 = buf_i64.view(_INT64)
+        elif buf_i64.dtype == _INT64:
+            self.check_tensor("buf_i64", buf_i64, dtype=_INT64, ndim=2, contiguous=False)
+            if int(buf_i64.shape[1]) < self.layout.CANARY_FIELDS_PER_SLOT:
+                raise ValueError(f"{self.prefix}buf_i64 must hold at least {self.layout.CANARY_FIELDS_PER_SLOT} int64 "
+                                 f"fields per slot (dim 1), got shape {_shape(buf_i64)}")
+        else:
+            raise TypeError(f"{self.prefix}buf_i64 must have dtype torch.int64 (the canary buffer viewed as int64 "
+                            f"[num_slots, words]) or be the uint8 canary_buf, got {buf_i64.dtype}")
+        slot = self.as_int("source_slot_idx", source_slot_idx)
+        num_slots = int(buf_i64.shape[0])
+        if slot >= num_slots:
+            raise ValueError(f"{self.prefix}source_slot_idx must be < {num_slots} (the slots of buf_i64) or negative "
+                             f"(the chain head), got {slot}")
+        return dict(buf_i64=buf_i64, source_slot_idx=slot)

@@ -28,6 +28,15 @@ def run(layer, kind: str, case: dict, backend: str) -> dict:
     return case
 
 
+def run_plan_stages(layer, case: dict, scratch, backend: str) -> dict:
+    """launch_plan_offsets_kernel then launch_plan_entries_kernel on a plan case, with `scratch`."""
+    rt = kv_canary.runtime_for(layer)
+    offsets, entries = scenarios.plan_stages(case, scratch)
+    rt.launch_plan_offsets_kernel(**offsets, backend=backend)
+    rt.launch_plan_entries_kernel(**entries, backend=backend)
+    return case
+
+
 def _with_big_ring(case: dict) -> dict:
     """A copy of `case` whose ring keeps every row (the old rows first, then room for all new ones)."""
     big = scenarios.clone_case(case)

@@ -1,4 +1,5 @@
-"""Independent scalar oracle of the four kernels (SEMANTICS.md §2-§8), in plain Python ints.
+"""Independent scalar oracle of the kernels (SEMANTICS.md §2-§8): write, verify, plan and its two
+stages (SGLang's launch_plan_offsets_kernel / launch_plan_entries_kernel), scatter, in plain Python ints.
 
 It reads only numbers from the generated layer (word indices, fold order, bits, columns,
 constants), never its logic: hashing, record access and every kernel are written out here as
@@ -355,6 +356,85 @@ class Oracle:
                  "verify_expected_tokens", *("verify_expected_" + name for name in per_req)]
         for name, column in zip(names, columns):
             getattr(verify_plan_out, name)[:total] = torch.tensor(column, dtype=torch.int64)
+
+    # -- the plan's two stages, from SGLang's flat arguments ----------------------------------------
+    def _verify_positions(self, rps, pres, req_to_token, window) -> list:
+        """Per request: (pool row, active, the positions its verify entries cover)."""
+        rows, max_ctx = req_to_token.shape
+        out = []
+        for row, pre in zip(rps, pres):
+            active = row != self.pad_req and 0 <= row < rows
+            pre = min(max(pre, 0), max_ctx)
+            start = max(0, pre - window) if window > 0 else 0
+            out.append((row, active, list(range(start, pre)) if active else []))
+        return out
+
+    @staticmethod
+    def _lut_of(lut, x: int) -> int:
+        if lut is None or x < 0:
+            return x
+        if x >= len(lut):
+            raise ValueError(f"kv-canary: SWA slot {x} is outside full_to_swa_index_mapping length {len(lut)}")
+        return lut[x]
+
+    def plan_offsets(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, full_to_swa_index_mapping,
+                     out_verify_offsets_scratch, out_write_offsets, out_write_seed_slot_indices, out_verify_num_valid,
+                     out_verify_enable, out_write_num_valid_reqs, swa_window_size, verify_capacity) -> None:
+        rps, pres, exts = req_pool_indices.tolist(), prefix_lens.tolist(), extend_seq_lens.tolist()
+        r2t = req_to_token.tolist()
+        max_ctx = req_to_token.shape[1]
+        lut = full_to_swa_index_mapping.tolist() if full_to_swa_index_mapping is not None else None
+        reqs = self._verify_positions(rps, pres, req_to_token, swa_window_size)
+        bs = len(rps)
+        writes = 0
+        verifies = 0
+        out_write_offsets.zero_()
+        for r, (row, active, positions) in enumerate(reqs):
+            out_write_offsets[r] = writes
+            out_verify_offsets_scratch[r] = verifies
+            seed = -1
+            if active and pres[r] > 0 and exts[r] > 0:
+                seed = self._lut_of(lut, r2t[row][min(pres[r] - 1, max_ctx - 1)])
+            out_write_seed_slot_indices[r] = seed
+            writes += max(exts[r], 0) if active else 0
+            verifies += len(positions)
+        out_write_offsets[bs] = writes
+        out_verify_offsets_scratch[bs] = verifies
+        out_write_num_valid_reqs[0] = bs
+        out_verify_enable[0] = 0 if verifies > verify_capacity else 1
+        out_verify_num_valid[0] = min(verifies, verify_capacity)
+
+    def plan_entries(self, *, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
+                     verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
+                     req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices, out_verify_expected_tokens,
+                     out_verify_expected_positions, out_verify_prev_slot_indices, kv_token_id_vs_position_offset,
+                     swa_window_size, extra_request_values=None, out_extra_verify_expected=None) -> None:
+        if int(verify_enable[0]) == 0:
+            return
+        rps = req_pool_indices.tolist()
+        r2t = req_to_token.tolist()
+        lut = full_to_swa_index_mapping.tolist() if full_to_swa_index_mapping is not None else None
+        pool = req_to_verify_expected_tokens.tolist() if req_to_verify_expected_tokens is not None else None
+        valid = req_to_verify_expected_tokens_valid_lens.tolist() if pool is not None else None
+        scratch = verify_offsets_scratch.tolist()
+        limit = min(scratch[len(rps)], out_verify_slot_indices.shape[0])
+        for r, (row, _, positions) in enumerate(self._verify_positions(rps, prefix_lens.tolist(), req_to_token,
+                                                                       swa_window_size)):
+            for k, p in enumerate(positions):
+                e = scratch[r] + k
+                if e >= limit:
+                    break
+                out_verify_slot_indices[e] = self._lut_of(lut, r2t[row][p])
+                out_verify_prev_slot_indices[e] = self._lut_of(lut, r2t[row][p - 1]) if p > 0 else -1
+                out_verify_expected_positions[e] = p
+                tok = -1
+                if pool is not None:
+                    col = p + kv_token_id_vs_position_offset
+                    if 0 <= col < min(valid[r], len(pool[0]) if pool else 0) and row < len(pool):
+                        tok = pool[row][col]
+                out_verify_expected_tokens[e] = tok
+                for name, values in (extra_request_values or {}).items():
+                    out_extra_verify_expected[name][e] = int(values[r])
 
     # -- scatter --------------------------------------------------------------------------------
     def scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> None:

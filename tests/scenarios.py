@@ -414,6 +414,38 @@ class PlanCaseTally:
                                              f"have a LUT and no window")
 
 
+def plan_stages(case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
+    """A plan case as SGLang's launch_canary_plan_kernels hands it to its two stages: the keywords of
+    launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan arrays and
+    `scratch` (the verify offsets, at least bs + 1 int64)."""
+    vplan, wplan = case["verify_plan_out"], case["write_plan_out"]
+    common = {k: case[k] for k in ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
+                                   "swa_window_size")}
+    offsets = dict(common, extend_seq_lens=case["extend_seq_lens"], out_verify_offsets_scratch=scratch,
+                   out_write_offsets=wplan.write_offsets, out_write_seed_slot_indices=wplan.write_seed_slot_indices,
+                   out_verify_num_valid=vplan.verify_num_valid, out_verify_enable=vplan.enable,
+                   out_write_num_valid_reqs=wplan.write_num_valid_reqs, verify_capacity=case["verify_capacity"])
+    extra = case.get("extra_request_values") or {}
+    entries = dict(common, verify_offsets_scratch=scratch, verify_enable=vplan.enable,
+                   req_to_verify_expected_tokens=case["req_to_verify_expected_tokens"],
+                   req_to_verify_expected_tokens_valid_lens=case["req_to_verify_expected_tokens_valid_lens"],
+                   out_verify_slot_indices=vplan.verify_slot_indices,
+                   out_verify_expected_tokens=vplan.verify_expected_tokens,
+                   out_verify_expected_positions=vplan.verify_expected_positions,
+                   out_verify_prev_slot_indices=vplan.verify_prev_slot_indices,
+                   kv_token_id_vs_position_offset=case["kv_token_id_vs_position_offset"])
+    if extra:  # only a schema with per-request fields takes these keywords (SEMANTICS.md §8)
+        entries.update(extra_request_values=extra,
+                       out_extra_verify_expected={name: getattr(vplan, "verify_expected_" + name) for name in extra})
+    return offsets, entries
+
+
+def make_plan_scratch(rng: random.Random, case: dict) -> torch.Tensor:
+    """Noise for the verify offsets scratch: bs + 1 entries, sometimes more (SGLang allocates 4097)."""
+    n = int(case["req_pool_indices"].shape[0]) + 1 + rng.choice((0, 0, 3))
+    return _i64(_noise(rng, -9, 9, n)).to(case["req_to_token"].device)
+
+
 # -- scatter --------------------------------------------------------------------------------------------
 def make_scatter_case(rng: random.Random, layer, *, n_reqs: int | None = None) -> dict:
     bs = rng.randint(0, 16) if n_reqs is None else n_reqs

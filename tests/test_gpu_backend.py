@@ -1,5 +1,6 @@
 """The `cuda` backend on a real GPU: the differential suite on CUDA tensors against the torch
-reference, CUDA-graph capture and replay of plan -> verify -> write, zero-copy and stream checks.
+reference (the plan's two stages called one by one included), CUDA-graph capture and replay of
+plan -> verify -> write, zero-copy and stream checks.
 Skipped cleanly where CuPy or torch sees no CUDA device (CI)."""
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import pytest
 import scenarios
 import torch
-from kernel_diff import compare
+from kernel_diff import compare, run_plan_stages
 
 import kv_canary
 from kv_canary.cuda.sources import kernel_abi
@@ -110,6 +111,26 @@ def test_plan_matches_reference(any_layer):
 
 def test_scatter_matches_reference(any_layer):
     each_case(any_layer, "scatter", scenarios.make_scatter_case, ordered=True)
+
+
+def test_plan_stages_match_reference(any_layer):
+    """launch_plan_offsets_kernel then launch_plan_entries_kernel on CUDA tensors: the plans and the
+    scratch the reference's stages produce, and the plans of one launch_canary_plan_kernels call."""
+    for seed in range(max(1, cases_for(any_layer) // 3)):
+        rng = random.Random(seed)
+        case = scenarios.make_plan_case(rng, any_layer)
+        scratch = scenarios.make_plan_scratch(rng, case)
+        ref_scratch, got_scratch = scratch.clone(), scratch.to("cuda")
+        ref = run_plan_stages(any_layer, scenarios.clone_case(case), ref_scratch, "torch")
+        whole_case = scenarios.clone_case(case)
+        kv_canary.runtime_for(any_layer).launch_canary_plan_kernels(**whole_case, backend="torch")
+        got = run_plan_stages(any_layer, scenarios.case_to(scenarios.clone_case(case), "cuda"), got_scratch, "cuda")
+        try:
+            scenarios.compare_state(scenarios.case_to(got, "cpu"), ref)
+            scenarios.compare_state({"scratch": got_scratch.cpu()}, {"scratch": ref_scratch})
+            scenarios.compare_state(ref, whole_case)
+        except AssertionError as exc:
+            raise AssertionError(f"plan stages seed={seed} ({any_layer.__name__}): {exc}") from None
 
 
 def test_default_backend_for_cuda_tensors_is_cuda(default_layer):

@@ -3,7 +3,8 @@
 A backend lives in the module `kv_canary.backends.<name>` and exposes `create(layer)`; modules are
 imported lazily, so a missing optional dependency (CuPy, a compiler) only matters when asked for.
 Backends receive validated inputs (kv_canary.runtime validates first) and must never read or write
-out of bounds.
+out of bounds. A backend has one method per operation of the launch table (codegen/launches.py):
+write, verify, plan, plan_offsets, plan_entries and scatter, each taking its validator's keywords.
 """
 from __future__ import annotations
 

@@ -5,8 +5,9 @@ Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks f
 grids) so that tests are fast while still running several warps and several blocks.
 
 Unlike the `cuda` backend it is a host backend, where reading index tensors costs nothing: like the
-torch reference it raises for request rows outside req_to_token / pool_out and for SWA indices
-outside the LUT before launching (host_checks.py), where a GPU kernel can only mark them.
+torch reference it raises for request rows outside req_to_token / pool_out, for SWA indices
+outside the LUT and for a plan-entries scratch the offsets stage did not fill before launching
+(host_checks.py), where a GPU kernel can only mark them.
 """
 from __future__ import annotations
 
@@ -56,8 +57,21 @@ class EmulatedBackend(KernelBackend):
     def plan(self, **kwargs) -> None:
         self.check_device(kwargs["req_to_token"].device)
         self.host_checks.plan_rows(**kwargs)
-        self.host_checks.swa_indices(**kwargs)
+        self.host_checks.swa_indices(**kwargs)  # both stages' indices, before either kernel writes
         super().plan(**kwargs)
+
+    def plan_offsets(self, **kwargs) -> None:
+        self.check_device(kwargs["req_to_token"].device)
+        self.host_checks.plan_rows(**kwargs)
+        self.host_checks.swa_seed_indices(**kwargs)
+        super().plan_offsets(**kwargs)
+
+    def plan_entries(self, **kwargs) -> None:
+        self.check_device(kwargs["req_to_token"].device)
+        self.host_checks.plan_rows(**kwargs)
+        self.host_checks.plan_scratch(**kwargs)
+        self.host_checks.swa_entry_indices(**kwargs)
+        super().plan_entries(**kwargs)
 
     def scatter(self, **kwargs) -> None:
         self.check_device(kwargs["pool_out"].device)

@@ -2,8 +2,9 @@
 
 It runs on tensors of any device (the reference copies what it needs to the CPU and writes results
 back in place) and appends violation rows in entry order. As a host backend it also rejects request
-rows outside req_to_token / pool_out (kv_canary/backends/host_checks.py); the reference itself
-raises for SWA indices outside the LUT.
+rows outside req_to_token / pool_out and a plan-entries scratch that the offsets stage did not fill
+for the same batch (kv_canary/backends/host_checks.py); the reference itself raises for SWA indices
+outside the LUT.
 """
 from __future__ import annotations
 
@@ -29,6 +30,15 @@ class TorchBackend:
     def plan(self, **kwargs) -> None:
         self._checks.plan_rows(**kwargs)
         self._ref.plan(**kwargs)
+
+    def plan_offsets(self, **kwargs) -> None:
+        self._checks.plan_rows(**kwargs)
+        self._ref.plan_offsets(**kwargs)
+
+    def plan_entries(self, **kwargs) -> None:
+        self._checks.plan_rows(**kwargs)
+        self._checks.plan_scratch(**kwargs)
+        self._ref.plan_entries(**kwargs)
 
     def scatter(self, **kwargs) -> None:
         self._checks.scatter_rows(**kwargs)

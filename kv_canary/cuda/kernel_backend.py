@@ -1,5 +1,5 @@
-"""The backend logic shared by `cuda` and `emulated`: SEMANTICS.md's four operations expressed as
-launches of the generated kernels. Subclasses say how to launch (CuPy on a GPU, ctypes + fibers
+"""The backend logic shared by `cuda` and `emulated`: SEMANTICS.md's operations (write, verify, plan
+and its two stages, scatter) expressed as launches of the generated kernels. Subclasses say how to launch (CuPy on a GPU, ctypes + fibers
 on the host) and how big the grid is; everything else - which kernel, which variant - is decided
 here once, and every argument comes from the kernel's generated binding (generated/kernel_abi.py,
 rendered from the same parameter list as the CUDA signature).
@@ -15,7 +15,7 @@ from .sources import kernel_abi
 
 
 class KernelBackend:
-    """write / verify / plan / scatter on the generated kernels of one layer."""
+    """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one layer."""
 
     name = "kernels"
 
@@ -54,7 +54,7 @@ class KernelBackend:
         entry = kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
         self.launch(kernel, entry, work=work, args=kernel.bind(**operation), device=device)
 
-    # -- the four operations (backend contract, kv_canary/backends/__init__.py) ------------------
+    # -- the operations (backend contract, kv_canary/backends/__init__.py) -----------------------
     def write(self, *, context, plan, **rest) -> None:
         device = context.canary_buf.device
         self.check_device(device)
@@ -72,23 +72,48 @@ class KernelBackend:
     def plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
              swa_window_size, full_to_swa_index_mapping, verify_capacity, req_to_verify_expected_tokens,
              req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset, extra_request_values) -> None:
+        """The two stages on the plans' arrays, as SGLang's launch_canary_plan_kernels calls them."""
         device = req_to_token.device
         self.check_device(device)
         bs = int(req_pool_indices.shape[0])
         # Per-request verify entry offsets, handed from the first kernel to the second. Allocated
         # from torch's caching allocator (stream-ordered, no sync, fine under graph capture).
-        verify_offsets = torch.empty(bs + 1, dtype=torch.int64, device=device)
-        common = dict(verify_plan_out=verify_plan_out, req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
-                      req_to_token=req_to_token, swa_window_size=swa_window_size,
-                      full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets=verify_offsets)
-        self._run("plan_offsets", dict(common, write_plan_out=write_plan_out, extend_seq_lens=extend_seq_lens),
-                  work=bs, device=device)
-        self._run("plan_entries", dict(
-            common, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+        scratch = torch.empty(bs + 1, dtype=torch.int64, device=device)
+        common = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
+                      full_to_swa_index_mapping=full_to_swa_index_mapping, swa_window_size=swa_window_size)
+        self._plan_offsets(
+            **common, extend_seq_lens=extend_seq_lens, out_verify_offsets_scratch=scratch,
+            out_write_offsets=write_plan_out.write_offsets,
+            out_write_seed_slot_indices=write_plan_out.write_seed_slot_indices,
+            out_verify_num_valid=verify_plan_out.verify_num_valid, out_verify_enable=verify_plan_out.enable,
+            out_write_num_valid_reqs=write_plan_out.write_num_valid_reqs, verify_capacity=verify_capacity)
+        self._plan_entries(
+            **common, verify_offsets_scratch=scratch, verify_enable=verify_plan_out.enable,
+            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
             req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-            kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-            extra_request_values=extra_request_values),
-            work=int(verify_plan_out.verify_slot_indices.shape[0]), device=device)
+            out_verify_slot_indices=verify_plan_out.verify_slot_indices,
+            out_verify_expected_tokens=verify_plan_out.verify_expected_tokens,
+            out_verify_expected_positions=verify_plan_out.verify_expected_positions,
+            out_verify_prev_slot_indices=verify_plan_out.verify_prev_slot_indices,
+            kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra_request_values,
+            out_extra_verify_expected={name: getattr(verify_plan_out, "verify_expected_" + name)
+                                       for name in extra_request_values})
+
+    def plan_offsets(self, **arguments) -> None:
+        self.check_device(arguments["req_to_token"].device)
+        self._plan_offsets(**arguments)
+
+    def plan_entries(self, **arguments) -> None:
+        self.check_device(arguments["req_to_token"].device)
+        self._plan_entries(**arguments)
+
+    def _plan_offsets(self, **arguments) -> None:
+        self._run("plan_offsets", arguments, work=int(arguments["req_pool_indices"].shape[0]),
+                  device=arguments["req_to_token"].device)
+
+    def _plan_entries(self, **arguments) -> None:
+        self._run("plan_entries", arguments, work=int(arguments["out_verify_slot_indices"].shape[0]),
+                  device=arguments["req_to_token"].device)
 
     def scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> None:
         device = pool_out.device
