@@ -93,6 +93,9 @@ BUILTIN_FAIL_REASON_KINDS = {
     "VERIFY_TOKEN_MISMATCH": "verify",
     "SLOT_OUT_OF_RANGE": "both",
 }
+# The built-in reasons whose check compares a token id with an expected one: a report prints the
+# expected token id for them (SEMANTICS.md §9).
+TOKEN_FAIL_REASONS = ("WRITE_TOKEN_MISMATCH", "VERIFY_TOKEN_MISMATCH")
 
 # Flag sets and enums the kernels depend on, with the members they must have.
 REQUIRED_FLAGS = {
@@ -436,6 +439,10 @@ class Schema:
 
     def fail_reasons_of_kind(self, *kinds: str) -> tuple[Member, ...]:
         return tuple(m for m in self.fail_reason.members if m.kind in kinds)
+
+    @property
+    def token_fail_reasons(self) -> tuple[Member, ...]:
+        return tuple(m for m in self.fail_reason.members if m.name in TOKEN_FAIL_REASONS)
 
     @property
     def launch_groups(self) -> tuple[str, ...]:

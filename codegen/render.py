@@ -209,6 +209,7 @@ def template_context(schema: Schema) -> dict:
         "launch_phases": LAUNCH_PHASES,
         "launch_halves": LAUNCH_HALVES,
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
+        "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),
         # The write kernel's shared-memory sizing: the same function checks.py bounds the schema with.
         "block_per_request_shared_memory": block_per_request_shared_memory,
         "verify_slice_chunks": verify_slice_chunks,

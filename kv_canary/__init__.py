@@ -50,6 +50,8 @@ _LAZY = {
     "generate_layer": ("kv_canary.layers", "generate_layer"),
     "CanaryManager": ("kv_canary.manager", "CanaryManager"),
     "CanaryViolationError": ("kv_canary.manager", "CanaryViolationError"),
+    "CanaryHealthError": ("kv_canary.monitor", "CanaryHealthError"),
+    "CanaryConfig": ("kv_canary.config", "CanaryConfig"),
     "Violation": ("kv_canary.violations", "Violation"),
 }
 

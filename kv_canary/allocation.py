@@ -149,7 +149,13 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     def allocate_counter(*, device) -> torch.Tensor:
         """A run counter: int64 [1] = 0."""
-        return torch.zeros(1, dtype=torch.int64, device=v.check_device("device", device))
+        return allocate_counters(1, device=device)
+
+    def allocate_counters(n: int, *, device) -> torch.Tensor:
+        """`n` run counters in one tensor, int64 [n] = 0: `counters[i:i + 1]` is one context's counter,
+        and one copy reads them all."""
+        v.check_int("n", n, minimum=1)
+        return torch.zeros(n, dtype=torch.int64, device=v.check_device("device", device))
 
     def allocate_chain_position_flag(*, device, enabled: bool = False) -> torch.Tensor:
         """The write's chain-position-assert flag: int32 [1] (0 during warm-up / graph capture)."""
@@ -179,6 +185,6 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
              "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
-             "allocate_counter", "allocate_chain_position_flag", "allocate_context")
+             "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
     scope = locals()
     return SimpleNamespace(**{name: scope[name] for name in names}, __all__=names)

@@ -29,6 +29,14 @@ groups: `full`, and `swa` for sliding-window layers) and reads `engine.device`, 
 (`token_rids` gives each token's request id). A launch fingerprints at most MAX_REAL_KV_SOURCES
 layers per group: `fingerprint_layers` chooses which (default: the first ones, with a
 CanaryCoverageWarning naming the layers left uncovered).
+
+SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
+SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
+multi-line violation report (WARNING, logger `kv_canary`), in mode `raise` one CanaryViolationError
+carries every new report; every `stats_print_every_n_steps` steps an INFO stats line; from step 100
+on, every 100 steps, the health check raises CanaryHealthError (in every mode) when a launch tag
+that should have run did not advance its kernel-run counter (kv_canary.monitor). The engine calls
+`after_step(step)` once per engine step with an increasing step number.
 """
 from __future__ import annotations
 
@@ -42,14 +50,19 @@ from typing import Callable, Optional
 
 import torch
 
+from .config import parse_mode
+from .monitor import CanaryHealthError, RuntimeMonitor
+from .reporting import SWEEP_PHASE, ViolationReporter
 from .runtime import runtime_for
 from .staging import HostStaging
 from .violations import Violation, ViolationDecoder, ViolationGroup, group_cascades, record_link
 
 logger = logging.getLogger("kv_canary")
 
-MODES = ("off", "log", "raise")
 SNAPSHOT_DEPTH = 8  # pinned write-index snapshots in flight before a drain waits for the oldest
+V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
+__all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
+           "CanaryStats")
 
 
 class CanaryCoverageWarning(UserWarning):
@@ -57,7 +70,8 @@ class CanaryCoverageWarning(UserWarning):
 
 
 class CanaryViolationError(RuntimeError):
-    """Raised in mode 'raise'; `violations` holds every row drained with the first one."""
+    """Raised in mode 'raise' by a drain that found rows: the text is every new row's report (SEMANTICS.md
+    §9) joined by newlines; `violations` holds those rows."""
 
     def __init__(self, message: str, violations: list[Violation]):
         super().__init__(message)
@@ -104,12 +118,17 @@ class CanaryStats:
 
 
 class CanaryManager:
+    """The canary of one engine. The plain constructor's defaults check everything (mode log, real-KV
+    fingerprint ALL, expected tokens, V buffers, a sweep every 8 steps); `from_config` starts from
+    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface)."""
+
     def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
                  chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
-                 fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None):
-        if mode not in MODES:
-            raise ValueError(f"kv-canary: mode must be one of {', '.join(MODES)}, got {mode!r}")
+                 fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
+                 enable_write_input_assert: bool = False, enable_mha_v: bool = True,
+                 stats_print_every_n_steps: int = 0):
+        mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else sys.modules["kv_canary.generated"]
         self.L = self.layer.layout
         if isinstance(real_kv_hash_mode, str):
@@ -119,7 +138,8 @@ class CanaryManager:
             real_kv_hash_mode = self.L.RealKvHashMode[real_kv_hash_mode.upper()]
         self.real_kv_hash_mode = self.L.RealKvHashMode(real_kv_hash_mode)
         for name, value, low in (("ring_capacity", ring_capacity, 1), ("sweep_interval", sweep_interval, 0),
-                                 ("keep_violations", keep_violations, 0)):
+                                 ("keep_violations", keep_violations, 0),
+                                 ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ValueError(f"kv-canary: {name} must be an int >= {low}, got {value!r}")
         self.mode = mode
@@ -127,6 +147,11 @@ class CanaryManager:
         self.ring_capacity = ring_capacity
         self.sweep_interval = sweep_interval
         self.chain_position_assert = bool(chain_position_assert)
+        self.enable_write_input_assert = bool(enable_write_input_assert)
+        self.enable_mha_v = bool(enable_mha_v)
+        # The K/V halves whose launches run: V only when checked (SGLang's ENABLE_MHA_V gate).
+        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != V_HALF or self.enable_mha_v)
+        self.stats_print_every_n_steps = stats_print_every_n_steps
         self.backend = backend
         self.keep_violations = keep_violations
         self.fingerprint_layers = self._check_fingerprint_layers(fingerprint_layers)
@@ -134,7 +159,12 @@ class CanaryManager:
         self.rt = runtime_for(self.layer)
         self.alloc = self.rt.allocators
         self.decoder = ViolationDecoder(self.L)
+        self.reporter = ViolationReporter(self.L)
+        self.tags = tuple(self.L.CanaryLaunchTag)        # index i: kernel_run_counters[i]
         self.stats = CanaryStats()
+        self.sweep_passes = 0
+        self.last_step = 0                               # the step of the latest after_step (step_when_pumped)
+        self.monitor: Optional[RuntimeMonitor] = None
         self.violations: list[Violation] = []
         self.groups: list[_Group] = []
         self.engine = None
@@ -142,9 +172,25 @@ class CanaryManager:
         self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
         self.caller_tables = self._check_caller_tables(caller_tables)
 
+    @classmethod
+    def from_config(cls, config, **engine_options) -> "CanaryManager":
+        """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
+        included) and the engine-side ones given here (layer, backend, fingerprint_layers,
+        caller_tables, chain_position_assert, keep_violations)."""
+        from .config import CanaryConfig
+
+        if not isinstance(config, CanaryConfig):
+            raise ValueError(f"kv-canary: from_config needs a CanaryConfig, got {_describe(config)}")
+        options = config.manager_options()
+        clash = sorted(set(options) & set(engine_options))
+        if clash:
+            raise ValueError(f"kv-canary: from_config takes {', '.join(clash)} from the CanaryConfig; "
+                             f"set it there (flag or environment variable), not as a keyword")
+        return cls(**options, **engine_options)
+
     @property
     def enabled(self) -> bool:
-        return self.mode != "off"
+        return self.mode != "none"
 
     def _check_caller_tables(self, value) -> dict:
         """{field: {group: tensor}} for the schema's `caller_table` input fields (checked at attach)."""
@@ -237,7 +283,9 @@ class CanaryManager:
         self.ring, self.write_index = A.allocate_violation_ring(self.ring_capacity, device=dev)
         self.reason_counts = A.allocate_reason_counts(device=dev)  # shared like the ring; never reset
         self.slot_run_counter = A.allocate_counter(device=dev)
-        self.kernel_run_counter = A.allocate_counter(device=dev)
+        # One kernel-run counter per launch tag (its verify and write share it): the health check
+        # tells which launch stopped running.
+        self.kernel_run_counters = A.allocate_counters(len(self.tags), device=dev)
         self.chain_flag = A.allocate_chain_position_flag(device=dev, enabled=self.chain_position_assert)
         cfg = engine.cfg
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
@@ -255,12 +303,32 @@ class CanaryManager:
         if self._pinned:
             self._pinned_idx = [torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(SNAPSHOT_DEPTH)]
             self._next_pin = 0
+        self.monitor = self._make_monitor()
+
+    def _make_monitor(self) -> RuntimeMonitor:
+        """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
+        tags only with a sweep interval; the stats line's A counts every tag of the engine's pools."""
+        groups = {g.name for g in self.groups}
+        mine = [(i, self.L.LAUNCH_TAG_COORDINATES[t]) for i, t in enumerate(self.tags)
+                if self.L.LAUNCH_TAG_COORDINATES[t][2] in groups]
+        checked = [(i, phase) for i, (phase, half, _) in mine if half in self.halves]
+        return RuntimeMonitor(kernel_runs=self.kernel_run_counters, slot_runs=self.slot_run_counter,
+                              write_index=self.write_index, tag_names=[t.name for t in self.tags],
+                              per_forward=[i for i, phase in checked if phase != SWEEP_PHASE],
+                              sweep=[i for i, phase in checked if phase == SWEEP_PHASE and self.sweep_interval > 0],
+                              active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
+
+    def _counter_of(self, tag) -> torch.Tensor:
+        i = self.tags.index(tag)
+        return self.kernel_run_counters[i:i + 1]
 
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         A, L, dev = self.alloc, self.L, self.device
         storage = pool.storage
         bufs, contexts = {}, {}
         for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
+            if half not in self.halves:
+                continue
             bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
             sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
                                            num_bytes_per_token=storage.bytes_per_token,
@@ -274,7 +342,7 @@ class CanaryManager:
                     contexts[(phase, half, kind)] = A.VerifyOrWriteContext(
                         canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
                         violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
-                        kernel_run_counter=self.kernel_run_counter, real_kv_sources=sources,
+                        kernel_run_counter=self._counter_of(tag), real_kv_sources=sources,
                         real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
                         violation_reason_counts=self.reason_counts)
         return _Group(name, pool, storage.num_slots, bufs, contexts,
@@ -296,6 +364,9 @@ class CanaryManager:
         self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
         self._token_inputs = {(g.name, f.name): fixed(self.token_capacity)
                               for g in self.groups for f in self.L.INPUT_FIELDS}
+        # The write's input assert: what each batch token should be (None when the assert is off).
+        self._expected_tokens = fixed(self.token_capacity) if self.enable_write_input_assert else None
+        self._expected_positions = fixed(self.token_capacity) if self.enable_write_input_assert else None
         self._scatter_flat = fixed(cfg.max_ctx)
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
@@ -349,12 +420,15 @@ class CanaryManager:
         # cache (those slots were written, and are owned, by an earlier request).
         owners = [r.rid if r is not None and not r.matched else -1 for r in batch.requests]
         self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
+        self.monitor.on_forward()
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: plan, HEAD verify and write. No host sync, so a CUDA graph can
         capture it (and `tail`); `prepare` must have refilled the inputs for this batch."""
         if self.enabled:
             self._plan(batch)
+            if self.enable_write_input_assert:
+                self._fill_expected_inputs(batch)
             self._verify_and_write("head", batch)
 
     def tail(self, batch) -> None:
@@ -363,12 +437,16 @@ class CanaryManager:
             self._verify_and_write("tail", batch)
 
     def after_step(self, step: int) -> None:
+        """End of an engine step: the sweep when due, draining, the stats line and the health check."""
         if not self.enabled:
             return
+        self.last_step = step
         if self.sweep_interval and step % self.sweep_interval == self.sweep_interval - 1:
+            self.monitor.on_sweep_due()
             self.sweep()
         self._snapshot(step)
         self._poll()
+        self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
 
     def _plan(self, batch) -> None:
         e, bs = self.engine, batch.bs
@@ -386,16 +464,40 @@ class CanaryManager:
 
     def _verify_and_write(self, phase: str, batch) -> None:
         for g in self.groups:
-            for half in self.L.LAUNCH_HALVES:
+            for half in self.halves:
                 self._verify(g, phase, half, g.verify_plan)
+        n = int(batch.input_ids.shape[0])
+        expected = {}
+        if self.enable_write_input_assert:
+            expected = {"expected_input_tokens": self._expected_tokens[:n],
+                        "expected_input_positions": self._expected_positions[:n]}
         for g in self.groups:
             locs = g.pool.out_cache_loc(batch)
             extra = self._write_inputs(g, batch, locs)
-            for half in self.L.LAUNCH_HALVES:
+            for half in self.halves:
                 self.rt.launch_canary_write_kernel(
                     context=g.contexts[(phase, half, "write")], plan=g.write_plan, input_ids=batch.input_ids,
-                    positions=batch.positions, out_cache_loc=locs, enable_write_input_assert=False,
-                    extra_inputs=extra, backend=self.backend)
+                    positions=batch.positions, out_cache_loc=locs,
+                    enable_write_input_assert=self.enable_write_input_assert, extra_inputs=extra,
+                    backend=self.backend, **expected)
+
+    def _fill_expected_inputs(self, batch) -> None:
+        """What the write's input assert compares each batch token with, on the device: position =
+        its request's prefix length + its index in the request's extend; token = the request's known
+        token at that position (the expected-token pool), or the token itself where the pool does not
+        know it yet (a draft). Padding requests own no tokens (as in the write plan)."""
+        n, bs = int(batch.input_ids.shape[0]), batch.bs
+        active = batch.req_pool_indices != self.L.REQ_POOL_IDX_PADDING
+        extend = torch.where(active, batch.extend_seq_lens, torch.zeros_like(batch.extend_seq_lens))
+        ends = torch.cumsum(extend, 0)
+        flat = torch.arange(n, dtype=ends.dtype, device=self.device)
+        req = torch.searchsorted(ends, flat, right=True).clamp_(max=bs - 1)
+        positions = batch.prefix_lens[req] + flat - (ends[req] - extend[req])
+        known = (positions >= 0) & (positions < self._valid_lens[req])
+        column = positions.clamp(0, self.req_pool.shape[1] - 1)
+        tokens = self.req_pool[batch.req_pool_indices[req], column].to(torch.int64)
+        self._expected_tokens[:n].copy_(torch.where(known, tokens, batch.input_ids))
+        self._expected_positions[:n].copy_(positions)
 
     def _verify(self, g: _Group, phase: str, half: str, plan) -> None:
         self.rt.launch_canary_verify_kernel(
@@ -418,12 +520,12 @@ class CanaryManager:
 
     # -- sweep ------------------------------------------------------------------------------
     def sweep(self) -> int:
-        """Verify every radix-held slot (SWEEP_* tags); returns the number of entries per half."""
+        """Verify every radix-held slot (SWEEP_* tags); returns the number of entries per half. A pass
+        with nothing cached still launches (an empty verify), so the health check sees it ran."""
         if not self.enabled:
             return 0
         slots, positions, tokens, prevs = self.engine.cached_entries()
-        if not slots:
-            return 0
+        self.sweep_passes += 1
         for g in self.groups:
             s, p = slots, prevs
             lut = g.pool.translate
@@ -437,8 +539,8 @@ class CanaryManager:
                 getattr(plan, "verify_expected_" + name)[:n] = -1
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
-            for half in self.L.LAUNCH_HALVES:
-                self._verify(g, "sweep", half, plan)
+            for half in self.halves:
+                self._verify(g, SWEEP_PHASE, half, plan)
         return len(slots)
 
     # -- host-offload support (records travel with the K/V bytes) ----------------------------
@@ -446,7 +548,7 @@ class CanaryManager:
         if not self.enabled:
             return None
         return {(g.name, half): g.bufs[half][self._group_slots(g, full_slots)].clone()
-                for g in self.groups for half in self.L.LAUNCH_HALVES}
+                for g in self.groups for half in self.halves}
 
     def import_records(self, full_slots: torch.Tensor, records: Optional[dict], n: int) -> None:
         """Paste exported records into new slots and restamp per-slot fields (allocation epochs, caller
@@ -456,7 +558,7 @@ class CanaryManager:
         words = {f.name: f.word for f in self.L.INPUT_FIELDS}
         for g in self.groups:
             idx = self._group_slots(g, full_slots)
-            for half in self.L.LAUNCH_HALVES:
+            for half in self.halves:
                 buf = g.bufs[half]
                 buf[idx] = records[(g.name, half)][:n].to(buf.device)
                 view = buf.view(torch.int64)
@@ -497,7 +599,9 @@ class CanaryManager:
         return self.drain() if hit else []
 
     def drain(self) -> list[Violation]:
-        """Read every pending row now (waits for the device), decode, record, log or raise."""
+        """Read every pending row now (waits for the device), decode and record them; then mode `log`
+        logs each row's report once (a WARNING each), mode `raise` raises one CanaryViolationError
+        with all of them. The write index restarts at 0, so no row is ever reported twice."""
         if not self.enabled:
             return []
         count = int(self.write_index[0])  # synchronises: every snapshot copy before it has landed
@@ -524,16 +628,15 @@ class CanaryManager:
         self._capture_links(found)
         room = self.keep_violations - len(self.violations)
         self.violations += found[:max(0, room)]
+        # total_violations: rows appended since attach (SGLang's write index never restarts);
+        # ring_overflow: some row was ever dropped for lack of room.
+        reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
+                                         step_when_pumped=self.last_step) for v in found]
         if self.mode == "log":
-            for v in found:
-                logger.warning(v.log_line())
-            if lost:
-                logger.warning(self.overflow_line(lost))
-        if self.mode == "raise":
-            more = f" (+{count - 1} more, {lost} lost to ring overflow)" if count > 1 else ""
-            raise CanaryViolationError(
-                f"kv-canary: violation at step {found[0].step if found else last_step}{more}: "
-                + (found[0].log_line() if found else self.overflow_line(lost)), found)
+            for text in reports:
+                logger.warning(text)
+        elif self.mode == "raise":
+            raise CanaryViolationError("\n".join(reports), found)
         return found
 
     @staticmethod
@@ -542,10 +645,6 @@ class CanaryManager:
             if i < end:
                 return step
         return last_step
-
-    def overflow_line(self, lost: int) -> str:
-        return (f"kv_canary ring overflow: {lost} violation row(s) lost "
-                f"(ring_capacity={self.ring_capacity}); per-step and per-reason totals still count them")
 
     # -- reporting helpers ------------------------------------------------------------------
     def _capture_links(self, found: list[Violation]) -> None:
@@ -574,7 +673,8 @@ class CanaryManager:
 
     @property
     def kernel_runs(self) -> int:
-        return int(self.kernel_run_counter[0]) if self.enabled else 0
+        """Verify and write launches so far, every tag together."""
+        return int(self.kernel_run_counters.sum()) if self.enabled and self.groups else 0
 
 
 def _describe(value) -> str:

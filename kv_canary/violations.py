@@ -31,7 +31,7 @@ def u64(x: int) -> int:
 @dataclass(frozen=True)
 class Violation:
     """One decoded ring row. Hash-valued fields keep the stored (signed int64) value."""
-    launch_tag: str                 # CanaryLaunchTag name ("TAG_<n>" for a value the schema lacks)
+    launch_tag: str                 # CanaryLaunchTag name ("unknown(<n>)" for a value the schema lacks)
     launch_tag_value: int
     slot: int
     position: int                   # the stored position (verify) or the written one (write)
@@ -62,7 +62,8 @@ class Violation:
 
     def log_line(self) -> str:
         """SGLang's one-line summary (extra schema columns appended as name=value)."""
-        line = (f"kv_canary violation: launch_tag={self.launch_tag} fail_reason={'+'.join(self.sglang_reasons)} "
+        reasons = "+".join(self.sglang_reasons) or "none"
+        line = (f"kv_canary violation: launch_tag={self.launch_tag} fail_reason={reasons} "
                 f"slot_idx={self.slot} position={self.position} stored_token={self.stored_token} "
                 f"expected_token={self.expected_token} stored_chain_hash=0x{u64(self.stored_chain_hash):016x} "
                 f"expected_aux=0x{u64(self.expected_aux):016x}")
@@ -104,7 +105,7 @@ class ViolationDecoder:
         tag = row[c["launch_tag"]]
         bits = row[c["fail_reason"]]
         return Violation(
-            launch_tag=self._tags.get(tag, f"TAG_{tag}"), launch_tag_value=tag, slot=row[c["slot"]],
+            launch_tag=self._tags.get(tag, f"unknown({tag})"), launch_tag_value=tag, slot=row[c["slot"]],
             position=row[c["stored_position"]], stored_token=row[c["stored_token"]],
             expected_token=row[c["expected_token"]], stored_chain_hash=row[c["stored_chain_hash"]],
             expected_aux=row[c["expected_aux"]], reason_bits=bits, reasons=self.reason_names(bits),

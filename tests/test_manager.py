@@ -50,18 +50,22 @@ def test_raise_mode_names_the_first_violation():
     err = info.value
     first = err.violations[0]
     assert first.launch_tag == "HEAD_K_FULL" and first.reasons == ("SLOT_OUT_OF_RANGE",)
-    assert first.log_line() in str(err)
-    assert f"violation at step {first.step}" in str(err)
+    # One report of 7 lines per row (SEMANTICS.md §9), in ring order, drained at the damage step.
+    lines = str(err).split("\n")
+    assert len(lines) == 7 * len(err.violations)
+    assert lines[0::7] == [v.log_line() for v in err.violations]
+    footer = f"  total_violations={len(err.violations)} ring_overflow=False step_when_pumped={first.step}"
+    assert lines[6::7] == [footer] * len(err.violations)
 
 
-def test_log_mode_logs_sglang_lines(caplog):
+def test_log_mode_logs_one_report_per_row(caplog):
     sc = SCENARIOS["late_write/bytes"]
     m = CanaryManager(mode="log")
     with caplog.at_level(logging.WARNING, logger="kv_canary"):
         _run(m, sc.sim, steps=20, hooks=[sc.make_fault()])
-    lines = [r.getMessage() for r in caplog.records]
-    assert m.violations and lines[:len(m.violations)] == [v.log_line() for v in m.violations]
-    assert all(line.startswith("kv_canary violation: launch_tag=") for line in lines)
+    reports = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert m.violations and len(reports) == len(m.violations) == m.stats.total
+    assert [r.split("\n")[0] for r in reports] == [v.log_line() for v in m.violations]
 
 
 def test_off_mode_launches_nothing():
@@ -123,7 +127,7 @@ def test_grouping_puts_the_root_first():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(mode="loud"), "mode must be one of off, log, raise, got 'loud'"),
+    (dict(mode="loud"), "mode must be one of none, log, raise \\('off' = 'none'\\), got 'loud'"),
     (dict(real_kv_hash_mode="SOME"), "real_kv_hash_mode must be one of NONE, PARTIAL, ALL, got 'SOME'"),
     (dict(ring_capacity=0), "ring_capacity must be an int >= 1, got 0"),
     (dict(sweep_interval=-1), "sweep_interval must be an int >= 0, got -1"),

@@ -66,7 +66,7 @@ def test_unknown_tag_and_bits_are_named(default_layer):
     L = default_layer.layout
     spare = 1 << 40
     v = ViolationDecoder(L).decode_row(_row(L, launch_tag=999, fail_reason=spare | 1))
-    assert v.launch_tag == "TAG_999"
+    assert v.launch_tag == "unknown(999)"
     assert v.reasons[-1] == f"UNKNOWN_0x{spare:x}"
 
 

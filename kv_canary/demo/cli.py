@@ -1,11 +1,14 @@
 """`make demo` / `kv-canary demo`: a clean serving run, then every fault scenario, then a report.
 
 Runs on the default backend (CUDA when a GPU is present, else the CPU torch reference); exits 0
-when the clean run is silent and every scenario behaves as documented.
+when the clean run is silent and every scenario behaves as documented. SGLang's canary flags and
+SGLANG_KV_CANARY_* environment variables configure the clean run (the scenarios keep the settings
+their expectations need); its log lines, the stats line included, are shown as it runs.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -13,7 +16,12 @@ from pathlib import Path
 
 import torch
 
+from ..config import CanaryConfig
 from . import faults, report
+
+# The clean run's canary when no flag or environment variable says otherwise: every check on.
+DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults.SWEEP, stats_print_every_n_steps=0,
+                           enable_verify_token_assert=True, enable_mha_v=True)
 
 
 def _progress(label: str, stream):
@@ -26,6 +34,30 @@ def _progress(label: str, stream):
     return show
 
 
+def _describe(c: CanaryConfig) -> str:
+    stats = f"stats line every {c.stats_print_every_n_steps} steps" if c.stats_print_every_n_steps else "no stats line"
+    return (f"--kv-canary {c.mode} --kv-canary-real-data {c.real_kv_data} --kv-canary-sweep-interval "
+            f"{c.sweep_interval}, {stats}")
+
+
+@contextlib.contextmanager
+def _canary_log_shown(stream):
+    """The kv_canary logger's INFO and above on `stream`, each line on its own (over the progress line)."""
+    log = logging.getLogger("kv_canary")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("\r  %(message)s"))
+    old_level, old_propagate = log.level, log.propagate
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # shown once, here, not again by a root handler
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(old_level)
+        log.propagate = old_propagate
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="kv-canary demo", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="steps of the clean run (default 200)")
@@ -33,13 +65,17 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default=None, help="force a backend: torch, cuda or emulated")
     ap.add_argument("--device", default=None, help="tensor device (default: cuda when available, else cpu)")
     ap.add_argument("--only", action="append", default=None, metavar="NAME", help="run only these scenarios")
+    CanaryConfig.add_cli_args(ap, DEMO_CANARY)
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
+    try:
+        canary = CanaryConfig.from_args(args, base=DEMO_CANARY)
+    except ValueError as e:
+        ap.error(str(e))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cpu":
         torch.set_num_threads(1)  # the simulation's tensors are tiny: thread fan-out only costs time
-    logging.getLogger("kv_canary").setLevel(logging.ERROR)  # the table and report show the violations
     out = sys.stdout
     known = faults.scenarios()
     chosen = known if not args.only else [s for s in known if s.name in args.only]
@@ -49,9 +85,11 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     backend_name = args.backend or ("cuda (default dispatch)" if device == "cuda" else "torch reference (CPU)")
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
-    out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA):\n")
-    engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
-                                       progress=_progress("clean run", out))
+    out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA; canary: {_describe(canary)}):\n")
+    with _canary_log_shown(out):
+        engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
+                                           progress=_progress("clean run", out), **canary.manager_options())
+    logging.getLogger("kv_canary").setLevel(logging.ERROR)  # the table and report show the scenarios' violations
     clean = {"steps": args.steps, "finished": len(engine.finished),
              "shared": sum(r.matched > 0 for r in engine.finished), "swa_window": engine.cfg.swa_window,
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}

@@ -457,8 +457,10 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
 
 def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None,
               layer=None, **manager_kwargs):
-    """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager)."""
-    manager = CanaryManager(layer=layer, mode="log", backend=backend, sweep_interval=SWEEP, **manager_kwargs)
+    """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager).
+    `manager_kwargs` override the demo's manager settings (mode log, a sweep every SWEEP steps)."""
+    kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
+    manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     engine = Engine(config or BASE, canary=manager, device=device)
     engine.run(steps, progress=progress)
     manager.drain()

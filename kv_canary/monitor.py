@@ -1,0 +1,111 @@
+"""The periodic host checks of a CanaryManager (SEMANTICS.md §9): the stats line every N steps, and
+the health check every HEALTH_CHECK_EVERY steps from step HEALTH_CHECK_FROM on.
+
+Both judge one reading of the device counters (each launch tag's kernel runs, the slot runs, the
+ring's write index) copied at the cadence step, after that step's launches. On CUDA the copy goes
+to pinned memory behind an event and is judged at a later step, once the event has completed, so
+no step ever waits for the device (the health error then still names the step that was read); on
+the CPU the copy is immediate and judged at once.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .reporting import stalled_tags_message, stats_line
+
+logger = logging.getLogger("kv_canary")
+
+HEALTH_CHECK_FROM = 100    # SGLang's warm-up: no health check before this step
+HEALTH_CHECK_EVERY = 100
+
+
+class CanaryHealthError(RuntimeError):
+    """A launch tag that should run did not advance its kernel-run counter since the previous check."""
+
+
+@dataclass
+class _Reading:
+    step: int
+    host: torch.Tensor         # kernel runs per tag, then the slot runs, then the write index
+    event: object              # torch.cuda.Event guarding `host`, or None (already there)
+    stats: bool
+    health: bool
+    sweep_passes: int
+    drained: int               # rows drained before the copy: the device index counts from there
+    forwards: int              # forward steps since the previous health reading
+    sweeps_due: int            # sweeps due since the previous health reading
+
+
+class RuntimeMonitor:
+    """Stats line and health check over a manager's counters.
+
+    `per_forward` / `sweep`: indices (into `kernel_runs` and `tag_names`) of the tags that must run on
+    every forward step / every sweep; `active_tags` / `tag_names`: the stats line's A and T.
+    """
+
+    def __init__(self, *, kernel_runs: torch.Tensor, slot_runs: torch.Tensor, write_index: torch.Tensor,
+                 tag_names: list, per_forward: list, sweep: list, active_tags: int, stats_every: int):
+        self.kernel_runs, self.slot_runs, self.write_index = kernel_runs, slot_runs, write_index
+        self.tag_names = list(tag_names)
+        self.per_forward, self.sweep = sorted(per_forward), sorted(sweep)
+        self.active_tags = active_tags
+        self.stats_every = stats_every
+        self._async = kernel_runs.device.type == "cuda"
+        self._pending: collections.deque = collections.deque()
+        self._previous: Optional[list] = None   # the counters at the previous health reading
+        self.forwards = 0      # forward steps since the last health reading
+        self.sweeps_due = 0    # sweeps due by the cadence since the last health reading
+
+    def on_forward(self) -> None:
+        self.forwards += 1
+
+    def on_sweep_due(self) -> None:
+        self.sweeps_due += 1
+
+    def after_step(self, step: int, *, sweep_passes: int, drained: int) -> None:
+        """Read the counters if `step` is a stats or health step; judge every reading that has landed."""
+        stats = self.stats_every > 0 and step > 0 and step % self.stats_every == 0
+        health = step >= HEALTH_CHECK_FROM and step % HEALTH_CHECK_EVERY == 0
+        if stats or health:
+            self._read(step, stats, health, sweep_passes, drained)
+        self.judge_ready()
+
+    def _read(self, step: int, stats: bool, health: bool, sweep_passes: int, drained: int) -> None:
+        device = torch.cat([self.kernel_runs, self.slot_runs, self.write_index.to(torch.int64)])
+        if self._async:
+            host = torch.empty(device.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(device, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+        else:
+            host, event = device.clone(), None
+        forwards, sweeps_due = (self.forwards, self.sweeps_due) if health else (0, 0)
+        if health:
+            self.forwards = self.sweeps_due = 0
+        self._pending.append(_Reading(step, host, event, stats, health, sweep_passes, drained, forwards, sweeps_due))
+
+    def judge_ready(self) -> None:
+        """Log / check every reading whose copy has completed, oldest first (never waits)."""
+        while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
+            self._judge(self._pending.popleft())
+
+    def _judge(self, r: _Reading) -> None:
+        values = r.host.tolist()
+        n = len(self.tag_names)
+        runs, slot_runs, index = values[:n], values[n], values[n + 1]
+        if r.stats:
+            logger.info(stats_line(step=r.step, protected_tokens=slot_runs, sweep_passes=r.sweep_passes,
+                                   violations=r.drained + index, active_tags=self.active_tags, total_tags=n))
+        if r.health:
+            previous = self._previous if self._previous is not None else [0] * n
+            self._previous = runs
+            # A window without a forward step (an idle engine) or without a due sweep owes no launch.
+            expected = sorted((self.per_forward if r.forwards else []) + (self.sweep if r.sweeps_due else []))
+            stalled = [self.tag_names[i] for i in expected if runs[i] == previous[i]]
+            if stalled:
+                raise CanaryHealthError(stalled_tags_message(stalled, r.step))
