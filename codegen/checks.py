@@ -4,7 +4,8 @@ from __future__ import annotations
 import keyword
 import re
 
-from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
+from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
     CHAINABLE_ROLES,
     CONSTANT_TYPES,
@@ -92,6 +93,10 @@ REAL_KV_LOAD_BYTES = 16
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
+    if len(name) > MAX_NAME_CHARS:
+        d.error(loc, f"{what} {quote(name[:MAX_NAME_CHARS] + '...')} is {len(name)} characters long; at most "
+                     f"{MAX_NAME_CHARS} are supported")
+        return False
     if not _IDENT.match(name):
         d.error(loc, f"{what} '{name}' is not a valid identifier (letters, digits and '_', not starting "
                      f"with a digit)")
@@ -166,7 +171,28 @@ def check_schema(schema: Schema, d: Diagnostics) -> None:
     _check_other_records(schema, d)
     _check_value_sets(schema, d)
     _check_kernels(schema, d)
+    _check_kernel_file_names(schema, d)
     _check_generated_names(schema, d)
+    check_limits(schema, d)
+
+
+# Device names that Windows refuses as file names, whatever the extension.
+_WINDOWS_DEVICE_NAMES = frozenset(["CON", "PRN", "AUX", "NUL"] +
+                                  [f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)])
+
+
+def _check_kernel_file_names(schema: Schema, d: Diagnostics) -> None:
+    """Kernel names become file names (generated/cuda/<name>.cu): they must not collide on a
+    case-insensitive file system (macOS, Windows) nor be a reserved device name."""
+    seen = {}
+    for k in schema.kernels:
+        if k.name.upper() in _WINDOWS_DEVICE_NAMES:
+            d.error(k.loc, f"kernel name '{k.name}' is a reserved device name on Windows (it names the file "
+                           f"cuda/{k.name}.cu); rename it")
+        first = seen.setdefault(k.name.lower(), k)
+        if first is not k and first.name != k.name:
+            d.error(k.loc, f"kernel '{k.name}' and kernel '{first.name}' differ only in case; their files "
+                           f"cuda/{k.name}.cu and cuda/{first.name}.cu are one file on a case-insensitive file system")
 
 
 def _check_constants(schema: Schema, d: Diagnostics) -> None:

@@ -18,6 +18,7 @@ from .hexdump import golden_rows
 from .load import layout_fingerprint
 from .model import MASK64, Constant, Schema, block_per_request_shared_memory, splitmix64
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
+from .yaml_loader import normalise_text
 
 CODEGEN_DIR = Path(__file__).resolve().parent
 TEMPLATE_DIR = CODEGEN_DIR / "templates"
@@ -191,11 +192,14 @@ def render_body(env: jinja2.Environment, template: str, context: dict, out_path:
     return body
 
 
-def render_all(schema: Schema, schema_text: str) -> list[GeneratedFile]:
-    env = make_environment()
-    context = template_context(schema)
-    schema_sha = sha256_text(schema_text)
+def render_all(schema: Schema, schema_text: str, env: jinja2.Environment | None = None) -> list[GeneratedFile]:
+    """Every generated file. `schema_text` is hashed into the headers with normalised line endings (a
+    CRLF checkout is the same schema); `env` lets a caller that renders many schemas reuse one
+    environment's compiled templates."""
+    env = env or make_environment()
+    schema_sha = sha256_text(normalise_text(schema_text))
     gen_sha = generator_sha256()
+    context = template_context(schema)
     out = []
     for template, path, extra in output_plan(schema):
         body = render_body(env, template, {**context, **extra}, path)
