@@ -84,6 +84,7 @@ LAYOUT_FIXED_NAMES = frozenset({
     "VIOLATION_FIELD_NAMES", "REAL_KV_SOURCE_FIELDS_PER_ENTRY", "MASK64", "splitmix64", "splitmix64_mix3",
     "to_signed64", "dataclass", "Optional", "annotations", "enum", "numbers", "operator",
     "VIOLATION_REASON_COUNT_NAMES", "VIOLATION_REASON_COUNT_BITS", "VIOLATION_REASON_COUNT_COLUMNS",
+    "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear

@@ -2,7 +2,8 @@
 
 Each file is replaced atomically (a temporary `.NAME.XXXXXXXX.tmp` renamed into place), and writers
 of one tree take turns (an exclusive lock on `OUT/.kv-canary-generate.lock`; readers such as
-`check` take it shared).
+`check` take it shared). A kill between two files can still leave a tree of two generator runs:
+the generated package refuses to load one (every file carries its generation id).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ bidirectional characters, limits), which test_schema_errors.py checks.
 - bounded memory: the 9-line alias bomb runs in a process limited to 512 MiB of address space;
 - one line per diagnostic whatever the schema says; unexpected exceptions are reported, not raised;
 - generation: concurrent runs take turns (lock), leftover temporary files are removed and ignored
-  by git, a CRLF schema is the same schema.
+  by git, a CRLF schema is the same schema;
+- mixed trees: a file from another generator run is refused by the package and by the CUDA sources.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ from kv_canary.codegen.limits import MAX_SET_MEMBERS
 from kv_canary.codegen.load import load_schema_text, read_schema
 from kv_canary.codegen.render import make_environment, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import LOCK_NAME, compare_tree, tree_lock, write_tree
+
+import kv_canary
+from kv_canary.cuda.sources import MixedTreeError, read_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "schema_errors"
@@ -179,3 +183,72 @@ def test_concurrent_generate_runs_all_succeed(tmp_path):
     assert sum(r[0].count("\nwrote ") + r[0].startswith("wrote ") for r in results) == len(
         render_all(*read_schema(DEFAULT_SCHEMA)))  # each file written by exactly one run
     assert compare_tree(out, render_all(*read_schema(DEFAULT_SCHEMA)), "generated") == []
+
+
+# -- mixed trees: one file from another generator run -----------------------------------------
+@pytest.fixture(scope="module")
+def two_generations(tmp_path_factory, env):
+    """Two trees of the same layout from schemas that differ in one doc string: one generation each."""
+    root = tmp_path_factory.mktemp("generations")
+    text = default_schema_text()
+    other = text.replace('doc: "request row reserved for CUDA-graph padding"', 'doc: "padding request row"', 1)
+    assert other != text
+    trees = []
+    for name, schema_text in (("old", text), ("new", other)):
+        write_tree(root / name, render_all(load_schema_text(schema_text), schema_text, env))
+        trees.append(root / name)
+    return trees
+
+
+def test_every_generated_python_module_checks_its_generation(env):
+    files = [f for f in render_all(*read_schema(DEFAULT_SCHEMA), env) if f.path.endswith(".py")]
+    assert {f.path for f in files} >= {"__init__.py", "layout.py", "api.py", "kernel_abi.py"}
+    for f in files:  # a new template must include python/_generation.j2 too
+        fields, body = split_header(f.text)
+        assert f'\nGENERATION_ID = "{fields["generation"]}"\n' in body, f.path
+        assert (f.path == "__init__.py") != ("if _package_generation != GENERATION_ID:" in body), f.path
+
+
+def _mixed(tmp_path: Path, trees, rel: str) -> Path:
+    """The first tree with `rel` copied from the second: what a kill between two writes leaves."""
+    out = tmp_path / "mixed"
+    shutil.copytree(trees[0], out)
+    shutil.copyfile(trees[1] / rel, out / rel)
+    return out
+
+
+def test_the_package_refuses_an_eagerly_loaded_module_of_another_generation(tmp_path, two_generations):
+    out = _mixed(tmp_path, two_generations, "layout.py")
+    with pytest.raises(ImportError, match=r"mixes files of two generator runs .*; run `make generate`"):
+        kv_canary.load_generated(out, "kv_canary_mixed_layout")
+    assert "kv_canary_mixed_layout" not in sys.modules
+
+
+@pytest.mark.parametrize("rel", ["api.py", "reference.py", "kernel_abi.py"])
+def test_the_package_refuses_a_lazily_loaded_module_of_another_generation(tmp_path, two_generations, rel):
+    out = _mixed(tmp_path, two_generations, rel)
+    layer = kv_canary.load_generated(out, f"kv_canary_mixed_{rel[:-3]}")
+    with pytest.raises(ImportError) as err:
+        getattr(layer, rel[:-3])
+    assert str(err.value).startswith(f"kv-canary: generated module kv_canary_mixed_{rel[:-3]}.{rel[:-3]} is from "
+                                     f"generation ")
+    assert f"but its package kv_canary_mixed_{rel[:-3]} is from generation {layer.GENERATION_ID}" in str(err.value)
+
+
+def test_an_unmixed_tree_loads(two_generations):
+    layer = kv_canary.load_generated(two_generations[1], "kv_canary_unmixed")
+    assert layer.api.GENERATION_ID == layer.GENERATION_ID == layer.kernel_abi.GENERATION_ID
+    assert read_source(layer, "cuda/canary_write.cu")
+
+
+@pytest.mark.parametrize("rel", ["cuda/canary_write.cu", "cuda/kv_canary_layout.cuh",
+                                 "emulation/kv_canary_launchers.cpp"])
+def test_cuda_sources_of_another_generation_are_refused_before_a_build(tmp_path, two_generations, rel):
+    from kv_canary.emulation.build import library_inputs
+
+    out = _mixed(tmp_path, two_generations, rel)
+    layer = kv_canary.load_generated(out, f"kv_canary_mixed_src_{rel.replace('/', '_').replace('.', '_')}")
+    with pytest.raises(MixedTreeError, match=rf"{rel} is from generation [0-9a-f]{{16}} but its Python layer"):
+        read_source(layer, rel)
+    with pytest.raises(MixedTreeError):
+        library_inputs(layer)  # what the emulated build hashes and compiles
