@@ -28,6 +28,16 @@ check-generated: $(STAMP)
 test: setup check-generated
 	$(PY) -m pytest -q
 
+# Schema fuzzing with a large budget (tests/test_schema_fuzz.py; `make test` runs a small one):
+# prints mutations tried, diagnostics, trees generated and checked, tracebacks and hangs. Every new
+# clean tree (up to FUZZ_TREES) is built with g++ and NVRTC and run against the torch reference.
+FUZZ_EXAMPLES ?= 3000
+FUZZ_TREES ?= 12
+.PHONY: fuzz
+fuzz: $(STAMP)
+	KV_CANARY_FUZZ=full KV_CANARY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KV_CANARY_FUZZ_TREES=$(FUZZ_TREES) \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/test_schema_fuzz.py tests/test_codegen_robustness.py
+
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
 

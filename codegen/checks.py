@@ -5,8 +5,9 @@ import dataclasses
 import keyword
 import re
 
-from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
 from .kernel_abi import duplicate_params, kernel_params
+from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
     BUILTIN_FAIL_REASON_KINDS,
     CHAINABLE_ROLES,
@@ -94,6 +95,7 @@ LAYOUT_FIXED_NAMES = frozenset({
     "LAUNCH_PHASES", "LAUNCH_HALVES", "LAUNCH_GROUPS", "LAUNCH_TAG_COORDINATES", "LAUNCH_TAG_BY_COORDINATES",
     "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS", "TOKEN_REASON_BITS",
     "MESSAGE_PREFIX", "MESSAGES", "message", "fail",
+    "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
@@ -103,6 +105,10 @@ REAL_KV_LOAD_BYTES = 16
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
+    if len(name) > MAX_NAME_CHARS:
+        d.error(loc, f"{what} {quote(name[:MAX_NAME_CHARS] + '...')} is {len(name)} characters long; at most "
+                     f"{MAX_NAME_CHARS} are supported")
+        return False
     if not _IDENT.match(name):
         d.error(loc, f"{what} '{name}' is not a valid identifier (letters, digits and '_', not starting "
                      f"with a digit)")
@@ -179,7 +185,28 @@ def check_schema(schema: Schema, d: Diagnostics) -> None:
     _check_fail_reason_kinds(schema, d)
     _check_launch_tags(schema, d)
     _check_kernels(schema, d)
+    _check_kernel_file_names(schema, d)
     _check_generated_names(schema, d)
+    check_limits(schema, d)
+
+
+# Device names that Windows refuses as file names, whatever the extension.
+_WINDOWS_DEVICE_NAMES = frozenset(["CON", "PRN", "AUX", "NUL"] +
+                                  [f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)])
+
+
+def _check_kernel_file_names(schema: Schema, d: Diagnostics) -> None:
+    """Kernel names become file names (generated/cuda/<name>.cu): they must not collide on a
+    case-insensitive file system (macOS, Windows) nor be a reserved device name."""
+    seen = {}
+    for k in schema.kernels:
+        if k.name.upper() in _WINDOWS_DEVICE_NAMES:
+            d.error(k.loc, f"kernel name '{k.name}' is a reserved device name on Windows (it names the file "
+                           f"cuda/{k.name}.cu); rename it")
+        first = seen.setdefault(k.name.lower(), k)
+        if first is not k and first.name != k.name:
+            d.error(k.loc, f"kernel '{k.name}' and kernel '{first.name}' differ only in case; their files "
+                           f"cuda/{k.name}.cu and cuda/{first.name}.cu are one file on a case-insensitive file system")
 
 
 def _check_constants(schema: Schema, d: Diagnostics) -> None:
