@@ -24,7 +24,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     """
     v = validators
 
-    def allocate(what: str, nbytes: int, device: torch.device, make: Callable):
+    def allocate_or_explain(what: str, nbytes: int, device: torch.device, make: Callable):
         try:
             return make()
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
@@ -76,7 +76,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                       for name in array_fields}
             return cls(**arrays, verify_num_valid=torch.zeros(1, dtype=torch.int32, device=device),
                        enable=torch.ones(1, dtype=torch.int32, device=device))
-        return allocate(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device, make)
+        return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
+                                   make)
 
     def verify_plan_bytes(cls, verify_capacity: int) -> int:
         return len(array_fields) * v.check_verify_capacity(verify_capacity) * 8 + 2 * 4
@@ -102,10 +103,11 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
             cap = v.check_write_capacity(write_req_capacity)
             device = v.check_device("device", device)
-            return allocate(f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
-                            lambda: cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
-                                        write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
-                                        write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device)))
+            return allocate_or_explain(
+                f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
+                lambda: cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
+                            write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
+                            write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device)))
 
         @classmethod
         def allocation_bytes(cls, write_req_capacity: int) -> int:
@@ -120,8 +122,9 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         v.check_slot_stride(slot_stride_bytes, (num_slots, slot_stride_bytes))
         v.check_extent("canary_buf", num_slots, "num_slots", slot_stride_bytes, "slot_stride_bytes")
         device = v.check_device("device", device)
-        return allocate(f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
-                        lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
+        return allocate_or_explain(
+            f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
+            lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
 
     def canary_buf_bytes(num_slots: int, slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> int:
         return num_slots * slot_stride_bytes
@@ -130,9 +133,10 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         """(ring int64 [ring_capacity, VIOLATION_FIELDS] zeroed, write index int32 [1] = 0)."""
         ring_capacity = v.check_ring_capacity(ring_capacity)
         device = v.check_device("device", device)
-        return allocate(f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
-                        lambda: (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
-                                 torch.zeros(1, dtype=torch.int32, device=device)))
+        return allocate_or_explain(
+            f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
+            lambda: (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
+                     torch.zeros(1, dtype=torch.int32, device=device)))
 
     def violation_ring_bytes(ring_capacity: int) -> int:
         return ring_capacity * layout.VIOLATION_FIELDS * 8 + 4

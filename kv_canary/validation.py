@@ -24,9 +24,6 @@ _INT32 = torch.int32
 _UINT8 = torch.uint8
 
 
-_INT64_MAX = (1 << 63) - 1
-
-
 def _shape(t: torch.Tensor) -> tuple:
     return tuple(int(d) for d in t.shape)
 
@@ -111,10 +108,11 @@ class Validators:
                      unit: str = "bytes") -> None:
         """count x size within int64: the kernels compute such products (slot * stride, row * row
         stride, the plan's entry total) in signed 64-bit integers."""
-        if count * size > _INT64_MAX:
+        most = self.abi.RANGES["i64"][1]
+        if count * size > most:
             raise ValueError(f"{self.prefix}{what} is too large: {count_name}={count} x {size_name}={size} = "
                              f"{count * size} {unit}, more than a signed 64-bit integer holds "
-                             f"({_bound(_INT64_MAX)}); the kernels compute it in one")
+                             f"({_bound(most)}); the kernels compute it in one")
 
     def as_int(self, name: str, value: Any) -> int:
         """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
