@@ -31,7 +31,7 @@ from .model import (
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
 # schema text from injecting code into the generated sources.
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# C++ no longer needs these (every schema name reaches C++ behind a `kvc` prefix, see below); they
+# C++ no longer needs these (every schema name reaches C++ behind a prefix, see below); they
 # stay reserved because several are Python builtins the generated Python calls (bool, int, float):
 # a constant of that name in layout.py would shadow them.
 CPP_KEYWORDS = frozenset("""
