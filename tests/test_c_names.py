@@ -74,7 +74,9 @@ def named_schema_text(names: dict[str, str]) -> str:
 
 
 # Names that are macros of the emulated build (errno.h, sys/mman.h, time.h, stdio.h, limits.h, ...),
-# libc and CUDA functions, and the names of kv-canary's own shim and generated header.
+# libc and CUDA functions, and the names of kv-canary's own shim and generated header: the kernels
+# are named like the shim's extern "C" kvc_emu_last_error, the header's kvc_i64 typedef and kvc
+# namespace, and `kv` (once next to the verify kernel's own kv_launch namespace).
 HOSTILE = dict(
     constants=["ENOMEM", "PROT_READ", "CLOCK_MONOTONIC", "NULL", "EOF", "INT_MAX", "SIZE_MAX", "errno", "stdin",
                "abort", "printf", "atomicAdd", "threadIdx", "warpSize", "CHAIN_HEAD", "FIELD_TOKEN_WORD",
@@ -85,7 +87,7 @@ HOSTILE = dict(
     flag_set="PROT_WRITE", flag_members=["MAP_SHARED", "NULL", "kvc_i64"],
     enum_set="CLOCK_REALTIME", enum_members=["SEEK_SET", "ENOMEM", "stdout"],
     launch_tag="EXIT_SUCCESS",
-    kernels=["printf", "kvc_i64", "kv", "emu_last_error", LONG_KERNEL_NAME],
+    kernels=["kvc_emu_last_error", "kvc_i64", "kvc", "kv", LONG_KERNEL_NAME],
 )
 SENTINEL = "zq"
 PROBE = dict(
@@ -141,7 +143,7 @@ def test_schema_names_are_not_c_names():
 
 
 def test_an_entry_point_shared_by_two_kernels_is_refused():
-    names = dict(HOSTILE, kernels=["printf", "v", "kv", "v_check_verify_expected_token", "kvc"])
+    names = dict(HOSTILE, kernels=["w", "v", "kv", "v_check_verify_expected_token", "kvc"])
     with pytest.raises(SchemaError, match=r"error: kernel 'v_check_verify_expected_token' and kernel 'v' would both "
                                           r"export the entry point 'v_check_verify_expected_token'"):
         load_schema_text(named_schema_text(names))
@@ -178,8 +180,8 @@ def test_the_shim_defines_no_macro_a_kernel_could_trip_on():
 def test_entry_points_are_prefixed_and_listed_by_the_kernel_abi(hostile_layer):
     abi = kernel_abi(hostile_layer)
     symbols = [symbol for k in abi.KERNELS.values() for symbol, _ in k.variants]
-    assert symbols == ["kvcanary_printf", "kvcanary_kvc_i64", "kvcanary_kvc_i64_check_verify_expected_token",
-                       "kvcanary_kv", "kvcanary_emu_last_error", "kvcanary_" + LONG_KERNEL_NAME]
+    assert symbols == ["kvcanary_kvc_emu_last_error", "kvcanary_kvc_i64", "kvcanary_kvc_i64_check_verify_expected_token",
+                       "kvcanary_kvc", "kvcanary_kv", "kvcanary_" + LONG_KERNEL_NAME]
     assert all(s.startswith(abi.ENTRY_POINT_PREFIX) for s in symbols)
     for kernel in abi.KERNELS.values():
         source = read_source(hostile_layer, kernel.source)
