@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # `make abi-check BASE=<git rev>`: the schema revision the working kernels.yaml is compared with.
 BASE ?= HEAD~1
 
-.PHONY: setup generate check-generated test demo lint abi-check bench
+.PHONY: setup generate check-generated test demo lint abi-check bench sanitize
 
 setup: $(STAMP)
 
@@ -64,3 +64,11 @@ gpu-check:
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py
 	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi
+
+# The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache
+# entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
+# The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
+SANITIZE_TESTS ?= tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
+	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py
+sanitize: $(STAMP)
+	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

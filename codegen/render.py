@@ -13,9 +13,17 @@ from pathlib import Path
 import jinja2
 from jinja2.ext import Extension
 
+from .comments import comment_text
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
-from .kernel_abi import OPERATION_ARGS, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS
+from .kernel_abi import (
+    ENTRY_POINT_PREFIX,
+    OPERATION_ARGS,
+    REAL_KV_SOURCE_PARAMS,
+    REAL_KV_TAIL_PARAMS,
+    argument_kinds,
+    entry_points,
+)
 from .launches import FIELD_KEYWORDS, launches, public_names
 from .load import layout_fingerprint
 from .model import (
@@ -144,7 +152,7 @@ def make_environment() -> jinja2.Environment:
         extensions=[LineDirectives],
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident,
-                       wrap_call=wrap_call)
+                       wrap_call=wrap_call, comment_text=comment_text)
     env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
     return env
 
@@ -238,6 +246,10 @@ def template_context(schema: Schema) -> dict:
         "real_kv_source_params": REAL_KV_SOURCE_PARAMS,
         "real_kv_tail_params": REAL_KV_TAIL_PARAMS,
         "static_shared_memory_bytes": STATIC_SHARED_MEMORY_BYTES,
+        # C names of the kernels (extern "C" symbols) and the arguments that must fit a C integer.
+        "entry_points": entry_points,
+        "entry_point_prefix": ENTRY_POINT_PREFIX,
+        "argument_kinds": argument_kinds(schema),
     }
 
 

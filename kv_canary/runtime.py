@@ -89,7 +89,7 @@ class Runtime:
 
     def use_torch_reference(self, device, *, backend=None) -> bool:
         """SGLang's predicate, answered by the launches' own backend choice (choose_backend)."""
-        return choose_backend(backend, self.validators.check_device("device", device)) == "torch"
+        return choose_backend(backend, self.validators.parse_device("device", device)) == "torch"
 
     def __getattr__(self, name: str):
         """Every public launch by name, taking every keyword of every schema plus `backend=`."""
