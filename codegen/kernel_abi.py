@@ -14,6 +14,7 @@ NULL) or an integer checked against the C type's range (`i64`, `i32`).
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from .model import Kernel, Schema
@@ -254,6 +255,27 @@ PARAMS_BY_TEMPLATE = {
 
 def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
     return PARAMS_BY_TEMPLATE[kernel.template](schema)
+
+
+def binding_parts(template: str, params: tuple[Param, ...]) -> tuple[tuple[tuple[str, ...], tuple[int, ...], bool], ...]:
+    """The parameters grouped by the operation arguments their values read: ((arguments, parameter
+    indices, reads `kv`?), ...) in order of first parameter. `kv` (real_kv_args(context)) counts as
+    `context`.
+
+    The runtime binds a launch part by part and re-evaluates only the parts whose arguments changed
+    (kv_canary/cuda/kernel_backend.py), so a new input tensor never rebuilds the context's values.
+    """
+    known = OPERATION_ARGS[template]
+    groups: dict = {}
+    for index, p in enumerate(params):
+        names = {n.id for n in ast.walk(ast.parse(p.value, mode="eval")) if isinstance(n, ast.Name)}
+        reads_kv = "kv" in names
+        if reads_kv:
+            names = (names - {"kv"}) | {"context"}
+        roots = tuple(a for a in known if a in names)
+        indices, kv = groups.get(roots, ((), False))
+        groups[roots] = (indices + (index,), kv or reads_kv)
+    return tuple((roots, indices, kv) for roots, (indices, kv) in groups.items())
 
 
 def duplicate_params(params: tuple[Param, ...]) -> list[str]:

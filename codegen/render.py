@@ -15,7 +15,7 @@ from jinja2.ext import Extension
 
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
-from .kernel_abi import OPERATION_ARGS, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS
+from .kernel_abi import OPERATION_ARGS, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS, binding_parts
 from .launches import FIELD_KEYWORDS, launches, public_names
 from .load import layout_fingerprint
 from .model import (
@@ -213,6 +213,7 @@ def template_context(schema: Schema) -> dict:
         "block_per_request_shared_memory": block_per_request_shared_memory,
         "verify_slice_chunks": verify_slice_chunks,
         "operation_args": OPERATION_ARGS,
+        "binding_parts": binding_parts,
         "launches": launches(schema),
         "public_names": public_names(schema),
         "field_keywords": FIELD_KEYWORDS,
