@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from typing import Callable
 
 import numpy as np
 import torch
@@ -78,12 +79,47 @@ class DeviceModules:
         return persistent_grid(self.sm_count, blocks_per_sm, self.resident_blocks.get(entry_point, 0))
 
     def launch(self, entry_point: str, *, blocks: int, threads: int, kinds: tuple, args: tuple) -> None:
-        """Launch on torch's current stream of this device; returns without waiting."""
+        """Launch through CuPy's RawKernel (every argument converted to a numpy scalar) on torch's
+        current stream of this device; returns without waiting."""
         import cupy
         fn = self.functions[entry_point]
         args = tuple(_NUMPY[kind](value) for kind, value in zip(kinds, args))
         with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
             fn((blocks,), (threads,), args)
+
+    def prepared(self, entry_point: str, *, blocks: int, threads: int, params) -> Callable[..., None]:
+        """A function launching `entry_point` with packed `params` (kv_canary/cuda/params.py, kept
+        alive by it) on torch's current stream of this device, without waiting: one cuLaunchKernel
+        call, the device switched only when another one is current. Where CuPy lacks the driver
+        binding, it falls back to `launch` (RawKernel) with the params' values. The function ignores
+        its optional argument."""
+        import cupy
+        launch_kernel = getattr(cupy.cuda.driver, "launchKernel", None)
+        function = getattr(self.functions[entry_point], "kernel", None)
+        if launch_kernel is None or getattr(function, "ptr", None) is None:
+            def by_value(_unused=None, params=params) -> None:
+                self.launch(entry_point, blocks=blocks, threads=threads, kinds=params.kinds, args=params.values)
+            return by_value
+        function_ptr, index = int(function.ptr), self.device_index
+        current_stream, current_device, device = _raw_stream_of, cupy.cuda.runtime.getDevice, cupy.cuda.Device
+
+        def launch(_unused=None, params=params) -> None:
+            stream = current_stream(index)
+            if current_device() == index:
+                launch_kernel(function_ptr, blocks, 1, 1, threads, 1, 1, 0, stream, params.address, 0)
+            else:
+                with device(index):
+                    launch_kernel(function_ptr, blocks, 1, 1, threads, 1, 1, 0, stream, params.address, 0)
+        return launch
+
+
+def _public_raw_stream(device_index: int) -> int:
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+# device index -> the raw handle of torch's current stream there: the cheap binding torch's own
+# compiled kernels use, or the public API where a torch build lacks it.
+_raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _public_raw_stream
 
 
 def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
