@@ -229,6 +229,7 @@ def bench_lines(bench: dict) -> list[str]:
     lines.append(f"- write: one 32,768-token prefill chain {_num(bench.get('write_prefill_32768_ms'), '.3f')} ms; "
                  f"256 one-token decodes {_num(bench.get('write_decode_256_ms'), '.3f')} ms")
     lines.append(f"- plan: 256 requests x 4,096 prefix tokens {_num(bench.get('plan_256x4096_ms'), '.3f')} ms")
+    lines += [f"- {line}" for line in bench.get("host_lines") or ()]  # rendered by bench/bench_gpu.py
     for name, err in (bench.get("errors") or {}).items():
         lines.append(f"- ERROR in {name}: {err}")
     return lines

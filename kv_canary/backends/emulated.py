@@ -80,7 +80,7 @@ class EmulatedBackend(KernelBackend):
         def run(args: dict) -> None:
             checks(args)
             prepared.run(args)
-        return Prepared(run, needs_args=True)
+        return Prepared(run, needs_args=True, kernels=prepared.kernels)
 
     def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.

@@ -33,9 +33,12 @@ SCRATCH = "verify_offsets"  # the plan's per-launch scratch argument (codegen/ke
 @dataclass(frozen=True)
 class Prepared:
     """A launch bound to one set of inputs. `run(args)` launches it; `args` are the operation's
-    validated arguments when `needs_args` (host checks read their values), else None."""
+    validated arguments when `needs_args` (host checks read their values), else None. `kernels`:
+    (kernel, entry point, blocks, threads) of each kernel launch it makes, in order (for benchmarks
+    that compare it with other ways of launching the same kernels)."""
     run: Callable[[Optional[dict]], None]
     needs_args: bool = False
+    kernels: tuple = ()
 
 
 def _nothing(_args) -> None:
@@ -110,30 +113,26 @@ class KernelBackend:
     def bind(self, kernel, args: dict, signatures: Optional[dict]) -> KernelParams:
         """The kernel's packed arguments, part by part (reusing parts bound for the same signatures)."""
         values = [0] * len(kernel.kinds)
+        memo = self._parts
         for index, (roots, indices, part) in enumerate(kernel.parts):
             inputs = [args[r] for r in roots]
-            key = self._part_key(kernel, index, roots, inputs, signatures)
-            bound = self._parts.get(key) if key is not None else None
+            key = bound = None
+            if signatures is not None and SCRATCH not in roots:
+                try:
+                    key = (kernel.name, index, tuple([signatures[r] if r in signatures else signature(v)
+                                                      for r, v in zip(roots, inputs)]))
+                    bound = memo.get(key)
+                except Exception:  # no usable signature: bind this part afresh
+                    key = None
             if bound is None:
                 bound = part(*inputs)
                 if key is not None:
-                    if len(self._parts) >= PART_MEMO_SIZE:
-                        del self._parts[next(iter(self._parts))]
-                    self._parts[key] = bound
+                    if len(memo) >= PART_MEMO_SIZE:
+                        del memo[next(iter(memo))]
+                    memo[key] = bound
             for i, value in zip(indices, bound):
                 values[i] = value
         return KernelParams(kernel.kinds, values)
-
-    @staticmethod
-    def _part_key(kernel, index: int, roots: tuple, inputs: list, signatures: Optional[dict]):
-        if signatures is None or SCRATCH in roots:
-            return None
-        try:
-            sigs = tuple(signatures[r] if r in signatures else signature(v) for r, v in zip(roots, inputs))
-            hash(sigs)
-        except Exception:  # no usable signature: bind this part afresh every time
-            return None
-        return (kernel.name, index, sigs)
 
     def _prepare_one(self, template: str, args: dict, signatures, *, work: int, device: torch.device,
                      **flags) -> Prepared:
@@ -141,7 +140,8 @@ class KernelBackend:
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
         return Prepared(self.prepared_launch(kernel, entry, blocks=blocks, threads=threads,
-                                             params=self.bind(kernel, args, signatures), device=device))
+                                             params=self.bind(kernel, args, signatures), device=device),
+                        kernels=((kernel, entry, blocks, threads),))
 
     # -- the operations, bound ------------------------------------------------------------------
     def _prepare_write(self, args: dict, signatures) -> Prepared:
@@ -164,12 +164,13 @@ class KernelBackend:
         # scratch array allocated per launch from torch's caching allocator (stream-ordered, no
         # sync, fine under graph capture); its parameters are bound at each launch (None until then).
         bound = dict(args, **{SCRATCH: None})
-        launches, patches = [], []
+        launches, patches, kernels = [], [], []
         for template, work in (("plan_offsets", bs), ("plan_entries", int(args["verify_plan_out"].verify_slot_indices.shape[0]))):
             kernel = self._kernels[template]
             entry = self.entry_point(kernel)
             blocks, threads = self.grid(kernel, entry, work=work, device=device)
             params = self.bind(kernel, bound, signatures)
+            kernels.append((kernel, entry, blocks, threads))
             launches.append(self.prepared_launch(kernel, entry, blocks=blocks, threads=threads, params=params,
                                                  device=device))
             for roots, indices, part in kernel.parts:
@@ -186,7 +187,7 @@ class KernelBackend:
                         params.set(i, value)
                 for launch in launches:
                     launch()
-        return Prepared(run)
+        return Prepared(run, kernels=tuple(kernels))
 
     def _prepare_scatter(self, args: dict, signatures) -> Prepared:
         device = args["pool_out"].device

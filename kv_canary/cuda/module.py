@@ -37,6 +37,7 @@ class DeviceModules:
         self.functions = {}
         self.binaries = {}
         self.resident_blocks: dict[str, int] = {}  # entry point -> blocks one SM keeps resident
+        self.function_ptrs: dict[str, int] = {}    # entry point -> its CUfunction on this device (0: unknown)
         self._streams: dict = {}
         with device:
             for kernel in abi.KERNELS.values():
@@ -52,6 +53,7 @@ class DeviceModules:
                     # which may happen during CUDA-graph capture).
                     fn = self.functions[symbol] = module.get_function(symbol)
                     _force_load(fn)
+                    self.function_ptrs[symbol] = _function_ptr(fn)
                     if kernel.shape == "persistent":
                         self.resident_blocks[symbol] = resident_blocks_per_sm(cupy, fn, kernel.threads)
                 self.binaries[kernel.name] = path
@@ -95,12 +97,11 @@ class DeviceModules:
         its optional argument."""
         import cupy
         launch_kernel = getattr(cupy.cuda.driver, "launchKernel", None)
-        function = getattr(self.functions[entry_point], "kernel", None)
-        if launch_kernel is None or getattr(function, "ptr", None) is None:
+        function_ptr, index = self.function_ptrs.get(entry_point, 0), self.device_index
+        if launch_kernel is None or not function_ptr:
             def by_value(_unused=None, params=params) -> None:
                 self.launch(entry_point, blocks=blocks, threads=threads, kinds=params.kinds, args=params.values)
             return by_value
-        function_ptr, index = int(function.ptr), self.device_index
         current_stream, current_device, device = _raw_stream_of, cupy.cuda.runtime.getDevice, cupy.cuda.Device
 
         def launch(_unused=None, params=params) -> None:
@@ -126,6 +127,14 @@ def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
     """sm_count x min(blocks_per_sm, resident); resident <= 0 (unknown) keeps blocks_per_sm."""
     per_sm = min(blocks_per_sm, resident) if resident > 0 else blocks_per_sm
     return sm_count * max(1, per_sm)
+
+
+def _function_ptr(fn) -> int:
+    """The CUfunction handle of a loaded RawKernel on the current device (0 when CuPy hides it)."""
+    try:
+        return int(fn.kernel.ptr)
+    except Exception:  # another CuPy: launches then go through RawKernel (DeviceModules.launch)
+        return 0
 
 
 def _force_load(fn) -> None:

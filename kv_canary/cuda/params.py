@@ -15,6 +15,8 @@ be rewritten (`set`) as soon as a launch returns.
 from __future__ import annotations
 
 import ctypes
+import functools
+import operator
 import sys
 
 if sys.byteorder != "little":  # the slot layout above: a 32-bit value sits in the slot's first bytes
@@ -25,6 +27,11 @@ KIND_MASKS = {"ptr": (1 << 64) - 1, "i64": (1 << 64) - 1, "i32": (1 << 32) - 1}
 SLOT_BYTES = 8
 
 
+@functools.lru_cache(maxsize=None)
+def _masks(kinds: tuple) -> tuple:
+    return tuple(KIND_MASKS[k] for k in kinds)
+
+
 class KernelParams:
     """The packed arguments of one launch (`kinds`: the kernel's parameter kinds in ABI order)."""
 
@@ -32,11 +39,11 @@ class KernelParams:
         if len(values) != len(kinds):
             raise ValueError(f"kv-canary: {len(kinds)} kernel parameters need {len(kinds)} values, got {len(values)}")
         self.kinds = tuple(kinds)
-        self._masks = tuple(KIND_MASKS[k] for k in self.kinds)
+        self._masks = _masks(self.kinds)
         n = max(1, len(self.kinds))
-        self._slots = (ctypes.c_uint64 * n)(*(v & m for v, m in zip(values, self._masks)))
+        self._slots = (ctypes.c_uint64 * n)(*map(operator.and_, values, self._masks))
         base = ctypes.addressof(self._slots)
-        self._pointers = (ctypes.c_void_p * n)(*(base + SLOT_BYTES * i for i in range(n)))
+        self._pointers = (ctypes.c_void_p * n)(*range(base, base + SLOT_BYTES * n, SLOT_BYTES))
         self.address = ctypes.addressof(self._pointers)  # the `void**` a launch takes
         self.values = list(values)                         # as given (Python ints), for a re-launch by value
 
