@@ -3,7 +3,9 @@
 A backend lives in the module `kv_canary.backends.<name>` and exposes `create(layer)`; modules are
 imported lazily, so a missing optional dependency (CuPy, a compiler) only matters when asked for.
 Backends receive validated inputs (kv_canary.runtime validates first) and must never read or write
-out of bounds.
+out of bounds. A backend may also offer `prepare(operation, args, signatures)`, returning a
+Prepared launch (kv_canary/cuda/kernel_backend.py) that the runtime keeps while the inputs keep
+their signature (kv_canary/launch_cache.py); without it, the runtime calls the operation itself.
 """
 from __future__ import annotations
 
