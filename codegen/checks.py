@@ -1,6 +1,7 @@
 """Semantic checks on a parsed schema. Every problem is collected; none stops the others."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import keyword
 import re
@@ -76,6 +77,8 @@ LAYOUT_FIXED_NAMES = frozenset({
     "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
 
+PYTHON_BUILTINS = frozenset(dir(builtins))
+
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
 # The real-KV loads are 16-byte vectors (kvc::load_u64x2, kvc::KvChunk); the header pins it too.
@@ -135,6 +138,10 @@ def _check_generated_names(schema: Schema, d: Diagnostics) -> None:
         if item.name in generated:
             d.error(item.loc, f"{what} '{item.name}' collides with the generated name {item.name} "
                               f"({generated[item.name]}); rename it")
+        elif item.name in PYTHON_BUILTINS:
+            # It becomes a module-level name of generated/layout.py, whose own code calls the builtins.
+            d.error(item.loc, f"{what} '{item.name}' would shadow the Python builtin {item.name} in the generated "
+                              f"layout module; rename it")
 
 
 def _duplicates(d: Diagnostics, items, what: str, key=lambda x: x.name) -> None:
