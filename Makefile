@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # `make abi-check BASE=<git rev>`: the schema revision the working kernels.yaml is compared with.
 BASE ?= HEAD~1
 
-.PHONY: setup generate check-generated test demo lint abi-check bench
+.PHONY: setup generate check-generated test demo lint abi-check bench sanitize
 
 setup: $(STAMP)
 
@@ -27,6 +27,16 @@ check-generated: $(STAMP)
 
 test: setup check-generated
 	$(PY) -m pytest -q
+
+# Schema fuzzing with a large budget (tests/test_schema_fuzz.py; `make test` runs a small one):
+# prints mutations tried, diagnostics, trees generated and checked, tracebacks and hangs. Every new
+# clean tree (up to FUZZ_TREES) is built with g++ and NVRTC and run against the torch reference.
+FUZZ_EXAMPLES ?= 3000
+FUZZ_TREES ?= 12
+.PHONY: fuzz
+fuzz: $(STAMP)
+	KV_CANARY_FUZZ=full KV_CANARY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KV_CANARY_FUZZ_TREES=$(FUZZ_TREES) \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/test_schema_fuzz.py tests/test_codegen_robustness.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
@@ -50,9 +60,19 @@ GPU_PYTHON ?= python3
 gpu-check:
 	PYTHONUNBUFFERED=1 PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py $(OUT)
 
-# Reference vs scalar oracle (issue 3 §4), the fleet step's cost on 2 gloo ranks, then the GPU
-# benchmarks where bench/bench_gpu.py exists.
+# Reference vs scalar oracle (issue 3 §4), the host cost of launches and of the manager's steps on
+# this CPU (issue 14), the fleet step's cost on 2 gloo ranks (issue 10), then the GPU benchmarks
+# where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py
+	$(PY) bench/bench_host.py
 	$(PY) bench/bench_fleet.py
 	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi
+
+# The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache
+# entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
+# The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
+SANITIZE_TESTS ?= tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
+	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py
+sanitize: $(STAMP)
+	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

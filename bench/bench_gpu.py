@@ -15,6 +15,12 @@
   target: the write within 1.3x of it. Self-checking: its final link must be the link of the
   record the write stored last.
 - plan latency: 256 requests x 4,096 prefix tokens.
+- host time per launch (write, verify, plan, scatter through the public API, repeated with the same
+  inputs) against a bare CuPy RawKernel launch of the same kernels with prebuilt numpy-scalar
+  arguments, measured in the same run (target: <= 2x), after a self-check that both end in the
+  same bytes (bench/host_launch.py);
+- the CanaryManager's host time per step (prepare + launches + drain) for a 256-request decode
+  batch and a 4 x 8,192-token prefill batch (bench/manager_steps.py).
 CUDA events, warm-up, median of --repeats. Skips (exit 0, or 2 with --require-gpu) when no GPU is
 visible. Each benchmark is a section: a failing one is recorded under "errors" (exit 1) and the
 others still run.
@@ -31,6 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # host_launch, manager_steps
 
 import torch  # noqa: E402
 
@@ -38,6 +45,9 @@ ENTRIES = 1 << 20
 SOURCES, SOURCE_BYTES = 2, 256
 PREFILL_TOKENS, DECODES = 32_768, 256
 PLAN_REQS, PLAN_PREFIX = 256, 4096
+HOST_TARGET_RATIO = 2.0  # issue 14: host time per launch <= 2x a bare RawKernel launch of the same kernels
+# The manager's steps: (kind, requests, tokens, timed steps); decode = tokens of prefix per request.
+MANAGER_STEPS = (("decode", 256, 2048, 8), ("prefill", 4, 8192, 5))
 
 
 def gpu_available() -> bool:
@@ -359,7 +369,52 @@ def bench(repeats: int, out: dict, save) -> dict:
         w.plan(prefix=PLAN_PREFIX, extend=1)  # allocates its per-request tensors outside the timing
         out["plan_256x4096_ms"] = time_ms(lambda: w.plan(prefix=PLAN_PREFIX, extend=1), repeats=repeats)
     section("plan_256x4096", plan)
+
+    def host_launch():
+        import host_launch as hl
+        hl.self_check(layer, "cuda", "cuda", sync=torch.cuda.synchronize)
+        out["host_launch_self_check"] = "ok: every launch matches bare RawKernel launches byte for byte"
+        costs = hl.host_costs(layer, "cuda", "cuda", rounds=max(5, repeats), batch=50, sync=torch.cuda.synchronize)
+        out["host_launch"] = host_launch_result(costs)
+        out["host_lines"] = host_launch_lines(out)  # scripts/gpu_check.py puts them in its summary as they are
+    section("host_launch", host_launch)
+
+    def manager():
+        import manager_steps as ms
+        rt = kv_canary.runtime_for(layer)
+        out["manager_steps"] = []
+        for kind, requests, tokens, steps in MANAGER_STEPS:
+            clock = ms.KernelClock(rt, "cuda", device="cuda")
+            out["manager_steps"].append(ms.measure(kind, requests=requests, tokens=tokens, steps=steps, backend="cuda",
+                                                   device="cuda", sync=torch.cuda.synchronize, clock=clock))
+            out["host_lines"] = host_launch_lines(out)
+            save()
+    section("manager_steps", manager)
     return out
+
+
+def host_launch_result(costs: dict) -> dict:
+    """host_launch.host_costs' figures with the target verdict: every launch <= HOST_TARGET_RATIO x bare."""
+    worst = max(c["ratio"] for c in costs.values())
+    return {"launches": costs, "target_ratio": HOST_TARGET_RATIO, "worst_ratio": worst,
+            "met": worst <= HOST_TARGET_RATIO}
+
+
+def host_launch_lines(r: dict) -> list:
+    """Summary lines of the host launch and manager step figures (shared with scripts/gpu_check.py)."""
+    lines = []
+    h = r.get("host_launch")
+    if h:
+        parts = [f"{op} {c['launch_us']:.1f} us vs {c['bare_us']:.1f} us ({c['ratio']:.2f}x)"
+                 for op, c in h["launches"].items()]
+        lines.append(f"host time per launch vs a bare RawKernel launch of the same kernels: {'; '.join(parts)}; "
+                     f"target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'}")
+    if r.get("host_launch_self_check"):
+        lines.append(f"host launch self-check: {r['host_launch_self_check']}")
+    if r.get("manager_steps"):
+        import manager_steps as ms
+        lines += [ms.describe(step) for step in r["manager_steps"]]
+    return lines
 
 
 def _verify_result(ms: float, nbytes: int, copy: dict | None, violations: int, *, host_us: float) -> dict:
@@ -419,6 +474,7 @@ def report(r: dict) -> str:
                      f"{r['write_prefill_32768_per_request_ms']:.3f} ms "
                      f"({_fmt(r.get('write_prefill_speedup_vs_per_request'), '.1f')}x slower)")
     lines.append(f"plan: 256 requests x 4,096 prefix tokens {_fmt(r.get('plan_256x4096_ms'), '.3f')} ms")
+    lines += r.get("host_lines") or host_launch_lines(r)
     for name, err in (r.get("errors") or {}).items():
         lines.append(f"ERROR in {name}: {err}")
     return "\n".join(lines)

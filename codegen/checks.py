@@ -1,12 +1,14 @@
 """Semantic checks on a parsed schema. Every problem is collected; none stops the others."""
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import keyword
 import re
 
-from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
 from .kernel_abi import duplicate_params, kernel_params
+from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
     BUILTIN_FAIL_REASON_KINDS,
     CHAINABLE_ROLES,
@@ -31,6 +33,9 @@ from .model import (
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
 # schema text from injecting code into the generated sources.
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# C++ no longer needs these (every schema name reaches C++ behind a prefix, see below); they
+# stay reserved because several are Python builtins the generated Python calls (bool, int, float):
+# a constant of that name in layout.py would shadow them.
 CPP_KEYWORDS = frozenset("""
 alignas alignof and and_eq asm auto bitand bitor bool break case catch char char8_t char16_t
 char32_t class compl concept const consteval constexpr constinit const_cast continue co_await
@@ -40,47 +45,22 @@ operator or or_eq private protected public register reinterpret_cast requires re
 sizeof static static_assert static_cast struct switch template this thread_local throw true try
 typedef typeid typename union unsigned using virtual void volatile wchar_t while xor xor_eq
 """.split())
-# Names the generated code itself uses at the same scope (and CUDA built-ins); a schema name equal
-# to one would shadow it. `mro` cannot name an enum member.
+# Names the generated Python uses at the same scope; a schema name equal to one would shadow it.
+# `mro` cannot name an enum member; u64 and i64 are the schema's own type names.
 RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64", "mro",
-                            "threadIdx", "blockIdx", "blockDim", "gridDim", "warpSize",
                             # the generated package's modules (`layer.api`, ...): a constant of that
                             # name, re-exported by the package, would hide the module
                             "layout", "validators", "allocators", "reference", "api", "kernel_abi"})
 
-# C and C++ macros, libc and CUDA functions and standard type names that the generated code sees
-# (through the emulation shim's standard headers, or as CUDA built-ins). A macro ignores namespaces,
-# and a kernel is an extern "C" symbol, so a schema name equal to one of these breaks the build.
-C_RESERVED_NAMES = frozenset("""
-NULL EOF BUFSIZ FILENAME_MAX FOPEN_MAX TMP_MAX L_tmpnam SEEK_SET SEEK_CUR SEEK_END EXIT_SUCCESS
-EXIT_FAILURE RAND_MAX MB_CUR_MAX MB_LEN_MAX CLOCKS_PER_SEC assert errno EDOM EILSEQ ERANGE EINVAL
-stdin stdout stderr offsetof va_start va_arg va_end va_copy va_list setjmp longjmp
-CHAR_BIT CHAR_MIN CHAR_MAX SCHAR_MIN SCHAR_MAX UCHAR_MAX SHRT_MIN SHRT_MAX USHRT_MAX INT_MIN INT_MAX
-UINT_MAX LONG_MIN LONG_MAX ULONG_MAX LLONG_MIN LLONG_MAX ULLONG_MAX SIZE_MAX PTRDIFF_MIN PTRDIFF_MAX
-INT8_MIN INT8_MAX UINT8_MAX INT16_MIN INT16_MAX UINT16_MAX INT32_MIN INT32_MAX UINT32_MAX INT64_MIN
-INT64_MAX UINT64_MAX INTPTR_MIN INTPTR_MAX UINTPTR_MAX INTMAX_MIN INTMAX_MAX UINTMAX_MAX WCHAR_MIN
-WCHAR_MAX INT8_C INT16_C INT32_C INT64_C UINT8_C UINT16_C UINT32_C UINT64_C INTMAX_C UINTMAX_C
-FLT_MIN FLT_MAX FLT_EPSILON DBL_MIN DBL_MAX DBL_EPSILON HUGE_VAL HUGE_VALF INFINITY NAN
-M_PI M_E linux unix i386 signal raise abort exit atexit malloc calloc realloc free memcpy memmove
-memset memcmp strlen strcmp strncmp strcpy strncpy printf fprintf sprintf snprintf puts putchar
-abs labs llabs min max main std size_t ptrdiff_t nullptr_t intptr_t uintptr_t int8_t int16_t int32_t
-int64_t uint8_t uint16_t uint32_t uint64_t dim3 uint3 atomicAdd atomicSub atomicExch atomicMin
-atomicMax atomicInc atomicDec atomicCAS atomicAnd atomicOr atomicXor
-""".split())
-# Prefixes of the emulation shim's own macros (kv_canary/emulation/cuda_host_shim.h).
-C_RESERVED_PREFIXES = ("KVC_", "KV_CANARY_")
-
-# Names the layout header declares in namespace kvc beside the schema's constants (a constant of
-# the same name would be a redefinition).
-CPP_HEADER_FIXED_NAMES = frozenset({
-    "ABI_VERSION", "LAYOUT_FINGERPRINT", "CHAIN_HEAD", "CANARY_WORD_BYTES", "CANARY_FIELDS",
-    "CANARY_RECORD_BYTES", "CANARY_SLOT_STRIDE_BYTES", "TOKEN_WORD", "POSITION_WORD", "CHAIN_LINK_WORD",
-    "KV_FINGERPRINT_WORD", "VIOLATION_FIELDS", "VIOLATION_REASON_COUNT_COLUMNS", "PLAN_UNREADABLE_INDEX",
-    "INPUT_EXPECTED_UNKNOWN", "KvChunk", "KvWarpTile", "RealKvSources", "ViolationRow", "chain_link",
-    "count_reasons", "load_record", "load_u64x2", "make_row", "real_kv_active", "real_kv_fingerprint",
-    "real_kv_in_range", "record_at", "ring_append", "slot_hash", "splitmix64", "stored_link",
-    "warp_real_kv_fingerprint", "kvc", "kvc_i64", "kvc_u64",
-})
+# C and C++ need no list of reserved names. A macro ignores namespaces, and a kernel is an extern "C"
+# symbol, so instead every identifier the generator derives from a schema name is spelled with a
+# prefix that no C/C++/CUDA header and no part of kv-canary's shim uses: `kvc_const_<constant>`,
+# `kvc_field_<field>_*`, `kvc_set_<set>::kvc_member_<member>` in the layout header, parameters
+# `extra_input_<field>` / `verify_expected_<field>` / `slot_table_<field>` / `request_value_<field>`,
+# and entry points `kvcanary_<kernel>` (codegen.kernel_abi.ENTRY_POINT_PREFIX). Kinds never share a
+# scope, and fixed names never carry these prefixes. tests/test_c_names.py checks the prefixes
+# against every macro the emulated build sees, and builds schemas named after macros (ENOMEM,
+# PROT_READ, ...), libc functions and kv-canary's own C names.
 
 # Module-level names layout.py.j2 defines besides the schema's constants and flag/enum sets.
 LAYOUT_FIXED_NAMES = frozenset({
@@ -94,7 +74,10 @@ LAYOUT_FIXED_NAMES = frozenset({
     "LAUNCH_PHASES", "LAUNCH_HALVES", "LAUNCH_GROUPS", "LAUNCH_TAG_COORDINATES", "LAUNCH_TAG_BY_COORDINATES",
     "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS", "TOKEN_REASON_BITS",
     "MESSAGE_PREFIX", "MESSAGES", "message", "fail",
+    "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
+
+PYTHON_BUILTINS = frozenset(dir(builtins))
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
@@ -103,6 +86,10 @@ REAL_KV_LOAD_BYTES = 16
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
+    if len(name) > MAX_NAME_CHARS:
+        d.error(loc, f"{what} {quote(name[:MAX_NAME_CHARS] + '...')} is {len(name)} characters long; at most "
+                     f"{MAX_NAME_CHARS} are supported")
+        return False
     if not _IDENT.match(name):
         d.error(loc, f"{what} '{name}' is not a valid identifier (letters, digits and '_', not starting "
                      f"with a digit)")
@@ -111,30 +98,22 @@ def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
         d.error(loc, f"{what} '{name}' is a reserved word in Python or C++")
         return False
     if name.startswith("_") or "__" in name:
-        # C++ reserves '__' anywhere and '_' + capital; Python's `import *` skips '_' names.
+        # C++ reserves '__' anywhere (a prefixed C name ends in '_', so a leading '_' would make one);
+        # Python's `import *` skips '_' names.
         d.error(loc, f"{what} '{name}' must not start with '_' or contain '__'")
         return False
     if name in RESERVED_NAMES:
         d.error(loc, f"{what} '{name}' is reserved by the generated code")
         return False
-    if name in C_RESERVED_NAMES or name.startswith(C_RESERVED_PREFIXES):
-        d.error(loc, f"{what} '{name}' is a C/C++ macro or standard library name that the generated CUDA "
-                     f"code can see; rename it")
-        return False
     return True
 
 
 def _generated_names(schema: Schema) -> dict[str, str]:
-    """Every module-level name layout.py derives from the schema's records -> what defines it."""
+    """Every module-level name layout.py derives from the schema's records -> what defines it. (The
+    C++ header needs no such table: its schema-derived names are prefixed per kind.)"""
     names = {n: "a fixed name of the generated layout" for n in LAYOUT_FIXED_NAMES}
-    names.update({n: "a fixed name of the generated CUDA header" for n in CPP_HEADER_FIXED_NAMES - names.keys()})
     for f in schema.canary.fields:
         names[f"CANARY_FIELD_{f.name.upper()}"] = f"canary field '{f.name}'"
-        names[f"FIELD_{f.name.upper()}_WORD"] = f"canary field '{f.name}'"
-        names[f"FIELD_{f.name.upper()}_OFFSET"] = f"canary field '{f.name}'"
-    for vs in schema.flags + schema.enums:
-        for m in vs.members:
-            names[f"{vs.name}_{m.name}"] = f"{vs.kind} member '{vs.name}.{m.name}'"
     for f in schema.violation.fields:
         names[f"VIOLATION_FIELD_{f.name.upper()}"] = f"violation field '{f.name}'"
         names[f"VIOLATION_COL_{f.carries.upper()}"] = f"violation field '{f.name}'"
@@ -159,6 +138,10 @@ def _check_generated_names(schema: Schema, d: Diagnostics) -> None:
         if item.name in generated:
             d.error(item.loc, f"{what} '{item.name}' collides with the generated name {item.name} "
                               f"({generated[item.name]}); rename it")
+        elif item.name in PYTHON_BUILTINS:
+            # It becomes a module-level name of generated/layout.py, whose own code calls the builtins.
+            d.error(item.loc, f"{what} '{item.name}' would shadow the Python builtin {item.name} in the generated "
+                              f"layout module; rename it")
 
 
 def _duplicates(d: Diagnostics, items, what: str, key=lambda x: x.name) -> None:
@@ -179,7 +162,28 @@ def check_schema(schema: Schema, d: Diagnostics) -> None:
     _check_fail_reason_kinds(schema, d)
     _check_launch_tags(schema, d)
     _check_kernels(schema, d)
+    _check_kernel_file_names(schema, d)
     _check_generated_names(schema, d)
+    check_limits(schema, d)
+
+
+# Device names that Windows refuses as file names, whatever the extension.
+_WINDOWS_DEVICE_NAMES = frozenset(["CON", "PRN", "AUX", "NUL"] +
+                                  [f"{p}{i}" for p in ("COM", "LPT") for i in range(1, 10)])
+
+
+def _check_kernel_file_names(schema: Schema, d: Diagnostics) -> None:
+    """Kernel names become file names (generated/cuda/<name>.cu): they must not collide on a
+    case-insensitive file system (macOS, Windows) nor be a reserved device name."""
+    seen = {}
+    for k in schema.kernels:
+        if k.name.upper() in _WINDOWS_DEVICE_NAMES:
+            d.error(k.loc, f"kernel name '{k.name}' is a reserved device name on Windows (it names the file "
+                           f"cuda/{k.name}.cu); rename it")
+        first = seen.setdefault(k.name.lower(), k)
+        if first is not k and first.name != k.name:
+            d.error(k.loc, f"kernel '{k.name}' and kernel '{first.name}' differ only in case; their files "
+                           f"cuda/{k.name}.cu and cuda/{first.name}.cu are one file on a case-insensitive file system")
 
 
 def _check_constants(schema: Schema, d: Diagnostics) -> None:
@@ -413,8 +417,20 @@ def _check_launch_tags(schema: Schema, d: Diagnostics) -> None:
                 f"has), got groups {', '.join(schema.launch_groups)}")
 
 
+def _check_entry_points(schema: Schema, d: Diagnostics) -> None:
+    """A specialisation's entry point is the kernel's name + a suffix: it must not be another kernel's."""
+    owner = {}
+    for k in schema.kernels:
+        for symbol, _ in k.variants:
+            first = owner.setdefault(symbol, k)
+            if first is not k and first.name != k.name:  # same-name kernels are reported as duplicates
+                d.error(k.loc, f"kernel '{k.name}' and kernel '{first.name}' would both export the entry point "
+                               f"'{symbol}' (a kernel's name followed by a specialisation's); rename one of them")
+
+
 def _check_kernels(schema: Schema, d: Diagnostics) -> None:
     _duplicates(d, schema.kernels, "kernel")
+    _check_entry_points(schema, d)
     for k in schema.kernels:
         check_name(d, k.name, k.loc, "kernel name")
         spec = KERNEL_TEMPLATES.get(k.template)

@@ -6,12 +6,12 @@ import sys
 import time
 from pathlib import Path
 
-from .diagnostics import SchemaError
+from .diagnostics import SchemaError, escape_text, internal_error
 from .diff import diff_schemas, format_markdown
-from .load import load_schema, load_schema_bytes
+from .load import load_schema_bytes, read_schema
 from .render import make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
-from .writer import compare_tree, write_tree
+from .writer import compare_tree, tree_lock, write_tree
 
 
 def _display(path: Path) -> str:
@@ -23,16 +23,20 @@ def _display(path: Path) -> str:
 
 
 def _load(schema_path: Path):
-    schema = load_schema(schema_path, display_name=_display(schema_path))
-    text = schema_path.read_bytes().decode("utf-8")
-    return schema, text
+    """(schema, the normalised text it was parsed from): the file is read once."""
+    return read_schema(schema_path, display_name=_display(schema_path))
+
+
+def _tell_waiting(lock: Path) -> None:
+    print(f"waiting for another generator run on this tree to finish (lock {_display(lock)})", file=sys.stderr,
+          flush=True)
 
 
 def cmd_generate(args) -> int:
     start = time.perf_counter()
     schema, text = _load(args.schema)
     files = render_all(schema, text)
-    written, removed = write_tree(args.out, files)
+    written, removed = write_tree(args.out, files, on_wait=_tell_waiting)
     out = _display(args.out)
     for p in written:
         print(f"wrote {out}/{p}")
@@ -55,13 +59,17 @@ def cmd_check(args) -> int:
     schema, text = _load(args.schema)
     files = render_all(schema, text)
     regenerate = regenerate_command(args)
-    drifts = compare_tree(args.out, files, _display(args.out), regenerate)
+    if args.out.is_dir():  # not while a `generate` is half-way through writing it
+        with tree_lock(args.out, shared=True, on_wait=_tell_waiting):
+            drifts = compare_tree(args.out, files, _display(args.out), regenerate)
+    else:
+        drifts = compare_tree(args.out, files, _display(args.out), regenerate)
     if not drifts:
         print(f"{_display(args.out)} is up to date with {_display(args.schema)} ({len(files)} files)")
         return 0
     err = sys.stderr
     for i, d in enumerate(drifts):
-        print(f"{d.path}: {d.detail}", file=err)
+        print(escape_text(f"{d.path}: {d.detail}"), file=err)  # a file name on disk can hold anything
         if i + 1 == len(drifts) or drifts[i + 1].fix != d.fix:  # one fix line per run of identical fixes
             print(f"    fix: {d.fix}", file=err)
     if not args.quiet:
@@ -153,7 +161,13 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
         print(f"{n} error{'s' if n != 1 else ''}", file=sys.stderr)
         return 1
     except OSError as exc:  # e.g. an unwritable --out: a message, not a traceback
-        print(f"{parser.prog}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        print(escape_text(f"{parser.prog}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")),
+              file=sys.stderr)
+        return 1
+    except Exception as exc:  # the last resort: a bug of the generator is reported as one, not as a traceback
+        schema = getattr(args, "schema", None)
+        print(internal_error(_display(schema) if schema is not None else parser.prog, exc), file=sys.stderr)
+        print("1 error", file=sys.stderr)
         return 1
 
 

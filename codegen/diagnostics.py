@@ -1,12 +1,44 @@
 """Source locations and collected diagnostics.
 
 Every schema problem is reported as ``FILE:LINE:COL: error: MESSAGE`` (1-based, like a compiler),
-and all problems of one run are reported together, sorted, so a schema author fixes them in one go.
+one line each, and all problems of one run are reported together, sorted, so a schema author fixes
+them in one go. Schema text echoed in a message is escaped (escape_text), so no newline, control or
+bidirectional character in a schema can forge a diagnostic line or reorder what the terminal shows.
 """
 from __future__ import annotations
 
 import difflib
+import traceback
 from dataclasses import dataclass
+from pathlib import Path
+
+CODEGEN_DIR = Path(__file__).resolve().parent
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def escape_text(text: str) -> str:
+    """`text` with every non-printable character (C0/C1 controls, line and paragraph separators,
+    bidirectional and other invisible format characters, surrogates, unassigned code points) as a
+    `\\n`, `\\xNN`, `\\uNNNN` or `\\UNNNNNNNN` escape. Idempotent: escapes are printable ASCII."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        cp = ord(ch)
+        if ch.isprintable():
+            out.append(ch)
+        elif ch in _SHORT_ESCAPES:
+            out.append(_SHORT_ESCAPES[ch])
+        else:
+            out.append(f"\\x{cp:02x}" if cp < 0x100 else f"\\u{cp:04x}" if cp < 0x10000 else f"\\U{cp:08x}")
+    return "".join(out)
+
+
+def quote(value) -> str:
+    """A schema value as a message echoes it: in single quotes, escaped (see escape_text)."""
+    return f"'{escape_text(str(value))}'"
 
 
 @dataclass(frozen=True, order=True)
@@ -25,15 +57,37 @@ class Diagnostic:
     message: str
 
     def __str__(self) -> str:
-        return f"{self.loc}: error: {self.message}"
+        # The one place every diagnostic passes: whatever a message quotes, it stays one line.
+        return escape_text(f"{self.loc}: error: {self.message}")
 
 
 class SchemaError(Exception):
-    """Raised with every diagnostic of a schema; str() is the full, sorted report."""
+    """Raised with every diagnostic of a schema; str() is the full, sorted report.
 
-    def __init__(self, diagnostics: list[Diagnostic]):
+    `internal` is True when the report stands for a bug of the generator (see internal_error),
+    not for a problem of the schema."""
+
+    def __init__(self, diagnostics: list[Diagnostic], *, internal: bool = False):
         self.diagnostics = sorted(set(diagnostics))
+        self.internal = internal
         super().__init__("\n".join(str(d) for d in self.diagnostics))
+
+
+def internal_error(display_name: str, exc: BaseException) -> SchemaError:
+    """The last-resort report of an exception the front end did not expect: one diagnostic at 1:1
+    that names the exception and where in codegen/ it was raised, and asks for a bug report."""
+    where = ""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = Path(frame.filename).resolve()
+        if path.is_relative_to(CODEGEN_DIR):
+            where = f" at codegen/{path.relative_to(CODEGEN_DIR).as_posix()}:{frame.lineno}"
+            break
+    detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if len(detail) > 300:
+        detail = detail[:300] + "..."
+    return SchemaError([Diagnostic(Loc(display_name, 1, 1),
+                                   f"internal error of the generator ({detail}{where}); this is a kv-canary bug, "
+                                   f"please report it together with the schema that triggers it")], internal=True)
 
 
 class Diagnostics:

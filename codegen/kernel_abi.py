@@ -9,11 +9,17 @@ rendered from it, so they cannot disagree; a parameter that is added here reache
 A parameter's value is a Python expression over the arguments of the backend operation that
 launches the kernel (kv_canary/backends: write, verify, plan, scatter) plus `kv`, the real-KV
 parameter tuple of the context (generated `real_kv_args(context)`); the plan's two stages take
-SGLang's keywords of launch_plan_offsets_kernel and launch_plan_entries_kernel. `kind` says how the value crosses into C: a tensor's data pointer (`ptr`, None ->
-NULL) or an integer checked against the C type's range (`i64`, `i32`).
+SGLang's keywords of launch_plan_offsets_kernel and launch_plan_entries_kernel. `kind` says how the
+value crosses into C: a tensor's data pointer (`ptr`, None -> NULL) or an integer checked against the C type's range (`i64`, `i32`).
+
+The same description says which Python arguments must fit which C integer type
+(`argument_kinds`): the validators check them, with the argument's own name, before any launch.
+Entry points are extern "C" symbols `ENTRY_POINT_PREFIX + <kernel name>[_<specialisation>]`: the
+prefix keeps a schema's kernel names apart from every C library, shim and generated name.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 
 from .model import Kernel, Schema
@@ -32,6 +38,14 @@ C_TYPES = {
 }
 # Integer ranges of the scalar kinds (what the binding checks before a launch).
 KIND_RANGES = {"i64": (-(1 << 63), (1 << 63) - 1), "i32": (-(1 << 31), (1 << 31) - 1)}
+# The scalar kind of each pointer element type (the C integer a counter pointer holds).
+ELEMENT_KINDS = {"int64": "i64", "int32": "i32"}
+
+# Every extern "C" kernel symbol starts with this. Neither the shim (kvc_emu*, KVC_EMU_*), the
+# generated header (kvc, kvc_*, kv_canary_*), libc nor CUDA declare a name with this prefix, so a
+# kernel may be called anything the schema's name rules allow; profilers show e.g.
+# `kvcanary_canary_verify`.
+ENTRY_POINT_PREFIX = "kvcanary_"
 
 # The arguments each template's binding function takes (the backend operation's keywords).
 OPERATION_ARGS = {
@@ -73,6 +87,9 @@ class Param:
     ctype: str
     value: str          # Python expression over OPERATION_ARGS[template]
     address: bool = False  # a pointer whose value is already an integer address (the real-KV bytes)
+    # An `int*` the kernel stores a count into: the Python argument (a capacity) that bounds the
+    # count, which therefore must fit the pointer's element type.
+    holds_count_of: str = ""
 
     @property
     def kind(self) -> str:
@@ -94,10 +111,12 @@ class Param:
         return self.is_pointer and self.name != "canary_buf" and not self.name.startswith("real_kv_ptr")
 
 
-def _p(name: str, ctype: str, value: str, address: bool = False) -> Param:
+def _p(name: str, ctype: str, value: str, address: bool = False, holds_count_of: str = "") -> Param:
     if ctype not in C_TYPES:
         raise ValueError(f"kernel parameter {name}: unknown C type {ctype!r}")
-    return Param(name, ctype, value, address)
+    if holds_count_of and C_TYPES[ctype][0] != "ptr":
+        raise ValueError(f"kernel parameter {name}: only a pointer can hold a count, got {ctype!r}")
+    return Param(name, ctype, value, address, holds_count_of)
 
 
 def real_kv_params(schema: Schema) -> tuple[Param, ...]:
@@ -117,7 +136,7 @@ def _ring_params() -> tuple[Param, ...]:
         _p("launch_tag", "long long", "context.kernel_kind"),
         _p("violation_ring", "long long*", "context.violation_ring"),
         _p("violation_ring_capacity", "long long", "context.violation_ring.shape[0]"),
-        _p("violation_write_index", "int*", "context.violation_write_index"),
+        _p("violation_write_index", "int*", "context.violation_write_index", holds_count_of="ring_capacity"),
         # [extension] per-reason totals; an SGLang-style context without the field passes NULL.
         _p("violation_reason_counts", "unsigned long long*", "getattr(context, 'violation_reason_counts', None)"),
         _p("slot_run_counter", "unsigned long long*", "context.slot_run_counter"),
@@ -200,9 +219,9 @@ def plan_offsets_params(schema: Schema) -> tuple[Param, ...]:
         _p("verify_offsets", "long long*", "out_verify_offsets_scratch"),
         _p("write_offsets", "long long*", "out_write_offsets"),
         _p("write_seed_slot_indices", "long long*", "out_write_seed_slot_indices"),
-        _p("write_num_valid_reqs", "int*", "out_write_num_valid_reqs"),
+        _p("write_num_valid_reqs", "int*", "out_write_num_valid_reqs", holds_count_of="write_req_capacity"),
         _p("write_req_capacity", "long long", "out_write_seed_slot_indices.shape[0]"),
-        _p("verify_num_valid", "int*", "out_verify_num_valid"),
+        _p("verify_num_valid", "int*", "out_verify_num_valid", holds_count_of="verify_capacity"),
         _p("verify_enable", "int*", "out_verify_enable"),
     )
 
@@ -257,6 +276,64 @@ PARAMS_BY_TEMPLATE = {
 
 def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
     return PARAMS_BY_TEMPLATE[kernel.template](schema)
+
+
+def entry_points(kernel: Kernel) -> tuple[tuple[str, dict], ...]:
+    """(extern "C" symbol, {flag: value}) of every specialisation of a kernel, in variant order."""
+    return tuple((ENTRY_POINT_PREFIX + symbol, flags) for symbol, flags in kernel.variants)
+
+
+def _narrowest(a: str, b: str) -> str:
+    (alo, ahi), (blo, bhi) = KIND_RANGES[a], KIND_RANGES[b]
+    return a if (alo, ahi) == (max(alo, blo), min(ahi, bhi)) else b
+
+
+def argument_kinds(schema: Schema) -> dict[str, str]:
+    """Python arguments whose value must fit a C integer of the kernels -> that integer's kind.
+
+    Three ways a value reaches one: a scalar parameter whose value is the operation argument itself
+    (`swa_window_size`), a real-KV parameter taken from a RealKvSource field (`RealKvSource.page_size`),
+    and a capacity whose count a kernel stores through an `int*` (`verify_capacity`). Where several
+    parameters take one argument, the narrowest type wins.
+    """
+    out: dict[str, str] = {}
+
+    def add(argument: str, kind: str) -> None:
+        out[argument] = _narrowest(out[argument], kind) if argument in out else kind
+
+    for _, ctype, value in REAL_KV_SOURCE_PARAMS:
+        if value.startswith("s.") and C_TYPES[ctype][0] != "ptr":
+            add("RealKvSource." + value[2:], C_TYPES[ctype][0])
+    for kernel in schema.kernels:
+        if kernel.template not in PARAMS_BY_TEMPLATE:
+            continue
+        for p in kernel_params(schema, kernel):
+            if not p.is_pointer and p.value in OPERATION_ARGS[kernel.template]:
+                add(p.value, p.kind)
+            if p.holds_count_of:
+                add(p.holds_count_of, ELEMENT_KINDS[p.dtype])
+    return dict(sorted(out.items()))
+
+
+def binding_parts(template: str, params: tuple[Param, ...]) -> tuple[tuple[tuple[str, ...], tuple[int, ...], bool], ...]:
+    """The parameters grouped by the operation arguments their values read: ((arguments, parameter
+    indices, reads `kv`?), ...) in order of first parameter. `kv` (real_kv_args(context)) counts as
+    `context`.
+
+    The runtime binds a launch part by part and re-evaluates only the parts whose arguments changed
+    (kv_canary/cuda/kernel_backend.py), so a new input tensor never rebuilds the context's values.
+    """
+    known = OPERATION_ARGS[template]
+    groups: dict = {}
+    for index, p in enumerate(params):
+        names = {n.id for n in ast.walk(ast.parse(p.value, mode="eval")) if isinstance(n, ast.Name)}
+        reads_kv = "kv" in names
+        if reads_kv:
+            names = (names - {"kv"}) | {"context"}
+        roots = tuple(a for a in known if a in names)
+        indices, kv = groups.get(roots, ((), False))
+        groups[roots] = (indices + (index,), kv or reads_kv)
+    return tuple((roots, indices, kv) for roots, (indices, kv) in groups.items())
 
 
 def duplicate_params(params: tuple[Param, ...]) -> list[str]:

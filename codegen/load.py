@@ -6,15 +6,28 @@ import json
 from pathlib import Path
 
 from .checks import attach_kernel_params, check_schema
-from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, internal_error
+from .limits import MAX_SCHEMA_CHARS
 from .messages import resolve_messages
 from .model import Schema
 from .parse import Parser
-from .yaml_loader import load_yaml
+from .yaml_loader import load_yaml, normalise_text
 
 
 def load_schema_text(text: str, display_name: str = "kernels.yaml") -> Schema:
-    """Parse and check a schema; raise SchemaError listing every problem (sorted)."""
+    """Parse and check a schema; raise SchemaError listing every problem (sorted).
+
+    Nothing else escapes: an exception the front end did not expect is a bug of the generator, and is
+    reported as one diagnostic that says so (SchemaError.internal), never as a bare traceback."""
+    try:
+        return _load_schema_text(text, display_name)
+    except SchemaError:
+        raise
+    except Exception as exc:  # the last resort (MemoryError and RecursionError included)
+        raise internal_error(display_name, exc) from exc
+
+
+def _load_schema_text(text: str, display_name: str) -> Schema:
     root = load_yaml(text, display_name)
     d = Diagnostics()
     schema = Parser(d).schema(root, display_name)
@@ -30,8 +43,9 @@ def load_schema_text(text: str, display_name: str = "kernels.yaml") -> Schema:
     return schema
 
 
-def load_schema_bytes(raw: bytes, display_name: str) -> Schema:
-    """Decode (UTF-8, strictly) and load; a bad byte is a diagnostic at its line and column."""
+def schema_text(raw: bytes, display_name: str) -> str:
+    """The text of schema bytes, as it is parsed and hashed: decoded strictly as UTF-8 (a bad byte is
+    a diagnostic at its line and column) with line endings normalised (normalise_text)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -40,18 +54,35 @@ def load_schema_bytes(raw: bytes, display_name: str) -> Schema:
         raise SchemaError([Diagnostic(Loc(display_name, line, col),
                                       f"schema is not UTF-8: {exc.reason} (byte 0x{raw[exc.start]:02X} at offset "
                                       f"{exc.start})")]) from None
-    return load_schema_text(text, display_name)
+    return normalise_text(text)
 
 
-def load_schema(path: Path, display_name: str | None = None) -> Schema:
+def load_schema_bytes(raw: bytes, display_name: str) -> Schema:
+    """Decode (see schema_text) and load."""
+    return load_schema_text(schema_text(raw, display_name), display_name)
+
+
+def read_schema(path: Path, display_name: str | None = None) -> tuple[Schema, str]:
+    """(schema, the text it was parsed from) of a schema file, read once: the generated files' headers
+    hash exactly the text that was checked, even if the file changes meanwhile."""
     path = Path(path)
     display_name = display_name or path.name
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as fh:
+            raw = fh.read(4 * MAX_SCHEMA_CHARS + 1)  # UTF-8 takes at most 4 bytes a character
     except OSError as exc:
         raise SchemaError([Diagnostic(Loc(display_name, 1, 1),
                                       f"cannot read schema {path}: {exc.strerror}")]) from None
-    return load_schema_bytes(raw, display_name)
+    if len(raw) > 4 * MAX_SCHEMA_CHARS:
+        raise SchemaError([Diagnostic(Loc(display_name, 1, 1), f"the schema is larger than {4 * MAX_SCHEMA_CHARS} "
+                                                               f"bytes; at most {MAX_SCHEMA_CHARS} characters are "
+                                                               f"supported")])
+    text = schema_text(raw, display_name)
+    return load_schema_text(text, display_name), text
+
+
+def load_schema(path: Path, display_name: str | None = None) -> Schema:
+    return read_schema(path, display_name)[0]
 
 
 def layout_description(schema: Schema) -> dict:

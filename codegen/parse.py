@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import re
 import string
+import unicodedata
 from types import MappingProxyType
 from typing import Optional
 
-from .diagnostics import Diagnostics, Loc, closest_hint, closest_name
+from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
+from .limits import MAX_ABI_VERSION, MAX_RECORD_FIELDS, MAX_TEXT_CHARS
 from .model import (
     CANARY_ROLES,
     CONSTANT_TYPES,
@@ -85,6 +87,29 @@ def _kind(node: YNode) -> str:
 # Text that ends up inside generated comments and string literals must stay on its line and must
 # not close a comment or look like template syntax: this is the injection guard for free text.
 _UNSAFE_TEXT = re.compile(r"[\x00-\x1f\x7f\\]|\{\{|\{%|\{#|%\}|#\}|\*/|-->")
+# Beyond that: text that a reader or a compiler sees differently from what it says. Bidirectional
+# controls reorder what an editor shows (Trojan Source); other invisible or non-printable characters
+# hide text; a trigraph (`??=` is `#`, `??/` a backslash that continues a comment) changes C++.
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_TRIGRAPH = re.compile(r"\?\?[=/'()!<>-]")
+_INVISIBLE_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+def text_problem(value: str) -> Optional[str]:
+    """What is wrong with one line of schema text that passed _UNSAFE_TEXT (None when nothing is)."""
+    if len(value) > MAX_TEXT_CHARS:
+        return f"must be at most {MAX_TEXT_CHARS} characters long, got {len(value)}"
+    bidi = _BIDI.search(value)
+    if bidi:
+        return (f"must not contain bidirectional control characters (they make text display in a different "
+                f"order than it is read), found U+{ord(bidi.group()):04X}")
+    hidden = next((c for c in value if unicodedata.category(c) in _INVISIBLE_CATEGORIES), None)
+    if hidden is not None:
+        return f"must be printable text, found U+{ord(hidden):04X}"
+    trigraph = _TRIGRAPH.search(value)
+    if trigraph:
+        return f"must not contain the trigraph {quote(trigraph.group())} (a C or C++ compiler may replace it)"
+    return None
 
 
 
@@ -158,9 +183,12 @@ class Parser:
         if value is None:
             return None
         bad = _UNSAFE_TEXT.search(value)
+        problem = None if bad else text_problem(value)
         if bad:  # soft: the text is kept, and nothing is rendered while any error stands
             self.soft(node.loc, f"{what} must be one line of plain text (no control characters, backslashes, "
                                    f"template syntax or comment terminators), found {bad.group()!r}")
+        elif problem:
+            self.soft(node.loc, f"{what} {problem}")
         return value
 
     def name(self, node: YNode, what: str) -> Optional[str]:
@@ -200,6 +228,9 @@ class Parser:
         abi = self.opt(top, "abi_version", self.integer, "abi_version", None)
         if abi is not None and abi < 1:
             self.soft(top.get("abi_version").loc, f"abi_version must be >= 1, got {abi}")
+        elif abi is not None and abi > MAX_ABI_VERSION:
+            self.soft(top.get("abi_version").loc,
+                      f"abi_version must be at most {MAX_ABI_VERSION} (it is exported as a 32-bit int), got {abi}")
         constants = self.constants(top.get("constants")) if top.get("constants") is not None else ()
         records = self.records(top.get("records")) if top.get("records") is not None else {}
         flags = self.value_sets(top.get("flags"), "flag") if top.get("flags") is not None else ()
@@ -254,7 +285,11 @@ class Parser:
         word = self.opt(body, "word", lambda n, w: self.choice(n, w, tuple(WORD_TYPES)), f"{what} word", None)
         fields_node = body.get("fields")
         seq = self.seq(fields_node, f"{what} fields") if fields_node is not None else None
+        self.opt(body, "doc", self.line, f"{what} doc", "")
         if word is None or seq is None:
+            return None
+        if len(seq.items) > MAX_RECORD_FIELDS:
+            self.d.error(seq.loc, f"{what} has {len(seq.items)} fields; at most {MAX_RECORD_FIELDS} are supported")
             return None
         wb = WORD_TYPES[word]
         fields = []
@@ -422,6 +457,7 @@ class Parser:
             template = self.opt(body, "template", self.name, f"{what} template", None)
             launch = self.launch(body.get("launch"), what) if body.get("launch") is not None else None
             warp = self.opt(body, "warp_reduction", self.boolean, f"{what} warp_reduction", False)
+            self.opt(body, "doc", self.line, f"{what} doc", "")
             specs = []
             if body.get("specializations") is not None:
                 sm = self.mapping(body.get("specializations"), f"{what} specializations", allowed=_AnyKey())

@@ -1,16 +1,33 @@
-"""Write a rendered tree to disk atomically, and compare a tree on disk with a rendered one."""
+"""Write a rendered tree to disk atomically, and compare a tree on disk with a rendered one.
+
+Each file is replaced atomically (a temporary `.NAME.XXXXXXXX.tmp` renamed into place), and writers
+of one tree take turns (an exclusive lock on `OUT/.kv-canary-generate.lock`; readers such as
+`check` take it shared). A kill between two files can still leave a tree of two generator runs:
+the generated package refuses to load one (every file carries its generation id).
+"""
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: writers are not serialised there
+    fcntl = None
 
 from .render import GeneratedFile, sha256_text, split_header
 
 IGNORED_DIRS = {"__pycache__"}
+LOCK_NAME = ".kv-canary-generate.lock"
+# What _atomic_write's mkstemp leaves behind when the process dies between creating and renaming.
+_TEMP_FILE = re.compile(r"\..+\.[A-Za-z0-9_]{8}\.tmp")
 
 
 def _umask() -> int:
@@ -51,9 +68,59 @@ def files_on_disk(out_dir: Path) -> dict[str, Path]:
     return found
 
 
-def write_tree(out_dir: Path, files: list[GeneratedFile]) -> tuple[list[str], list[str]]:
-    """Write changed files (only those), remove stale generated ones. Returns (written, removed)."""
-    written, removed = [], []
+@contextlib.contextmanager
+def tree_lock(out_dir: Path, *, shared: bool = False,
+              on_wait: Callable[[Path], None] | None = None) -> Iterator[None]:
+    """Hold the tree's lock: exclusive to write it, shared to read it. `on_wait(lock_path)` is called
+    once when another process holds it and this one has to wait. Where no lock can be taken (no
+    fcntl, a read-only tree, a file system without locks) it proceeds unlocked."""
+    lock = out_dir / LOCK_NAME
+    fd = None
+    if fcntl is not None:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        except OSError:
+            fd = None
+    try:
+        if fd is not None:
+            op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            try:
+                fcntl.flock(fd, op | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait(lock)
+                fcntl.flock(fd, op)
+            except OSError:  # e.g. ENOLCK on a network file system
+                pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _remove_temp_files(out_dir: Path) -> list[str]:
+    """Temporary files of writes that were killed before their rename (only ever ours: the caller
+    holds the tree's exclusive lock, so no other writer is between create and rename)."""
+    removed = []
+    for p in sorted(out_dir.rglob(".*.tmp")):
+        if _TEMP_FILE.fullmatch(p.name) and p.is_file() and not IGNORED_DIRS.intersection(p.parts):
+            p.unlink(missing_ok=True)
+            removed.append(p.relative_to(out_dir).as_posix())
+    return removed
+
+
+def write_tree(out_dir: Path, files: list[GeneratedFile],
+               on_wait: Callable[[Path], None] | None = None) -> tuple[list[str], list[str]]:
+    """Write changed files (only those), remove stale generated ones and temporary files that an
+    interrupted run left behind. Returns (written, removed). Concurrent calls on one tree take
+    turns (see tree_lock; `on_wait` is told when this one waits)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tree_lock(out_dir, on_wait=on_wait):
+        return _write_tree(out_dir, files)
+
+
+def _write_tree(out_dir: Path, files: list[GeneratedFile]) -> tuple[list[str], list[str]]:
+    written, removed = [], _remove_temp_files(out_dir)
     wanted = {f.path for f in files}
     mode = 0o666 & ~_umask()
     for f in files:

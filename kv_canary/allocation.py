@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 
 def allocators_for(layout, validators) -> SimpleNamespace:
-    """RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan and the allocate_* functions of a layer."""
+    """RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan and the allocate_* functions of a layer.
+
+    Sizes are validated before anything is allocated (a capacity must fit the C int the kernels
+    count it in, a buffer's byte size the kernels' 64-bit offsets), and an allocation the device
+    cannot satisfy is a ValueError naming what was asked for, not an allocator traceback.
+    """
     v = validators
+
+    def allocate_or_explain(what: str, nbytes: int, device: torch.device, make: Callable):
+        try:
+            return make()
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
     per_request_arrays = tuple(f"verify_expected_{f.name}" for f in layout.INPUT_FIELDS
                                if f.verify_expected == "per_request")
 
@@ -58,10 +70,14 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         """Zeroed entries, expected values -1 (unknown), num_valid 0 and enable 1 (SGLang's default)."""
         cap = v.check_verify_capacity(verify_capacity)
         device = v.check_device("device", device)
-        arrays = {name: torch.full((cap,), -1 if name in unknown_at_start else 0, dtype=torch.int64, device=device)
-                  for name in array_fields}
-        return cls(**arrays, verify_num_valid=torch.zeros(1, dtype=torch.int32, device=device),
-                   enable=torch.ones(1, dtype=torch.int32, device=device))
+
+        def make():
+            arrays = {name: torch.full((cap,), -1 if name in unknown_at_start else 0, dtype=torch.int64, device=device)
+                      for name in array_fields}
+            return cls(**arrays, verify_num_valid=torch.zeros(1, dtype=torch.int32, device=device),
+                       enable=torch.ones(1, dtype=torch.int32, device=device))
+        return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
+                                   make)
 
     def verify_plan_bytes(cls, verify_capacity: int) -> int:
         """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
@@ -100,9 +116,11 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
             cap = v.check_write_capacity(write_req_capacity)
             device = v.check_device("device", device)
-            return cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
-                       write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
-                       write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device))
+            return allocate_or_explain(
+                f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
+                lambda: cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
+                            write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
+                            write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device)))
 
         @classmethod
         def allocation_bytes(cls, write_req_capacity: int) -> int:
@@ -121,22 +139,26 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
         """Zeroed uint8 [num_slots, slot_stride_bytes]; the stride must hold the record (multiple of 8)."""
-        v.check_int("num_slots", num_slots, minimum=0)
-        v.check_int("slot_stride_bytes", slot_stride_bytes, minimum=1)
+        num_slots = v.check_int("num_slots", num_slots, minimum=0)
+        slot_stride_bytes = v.check_int("slot_stride_bytes", slot_stride_bytes, minimum=1)
+        v.check_slot_stride(slot_stride_bytes, (num_slots, slot_stride_bytes))
+        v.check_extent("canary_buf", num_slots, "num_slots", slot_stride_bytes, "slot_stride_bytes")
         device = v.check_device("device", device)
-        buf = torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device)
-        v.check_canary_buf(buf)
-        return buf
+        return allocate_or_explain(
+            f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
+            lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
 
     def canary_buf_bytes(num_slots: int, slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> int:
         return num_slots * slot_stride_bytes
 
     def allocate_violation_ring(ring_capacity: int, *, device) -> tuple[torch.Tensor, torch.Tensor]:
         """(ring int64 [ring_capacity, VIOLATION_FIELDS] zeroed, write index int32 [1] = 0)."""
-        v.check_int("ring_capacity", ring_capacity, minimum=0)
+        ring_capacity = v.check_ring_capacity(ring_capacity)
         device = v.check_device("device", device)
-        return (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
-                torch.zeros(1, dtype=torch.int32, device=device))
+        return allocate_or_explain(
+            f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
+            lambda: (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
+                     torch.zeros(1, dtype=torch.int32, device=device)))
 
     def violation_ring_bytes(ring_capacity: int) -> int:
         return ring_capacity * layout.VIOLATION_FIELDS * 8 + 4
@@ -173,6 +195,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         kernel_kind = v.check_enum("kernel_kind", kernel_kind, layout.CanaryLaunchTag)
         real_kv_hash_mode = v.check_enum("real_kv_hash_mode", real_kv_hash_mode, layout.RealKvHashMode)
         device = v.check_device("device", device)
+        real_kv_sources = v.check_real_kv_sources(real_kv_sources, device=device)  # before anything is allocated
         ring, index = allocate_violation_ring(ring_capacity, device=device)
         return VerifyOrWriteContext(
             canary_buf=allocate_canary_buf(num_slots, device=device, slot_stride_bytes=slot_stride_bytes),

@@ -13,11 +13,14 @@ package imports nothing from kv_canary).
 every schema (an absent input-field mapping means {}): what the manager and the tests use.
 SGLang's `use_torch_reference(device)` is answered by this same choice, so it composes with
 `backend=` and KV_CANARY_BACKEND exactly as the launches do.
+
+Validation, backend choice and argument binding run once per set of inputs and are reused while the
+inputs keep their signature (kv_canary/launch_cache.py): a repeated launch costs about one bare
+kernel launch on the host, and a changed input still meets every check before its launch.
 """
 from __future__ import annotations
 
 import functools
-import operator
 import os
 import threading
 
@@ -25,7 +28,8 @@ import torch
 
 from .allocation import allocators_for
 from .backends import KNOWN_BACKENDS, get_backend
-from .validation import Validators
+from .launch_cache import LaunchPath
+from .validation_cache import CachedValidators
 
 ENV_BACKEND = "KV_CANARY_BACKEND"
 
@@ -51,22 +55,15 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
-def _getter(path: str):
-    """`context.canary_buf` -> a function of the launch arguments returning that value."""
-    head, _, rest = path.partition(".")
-    attr = operator.attrgetter(rest) if rest else None
-    return lambda args: attr(args[head]) if attr else args[head]
-
-
 class Runtime:
     """The launches, validators and allocators of one generated layer."""
 
     def __init__(self, layer):
         self.layer = layer
         self.layout = layer.layout
-        self.validators = Validators(layer.layout)
+        self.validators = CachedValidators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
+        self._paths: dict = {}  # (operation, device_of) -> LaunchPath
 
     @property
     def api(self):
@@ -77,10 +74,38 @@ class Runtime:
         return get_backend(name, self.layer)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
-        """Validate `arguments` for `operation`, then run it on the chosen backend."""
-        args = getattr(self.validators, "validate_" + operation)(**arguments)
-        device = _getter(device_of)(args).device
-        getattr(self.backend(choose_backend(backend, device)), operation)(**args)
+        """Validate `arguments` for `operation`, then run it on the chosen backend (validation and
+        binding reused while the arguments keep their signature)."""
+        path = self._paths.get((operation, device_of))
+        if path is None:
+            path = self._path(operation, device_of)
+        entry, args = path.bind(backend, arguments)
+        entry.prepared.run(args)
+
+    def _path(self, operation: str, device_of: str) -> LaunchPath:
+        path = self._paths[(operation, device_of)] = LaunchPath(self, operation, device_of, choose_backend=choose_backend,
+                                                                env_backend=ENV_BACKEND)
+        return path
+
+    def forget(self) -> None:
+        """Drop every cached launch and remembered check (after swapping backends, say): the next
+        launches run their whole host path again."""
+        for path in self._paths.values():
+            path.forget()
+        self.validators.forget()
+
+    def bind(self, name: str, **arguments):
+        """Validate and bind the public launch `name` without launching it; returns a function that
+        launches it. What every launch does before its kernel call (the host cost that
+        bench/bench_host.py measures); the returned function does not look at its inputs again."""
+        launches = self.layer.api.LAUNCHES
+        if name not in launches:
+            raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
+                             f"launches are {', '.join(launches)}")
+        operation, device_of = launches[name]
+        path = self._paths.get((operation, device_of)) or self._path(operation, device_of)
+        entry, args = path.bind(arguments.pop("backend", None), arguments)
+        return functools.partial(entry.prepared.run, args)
 
     def compute_slot_hash(self, buf_i64, source_slot_idx) -> int:
         """SGLang's compute_slot_hash: the link of one slot (u64), HEAD for a negative slot."""
@@ -89,7 +114,7 @@ class Runtime:
 
     def use_torch_reference(self, device, *, backend=None) -> bool:
         """SGLang's predicate, answered by the launches' own backend choice (choose_backend)."""
-        return choose_backend(backend, self.validators.check_device("device", device)) == "torch"
+        return choose_backend(backend, self.validators.parse_device("device", device)) == "torch"
 
     def __getattr__(self, name: str):
         """Every public launch by name, taking every keyword of every schema plus `backend=`."""

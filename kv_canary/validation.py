@@ -2,13 +2,18 @@
 
 Every number, name and message comes from the layer's layout tables (generated/layout.py): the
 record and ring sizes, the enums, the §7 texts with the schema's values already in them, and the
-input fields a schema declares. Everything is checked from shapes, dtypes and Python arguments
-only: no device value is read, so validation never synchronises a GPU. Backends may assume
-validated inputs. `validate_<operation>` returns the keyword arguments the backend operation takes,
-normalised (input-field mappings become dicts with exactly the schema's keys).
+input fields a schema declares. Which Python integers must fit which C integer of the kernels comes
+from the layer's kernel ABI (generated/kernel_abi.py ARGUMENT_KINDS and RANGES, rendered from the
+one description of every kernel parameter), so a value no kernel can hold is refused here, with
+the argument's own name, on every backend alike (the torch reference included). Everything is
+checked from shapes, dtypes, data pointers and Python arguments only: no device value is read, so
+validation never synchronises a GPU. Backends may assume validated inputs. `validate_<operation>`
+returns the keyword arguments the backend operation takes, normalised (input-field mappings become
+dicts with exactly the schema's keys).
 """
 from __future__ import annotations
 
+import importlib
 import operator
 from typing import Any, Mapping, Optional
 
@@ -23,11 +28,22 @@ def _shape(t: torch.Tensor) -> tuple:
     return tuple(int(d) for d in t.shape)
 
 
-class Validators:
-    """The checks of one layer (`layout`: the layer's generated layout module)."""
+def _bound(value: int) -> str:
+    """2147483647 as '2**31-1 = 2147483647' (the C limits read better as powers of two)."""
+    if value > 0 and (value + 1) & value == 0:
+        return f"2**{(value + 1).bit_length() - 1}-1 = {value}"
+    if value < 0 and (-value) & (-value - 1) == 0:
+        return f"-2**{(-value).bit_length() - 1} = {value}"
+    return str(value)
 
-    def __init__(self, layout):
+
+class Validators:
+    """The checks of one layer (`layout`: the layer's generated layout module; `abi`: its generated
+    kernel_abi module, by default the one beside the layout)."""
+
+    def __init__(self, layout, abi=None):
         self.layout = layout
+        self.abi = abi if abi is not None else importlib.import_module(layout.__name__.rpartition(".")[0] + ".kernel_abi")
         self.prefix = layout.MESSAGE_PREFIX
         self.messages = layout.MESSAGES
         fields = layout.INPUT_FIELDS
@@ -57,9 +73,46 @@ class Validators:
             raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
         if device is not None and t.device != device:
             raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
+        self.check_has_data(name, t)
         if contiguous and not t.is_contiguous():
             raise self.fail("not_contiguous", name=name)
+        self.check_aligned(name, t, t.element_size(), f"its {t.dtype} elements")
         return t
+
+    def check_has_data(self, name: str, t: torch.Tensor) -> None:
+        """A meta tensor has a shape but no memory: no backend can read or write it."""
+        if t.device.type == "meta":
+            raise ValueError(f"{self.prefix}{name} is on the meta device, which holds no data; kv-canary launches "
+                             f"need tensors with memory (e.g. on cpu or cuda)")
+
+    def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str) -> None:
+        """The kernels read `t` as `align`-byte words: a misaligned address faults on a GPU and is
+        undefined behaviour on the host (e.g. a uint8 view at an odd offset, an unaligned numpy buffer)."""
+        if t.data_ptr() % align:
+            raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned (the kernels read it as {words}), "
+                             f"got address {t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
+
+    # -- integers that reach the kernels as C integers -----------------------------------------------
+    def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
+        """`value` within the C integer of the kernels that takes argument `argument` (default: `name`;
+        the kind comes from the generated kernel ABI, never from a table here)."""
+        kind = self.abi.ARGUMENT_KINDS[argument or name]
+        lo, hi = self.abi.RANGES[kind]
+        if not lo <= value <= hi:
+            side, bound = ("<=", hi) if value > hi else (">=", lo)
+            raise ValueError(f"{self.prefix}{name} must be {side} {_bound(bound)} (the kernels hold it in a C "
+                             f"{self.abi.C_NAMES[kind]}), got {value}")
+        return value
+
+    def check_extent(self, what: str, count: int, count_name: str, size: int, size_name: str,
+                     unit: str = "bytes") -> None:
+        """count x size within int64: the kernels compute such products (slot * stride, row * row
+        stride, the plan's entry total) in signed 64-bit integers."""
+        most = self.abi.RANGES["i64"][1]
+        if count * size > most:
+            raise ValueError(f"{self.prefix}{what} is too large: {count_name}={count} x {size_name}={size} = "
+                             f"{count * size} {unit}, more than a signed 64-bit integer holds "
+                             f"({_bound(most)}); the kernels compute it in one")
 
     def as_int(self, name: str, value: Any) -> int:
         """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
@@ -86,12 +139,27 @@ class Validators:
                 pass
         raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}")
 
-    def check_device(self, name: str, device: Any) -> torch.device:
+    def parse_device(self, name: str, device: Any) -> torch.device:
+        """A well-formed device (a torch.device or a string such as 'cpu' or 'cuda:0')."""
         try:
             return torch.device(device)
         except (RuntimeError, TypeError):
             raise ValueError(f"{self.prefix}{name} must be a torch.device or a device string such as 'cpu' or "
                              f"'cuda:0', got {device!r}") from None
+
+    def check_device(self, name: str, device: Any) -> torch.device:
+        """A device to allocate on: well formed, and for CUDA one this torch build can reach."""
+        dev = self.parse_device(name, device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                       else "torch sees no CUDA device")
+                raise ValueError(f"{self.prefix}{name} is {str(dev)!r}, but {why}; allocate on 'cpu' instead")
+            count = torch.cuda.device_count()
+            if dev.index is not None and not 0 <= dev.index < count:
+                raise ValueError(f"{self.prefix}{name} is {str(dev)!r}, but torch sees {count} CUDA device(s) "
+                                 f"(cuda:0 .. cuda:{count - 1})")
+        return dev
 
     def check_bool(self, name: str, value: Any) -> bool:
         if not isinstance(value, bool):
@@ -111,8 +179,14 @@ class Validators:
             raise self.fail("real_kv_num_bytes_per_token", n=num_bytes_per_token)
         if read_bytes <= 0 or read_bytes % align or read_bytes > num_bytes_per_token:
             raise self.fail("real_kv_read_bytes", n=num_bytes_per_token, r=read_bytes)
+        # The kernels take these as C ints; their product (< 2**62 then) is computed in 64 bits, and a
+        # row's byte offset (row * row stride) stays inside the tensor's own memory.
+        for field, value in (("page_size", page_size), ("num_bytes_per_token", num_bytes_per_token),
+                             ("read_bytes", read_bytes)):
+            self.check_fits("RealKvSource." + field, value)
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        self.check_has_data("RealKvSource.tensor", tensor)
         if tensor.dim() < 2:
             raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
         es = tensor.element_size()
@@ -150,31 +224,41 @@ class Validators:
         return tuple(sources)
 
     # -- buffers and plans --------------------------------------------------------------------------------
+    def check_slot_stride(self, stride: int, shape: tuple) -> None:
+        """A multiple of the word size holding the record (shape: the buffer's, for the message)."""
+        if stride % self.layout.CANARY_WORD_BYTES:
+            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {self.layout.CANARY_WORD_BYTES} bytes, "
+                             f"got {stride} (shape {shape})")
+        if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
+            raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
+
     def check_canary_buf(self, canary_buf: Any) -> int:
-        """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record; returns num_slots."""
+        """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record, 8-byte
+        aligned (records are read as int64 words); returns num_slots."""
         self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2, contiguous=False)
         if not canary_buf.is_contiguous():
             raise self.fail("not_contiguous", name="canary_buf")
-        stride = int(canary_buf.shape[1])
-        if stride % self.layout.CANARY_WORD_BYTES:
-            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {self.layout.CANARY_WORD_BYTES} bytes, "
-                             f"got {stride} (shape {_shape(canary_buf)})")
-        if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
-            raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
+        self.check_slot_stride(int(canary_buf.shape[1]), _shape(canary_buf))
+        word = self.layout.CANARY_WORD_BYTES
+        self.check_aligned("canary_buf", canary_buf, word, f"{word}-byte record words")
         return int(canary_buf.shape[0])
 
-    def check_verify_capacity(self, verify_capacity: Any) -> int:
-        return self._check_capacity("verify_capacity", verify_capacity, "verify_capacity")
-
-    def check_write_capacity(self, write_req_capacity: Any) -> int:
-        return self._check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
-
-    def _check_capacity(self, name: str, value: Any, message: str) -> int:
-        """A plan capacity: an int (numpy integers too) > 0, else the schema's §7 text."""
+    def check_capacity(self, name: str, value: Any, message: str) -> int:
+        """A positive int (numpy integer scalars too) that fits the C int the kernels count it in."""
         value = self.as_int(name, value)
         if value <= 0:
             raise self.fail(message, n=value)
-        return value
+        return self.check_fits(name, value)
+
+    def check_verify_capacity(self, verify_capacity: Any) -> int:
+        return self.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
+
+    def check_write_capacity(self, write_req_capacity: Any) -> int:
+        return self.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
+
+    def check_ring_capacity(self, ring_capacity: Any) -> int:
+        """>= 0; the ring's write index is a C int, so rows past 2**31-1 could never be written."""
+        return self.check_fits("ring_capacity", self.check_int("ring_capacity", ring_capacity, minimum=0))
 
     def check_context(self, context: Any) -> int:
         """Every tensor of a VerifyOrWriteContext; returns num_slots."""
@@ -185,6 +269,7 @@ class Validators:
         num_slots = self.check_canary_buf(context.canary_buf)
         dev = context.canary_buf.device
         self.check_tensor("violation_ring", context.violation_ring, dtype=_INT64, shape=(None, self.layout.VIOLATION_FIELDS), device=dev)
+        self.check_fits("violation_ring capacity", int(context.violation_ring.shape[0]), argument="ring_capacity")
         self.check_tensor("violation_write_index", context.violation_write_index, dtype=_INT32, shape=(1,), device=dev)
         self.check_tensor("slot_run_counter", context.slot_run_counter, dtype=_INT64, shape=(1,), device=dev)
         self.check_tensor("kernel_run_counter", context.kernel_run_counter, dtype=_INT64, shape=(1,), device=dev)
@@ -211,6 +296,7 @@ class Validators:
         cap = int(first.shape[0])
         if cap <= 0:
             raise self.fail("verify_capacity", n=cap)
+        self.check_fits("plan.verify_slot_indices capacity", cap, argument="verify_capacity")
         for attr in names[1:]:
             self.check_tensor("plan." + attr, getattr(plan, attr), dtype=_INT64, shape=(cap,), device=device, device_of=device_of)
         self.check_tensor("plan.verify_num_valid", plan.verify_num_valid, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
@@ -226,6 +312,7 @@ class Validators:
         cap = int(plan.write_seed_slot_indices.shape[0])
         if cap <= 0:
             raise self.fail("write_capacity", n=cap)
+        self.check_fits("plan.write_seed_slot_indices capacity", cap, argument="write_req_capacity")
         self.check_tensor("plan.write_offsets", plan.write_offsets, dtype=_INT64, shape=(cap + 1,), device=device, device_of=device_of)
         self.check_tensor("plan.write_num_valid_reqs", plan.write_num_valid_reqs, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
         return cap
@@ -282,6 +369,10 @@ class Validators:
     # -- the plan's inputs: shared by the whole plan and by its two stages ------------------------------
     def _check_req_to_token(self, req_to_token: Any) -> torch.device:
         self.check_tensor("req_to_token", req_to_token, dtype=_INT32, ndim=2, contiguous=True)
+        if int(req_to_token.shape[1]) == 0:
+            # A request's seed is its last prefix column: a table without columns has none to read.
+            raise ValueError(f"{self.prefix}req_to_token must have at least 1 column (one per context position), "
+                             f"got shape {_shape(req_to_token)}")
         return req_to_token.device
 
     def _check_requests(self, *, req_pool_indices, prefix_lens, extend_seq_lens=None, device: torch.device,
@@ -301,7 +392,7 @@ class Validators:
     def _check_swa(self, *, swa_window_size, full_to_swa_index_mapping, device: torch.device) -> None:
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
         # or without a window (SEMANTICS.md §5.3); only a window needs one.
-        swa_window_size = self.check_int("swa_window_size", swa_window_size)
+        swa_window_size = self.check_fits("swa_window_size", self.check_int("swa_window_size", swa_window_size))
         if swa_window_size > 0 and full_to_swa_index_mapping is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
         if full_to_swa_index_mapping is not None:
@@ -344,11 +435,15 @@ class Validators:
         bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
                                   extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
                                   write_capacity_of="write_plan_out.write_req_capacity")
+        # The verify entries' total (at most bs x columns) is summed in 64 bits by the kernels.
+        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
+                          unit="entries at most")
         self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
         self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
                                         req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
                                         bs=bs, device=dev)
-        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+        self.check_fits("kv_token_id_vs_position_offset",
+                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
         extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
                                   length_of="req_pool_indices", device=dev, **on)
         return dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
@@ -411,7 +506,10 @@ class Validators:
         self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
                                         req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
                                         bs=bs, device=dev)
-        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
+                          unit="entries at most")
+        self.check_fits("kv_token_id_vs_position_offset",
+                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
         extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
                                   length_of="req_pool_indices", device=dev, **on)
         out_extra = self._check_extra("out_extra_verify_expected", out_extra_verify_expected, self.per_request_fields,

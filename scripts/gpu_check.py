@@ -238,6 +238,7 @@ def bench_lines(bench: dict) -> list[str]:
                  f"{_num(bench.get('chain_only_32768_ms'), '.3f')} ms; write / chain only "
                  f"**{_num(bench.get('write_prefill_vs_chain_only'), '.2f')}x** ({verdict})")
     lines.append(f"- plan: 256 requests x 4,096 prefix tokens {_num(bench.get('plan_256x4096_ms'), '.3f')} ms")
+    lines += [f"- {line}" for line in bench.get("host_lines") or ()]  # rendered by bench/bench_gpu.py
     for name, err in (bench.get("errors") or {}).items():
         lines.append(f"- ERROR in {name}: {err}")
     return lines

@@ -1,9 +1,10 @@
 """Differential harness shared by the emulated and GPU suites: run one scenario (tests/scenarios.py)
 through the torch reference and through a kernel backend, and compare the end states.
 
-Buffers, plans, write indices and counters must be equal exactly. Violation rings are compared as
-multisets when the backend appends in parallel (GPU) or out of entry order (emulated verify, where
-a thread walks its grid-stride entries before the next thread runs). When such a ring overflows,
+Buffers, plans, write indices and counters must be equal exactly, and so are the rings of the host
+backends, which append in entry order (the emulated verify launcher re-stores a launch's rows by
+entry). Violation rings are compared as multisets when the backend appends in parallel (GPU,
+`ordered=False`). When such a ring overflows,
 which rows land below the capacity depends on the order, so the rows the backend stored must be a
 sub-multiset of the rows the reference produces with a ring large enough to keep them all. The
 per-reason totals (violation_reason_counts) count dropped rows too and do not depend on the order,

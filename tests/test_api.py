@@ -133,6 +133,8 @@ def dispatched(monkeypatch):
     calls: list = []
     monkeypatch.setattr(runtime_module, "get_backend", lambda name, layer: _Recorder(name, calls))
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
+    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt.forget()  # launches cached with the real backends (and, afterwards, with the recorders) are dropped
     cases = {kind: MAKE[kind](random.Random(10 + i), kv_canary.generated, n_reqs=3) for i, kind in enumerate(KIND)}
 
     def run(*, reference: bool = False, **backend) -> list:
@@ -142,7 +144,8 @@ def dispatched(monkeypatch):
             func(**for_api(func, case), **backend)
         return list(calls)
 
-    return run, monkeypatch
+    yield run, monkeypatch
+    rt.forget()
 
 
 def test_dispatch_picks_the_backend(dispatched):

@@ -1,6 +1,7 @@
 """The renderer and writer: literal filters, template guards, headers, determinism, atomic writes."""
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from kv_canary.codegen.render import (
     sha256_text,
     split_header,
 )
-from kv_canary.codegen.writer import files_on_disk, write_tree
+from kv_canary.codegen.writer import LOCK_NAME, files_on_disk, write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
 SCHEMA = ROOT / "kernels.yaml"
@@ -97,21 +98,31 @@ def test_line_directive_names_the_template_line():
 
 
 # -- headers ----------------------------------------------------------------------------------
-def test_header_names_make_generate_and_three_hashes():
+def test_header_names_make_generate_three_hashes_and_the_generation():
     body = "x = 1\n"
     text = make_header("layout.py", "a" * 64, "b" * 64, body) + body
     lines = text.splitlines()
     assert "DO NOT EDIT" in lines[0] and "`make generate`" in lines[0]
     fields, rest = split_header(text)
-    assert fields == {"schema": "a" * 64, "generator": "b" * 64, "body": sha256_text(body)}
+    generation = hashlib.sha256(("a" * 64 + ":" + "b" * 64).encode()).hexdigest()[:16]
+    assert fields == {"schema": "a" * 64, "generator": "b" * 64, "generation": generation, "body": sha256_text(body)}
     assert rest == body
     md = make_header("LAYOUT.md", "a" * 64, "b" * 64, body)
     assert all(line.startswith("<!-- ") and line.endswith(" -->") for line in md.splitlines())
 
 
+def test_a_header_from_before_generation_ids_still_splits():
+    body = "x = 1\n"
+    old = "".join(line + "\n" for line in make_header("layout.py", "a" * 64, "b" * 64, body).splitlines()
+                  if "generation-id" not in line)
+    fields, rest = split_header(old + body)
+    assert fields == {"schema": "a" * 64, "generator": "b" * 64, "body": sha256_text(body)} and rest == body
+
+
 def test_every_generated_file_carries_a_valid_header():
     files = render_all(load_schema(SCHEMA), SCHEMA.read_text(encoding="utf-8"))
     schema_sha = sha256_text(SCHEMA.read_text(encoding="utf-8"))
+    assert len({split_header(f.text)[0]["generation"] for f in files}) == 1  # one run, one id
     for f in files:
         fields, body = split_header(f.text)
         assert fields["schema"] == schema_sha, f.path
@@ -179,7 +190,7 @@ def test_an_interrupted_write_keeps_the_old_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         write_tree(tmp_path, [f for f in files if f.path == "layout.py"])
     assert target.read_text(encoding="utf-8") == "previous\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["layout.py"]
+    assert [p.name for p in tmp_path.iterdir() if p.name != LOCK_NAME] == ["layout.py"]  # no temporary file
 
 
 def test_generate_cli_on_an_unchanged_tree_reports_zero_written(tmp_path, capsys):

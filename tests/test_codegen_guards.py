@@ -1,7 +1,8 @@
 """Guards between the schema checker and what the generated code can compile or compute.
 
-- every name the generated layer or CUDA header declares beside the schema's own names, and every
-  macro of the emulation shim, is reserved by codegen/checks.py (so a schema name never collides);
+- every name the generated Python layout declares beside the schema's own names is reserved by
+  codegen/checks.py (so a schema name never shadows it; C and C++ need no such list, see
+  tests/test_c_names.py);
 - the write kernel's shared-memory bound in checks.py is the compiler's: the largest accepted
   thread count compiles, one warp more fails the kernel's static_assert;
 - splitmix64 refuses inputs it would silently hash wrong; generated files get ordinary modes;
@@ -30,7 +31,6 @@ from kv_canary.codegen.render import render_all, split_header
 from kv_canary.codegen.writer import write_tree
 
 ROOT = Path(__file__).resolve().parent.parent
-SHIM = ROOT / "kv_canary" / "emulation" / "cuda_host_shim.h"
 
 
 def _bodies(schema) -> dict[str, str]:
@@ -44,22 +44,7 @@ def _schema_names(schema) -> set[str]:
     return names
 
 
-# -- reserved names stay in step with the templates ---------------------------------------------
-def test_every_namespace_name_of_the_cuda_header_is_reserved():
-    schema = load_schema(DEFAULT_SCHEMA)
-    header = _bodies(schema)["cuda/kv_canary_layout.cuh"]
-    # Namespace-scope declarations start at column 0 in the header (locals are indented).
-    declared = set(re.findall(r"^constexpr\s+[\w ]+?\s(\w+)\s*=", header, re.M))
-    declared |= set(re.findall(r"^struct\s+(?:alignas\(\d+\)\s+)?(\w+)", header, re.M))
-    declared |= set(re.findall(r"^__device__[\w\s]*?[\w:&*<>]+\s+[&*]?(\w+)\(", header, re.M))
-    declared |= set(re.findall(r"^typedef\s+[\w\s]+?\s(\w+);", header, re.M))
-    declared |= set(re.findall(r"^namespace\s+(\w+)", header, re.M))
-    assert {"CHAIN_HEAD", "splitmix64", "RealKvSources", "kvc_u64", "kvc"} <= declared  # the regexes see them
-    unreserved = declared - checks.CPP_HEADER_FIXED_NAMES - _schema_names(schema)
-    assert not unreserved, (f"the CUDA header declares {sorted(unreserved)}: add them to CPP_HEADER_FIXED_NAMES in "
-                            f"codegen/checks.py so a schema constant cannot redefine them")
-
-
+# -- reserved Python names stay in step with the templates -------------------------------------
 def test_every_module_name_of_layout_py_is_reserved():
     schema = load_schema(DEFAULT_SCHEMA)
     tree = ast.parse(_bodies(schema)["layout.py"])
@@ -76,25 +61,6 @@ def test_every_module_name_of_layout_py_is_reserved():
         checks.RESERVED_NAMES - _schema_names(schema)
     assert not unreserved, (f"generated/layout.py defines {sorted(unreserved)}: add them to LAYOUT_FIXED_NAMES in "
                             f"codegen/checks.py so a schema name cannot shadow them")
-
-
-def test_every_macro_of_the_emulation_shim_is_reserved():
-    macros = set(re.findall(r"^\s*#\s*define\s+(\w+)", SHIM.read_text(encoding="utf-8"), re.M))
-    assert {"threadIdx", "KV_CANARY_HOST_EMULATION"} <= macros
-    unreserved = {m for m in macros if not m.startswith("_") and not m.startswith(checks.C_RESERVED_PREFIXES)}
-    unreserved -= checks.RESERVED_NAMES | checks.C_RESERVED_NAMES
-    assert not unreserved, f"{SHIM.name} defines macros {sorted(unreserved)} that a schema name could collide with"
-
-
-@pytest.mark.parametrize("name", ["NULL", "EOF", "abort", "errno", "stdin", "stdout", "stderr", "offsetof",
-                                  "INT_MAX", "UINT64_MAX", "SIZE_MAX", "size_t", "atomicAdd", "KVC_EMU_ASAN"])
-def test_c_macro_and_library_names_are_refused_as_constants(name):
-    text = default_schema_text().replace("constants:\n", f"constants:\n  {name}: {{type: i32, value: 1}}\n", 1)
-    with pytest.raises(SchemaError) as err:
-        load_schema_text(text)
-    assert str(err.value).splitlines() == [
-        f"kernels.yaml:{text.splitlines().index(f'  {name}: {{type: i32, value: 1}}') + 1}:3: error: constant name "
-        f"'{name}' is a C/C++ macro or standard library name that the generated CUDA code can see; rename it"]
 
 
 # -- the write kernel's shared memory: checks.py and the compiler agree --------------------------

@@ -18,8 +18,10 @@ from kv_canary.codegen.load import load_schema
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "schema_errors"
 CASES = sorted(CASES_DIR.glob("*.yaml"))
-# Run through the CLI: a YAML syntax error, an injection attempt, a multi-error file, a semantic error.
-CLI_CASES = ("yaml_syntax", "injection_field_name", "wrong_types", "stride_too_small")
+# Run through the CLI: a YAML syntax error, an injection attempt, a multi-error file, a semantic error,
+# an alias bomb and a key that tries to forge a diagnostic line of its own.
+CLI_CASES = ("yaml_syntax", "injection_field_name", "wrong_types", "stride_too_small", "yaml_alias_bomb",
+             "forged_diagnostic_line")
 
 
 def expected(path: Path) -> list[str]:

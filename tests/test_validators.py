@@ -67,7 +67,11 @@ def verify_kwargs(ctx=None, **over):
 
 def test_source_count_text():
     sources = tuple(src() for _ in range(kv_canary.MAX_REAL_KV_SOURCES + 1))
-    ctx = kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu", real_kv_sources=sources)
+    # allocate_context checks its sources before allocating; a context assembled by hand at launch.
+    with raises(ValueError, P + "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"):
+        kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu", real_kv_sources=sources)
+    ctx = dataclasses.replace(kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu"),
+                              real_kv_sources=sources)
     with raises(ValueError, P + "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"):
         kv_canary.launch_canary_verify_kernel(**verify_kwargs(ctx))
 

@@ -5,6 +5,9 @@ imported lazily, so a missing optional dependency (CuPy, a compiler) only matter
 Backends receive validated inputs (kv_canary.runtime validates first) and must never read or write
 out of bounds. A backend has one method per operation of the launch table (codegen/launches.py):
 write, verify, plan, plan_offsets, plan_entries and scatter, each taking its validator's keywords.
+It may also offer `prepare(operation, args, signatures)`, returning a Prepared launch
+(kv_canary/cuda/kernel_backend.py) that the runtime keeps while the inputs keep their signature
+(kv_canary/launch_cache.py); without it, the runtime calls the operation itself.
 """
 from __future__ import annotations
 

@@ -4,6 +4,10 @@ Tensors are passed zero-copy (their data pointers); launches go to torch's curre
 so they order with torch work and can be captured in CUDA graphs. No launch path synchronises
 the host. Kernels are compiled and loaded on first use per device (kv_canary/cuda/module.py).
 
+A launch passes its packed arguments (kv_canary/cuda/params.py, bound once per set of inputs) to
+cuLaunchKernel (CuPy's cupy.cuda.driver.launchKernel) on torch's current stream: no per-argument
+conversion, no stream or device context manager per launch (kv_canary/cuda/module.py).
+
 Launch shapes come from kernels.yaml. A `persistent` kernel (verify) gets SM count x
 min(blocks_per_sm, blocks the compiled kernel keeps resident per SM, from CUDA's occupancy
 calculator) blocks: the schema's blocks_per_sm is an upper bound, and the grid-stride loop runs in
@@ -41,11 +45,13 @@ class CudaBackend(KernelBackend):
         """SM count x blocks_per_sm (kernels.yaml), clamped to the compiled kernel's occupancy."""
         return self.warm_up(device).persistent_blocks(entry_point or kernel.variants[0][0], kernel.blocks_per_sm)
 
-    def launch(self, kernel, entry_point: str, *, work: int, args: tuple, device: torch.device) -> None:
-        mods = self.warm_up(device)
-        persistent = mods.persistent_blocks(entry_point, kernel.blocks_per_sm) if kernel.shape == "persistent" else 0
-        blocks = blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=persistent)
-        mods.launch(entry_point, blocks=blocks, threads=kernel.threads, kinds=kernel.kinds, args=args)
+    def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
+        persistent = self.persistent_blocks(kernel, device, entry_point) if kernel.shape == "persistent" else 0
+        return blocks_for(kernel, work, threads=kernel.threads, persistent_blocks=persistent), kernel.threads
+
+    def prepared_launch(self, kernel, entry_point: str, *, blocks: int, threads: int, params,
+                        device: torch.device):
+        return self.warm_up(device).prepared(entry_point, blocks=blocks, threads=threads, params=params)
 
 
 def create(layer) -> CudaBackend:

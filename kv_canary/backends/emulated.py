@@ -15,7 +15,7 @@ import threading
 
 import torch
 
-from ..cuda.kernel_backend import KernelBackend, blocks_for
+from ..cuda.kernel_backend import KernelBackend, Prepared, blocks_for
 from . import BackendUnavailable
 from .host_checks import HostChecks
 
@@ -54,35 +54,65 @@ class EmulatedBackend(KernelBackend):
             raise ValueError(f"kv-canary: backend 'emulated' runs the kernels on the host and needs CPU tensors, "
                              f"got tensors on {device}")
 
+    # Host checks of the operations that read index values (host_checks.py), before any kernel writes.
+    def _plan_checks(self, args: dict) -> None:
+        self.host_checks.plan_rows(**args)
+        self.host_checks.swa_indices(**args)  # both stages' indices
+
+    def _plan_offsets_checks(self, args: dict) -> None:
+        self.host_checks.plan_rows(**args)
+        self.host_checks.swa_seed_indices(**args)
+
+    def _plan_entries_checks(self, args: dict) -> None:
+        self.host_checks.plan_rows(**args)
+        self.host_checks.plan_scratch(**args)
+        self.host_checks.swa_entry_indices(**args)
+
+    def _scatter_checks(self, args: dict) -> None:
+        self.host_checks.scatter_rows(**args)
+
     def plan(self, **kwargs) -> None:
         self.check_device(kwargs["req_to_token"].device)
-        self.host_checks.plan_rows(**kwargs)
-        self.host_checks.swa_indices(**kwargs)  # both stages' indices, before either kernel writes
+        self._plan_checks(kwargs)
         super().plan(**kwargs)
 
     def plan_offsets(self, **kwargs) -> None:
         self.check_device(kwargs["req_to_token"].device)
-        self.host_checks.plan_rows(**kwargs)
-        self.host_checks.swa_seed_indices(**kwargs)
+        self._plan_offsets_checks(kwargs)
         super().plan_offsets(**kwargs)
 
     def plan_entries(self, **kwargs) -> None:
         self.check_device(kwargs["req_to_token"].device)
-        self.host_checks.plan_rows(**kwargs)
-        self.host_checks.plan_scratch(**kwargs)
-        self.host_checks.swa_entry_indices(**kwargs)
+        self._plan_entries_checks(kwargs)
         super().plan_entries(**kwargs)
 
     def scatter(self, **kwargs) -> None:
         self.check_device(kwargs["pool_out"].device)
-        self.host_checks.scatter_rows(**kwargs)
+        self._scatter_checks(kwargs)
         super().scatter(**kwargs)
 
-    def launch(self, kernel, entry_point: str, *, work: int, args: tuple, device: torch.device) -> None:
+    def prepare(self, operation: str, args: dict, signatures=None) -> Prepared:
+        """The kernels' bound launch; the plan, its stages and scatter also read their index values at
+        every launch."""
+        prepared = super().prepare(operation, args, signatures)
+        checks = {"plan": self._plan_checks, "plan_offsets": self._plan_offsets_checks,
+                  "plan_entries": self._plan_entries_checks, "scatter": self._scatter_checks}.get(operation)
+        if checks is None:
+            return prepared
+
+        def run(args: dict) -> None:
+            checks(args)
+            prepared.run(args)
+        return Prepared(run, needs_args=True, kernels=prepared.kernels)
+
+    def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.
         threads = min(self.threads, kernel.threads)
-        blocks = blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks)
-        self.library.launch(kernel, entry_point, blocks=blocks, threads=threads, args=args)
+        return blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks), threads
+
+    def prepared_launch(self, kernel, entry_point: str, *, blocks: int, threads: int, params,
+                        device: torch.device):
+        return self.library.prepared(entry_point, blocks=blocks, threads=threads, params=params)
 
 
 def create(layer) -> EmulatedBackend:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import warnings
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -37,6 +38,7 @@ class DeviceModules:
         self.functions = {}
         self.binaries = {}
         self.resident_blocks: dict[str, int] = {}  # entry point -> blocks one SM keeps resident
+        self.function_ptrs: dict[str, int] = {}    # entry point -> its CUfunction on this device (0: unknown)
         self._streams: dict = {}
         with device:
             for kernel in abi.KERNELS.values():
@@ -52,6 +54,7 @@ class DeviceModules:
                     # which may happen during CUDA-graph capture).
                     fn = self.functions[symbol] = module.get_function(symbol)
                     _force_load(fn)
+                    self.function_ptrs[symbol] = _function_ptr(fn)
                     if kernel.shape == "persistent":
                         self.resident_blocks[symbol] = resident_blocks_per_sm(cupy, fn, kernel.threads)
                 self.binaries[kernel.name] = path
@@ -79,12 +82,46 @@ class DeviceModules:
         return persistent_grid(self.sm_count, blocks_per_sm, self.resident_blocks.get(entry_point, 0))
 
     def launch(self, entry_point: str, *, blocks: int, threads: int, kinds: tuple, args: tuple) -> None:
-        """Launch on torch's current stream of this device; returns without waiting."""
+        """Launch through CuPy's RawKernel (every argument converted to a numpy scalar) on torch's
+        current stream of this device; returns without waiting."""
         import cupy
         fn = self.functions[entry_point]
         args = tuple(_NUMPY[kind](value) for kind, value in zip(kinds, args))
         with cupy.cuda.Device(self.device_index), self.stream(torch.cuda.current_stream(self.device_index)):
             fn((blocks,), (threads,), args)
+
+    def prepared(self, entry_point: str, *, blocks: int, threads: int, params) -> Callable[..., None]:
+        """A function launching `entry_point` with packed `params` (kv_canary/cuda/params.py, kept
+        alive by it) on torch's current stream of this device, without waiting: one cuLaunchKernel
+        call, the device switched only when another one is current. Where CuPy lacks the driver
+        binding, it falls back to `launch` (RawKernel) with the params' values. The function ignores
+        its optional argument."""
+        import cupy
+        launch_kernel = getattr(cupy.cuda.driver, "launchKernel", None)
+        function_ptr, index = self.function_ptrs.get(entry_point, 0), self.device_index
+        if launch_kernel is None or not function_ptr:
+            def by_value(_unused=None, params=params) -> None:
+                self.launch(entry_point, blocks=blocks, threads=threads, kinds=params.kinds, args=params.values)
+            return by_value
+        current_stream, current_device, device = _raw_stream_of, cupy.cuda.runtime.getDevice, cupy.cuda.Device
+
+        def launch(_unused=None, params=params) -> None:
+            stream = current_stream(index)
+            if current_device() == index:
+                launch_kernel(function_ptr, blocks, 1, 1, threads, 1, 1, 0, stream, params.address, 0)
+            else:
+                with device(index):
+                    launch_kernel(function_ptr, blocks, 1, 1, threads, 1, 1, 0, stream, params.address, 0)
+        return launch
+
+
+def _public_raw_stream(device_index: int) -> int:
+    return torch.cuda.current_stream(device_index).cuda_stream
+
+
+# device index -> the raw handle of torch's current stream there: the cheap binding torch's own
+# compiled kernels use, or the public API where a torch build lacks it.
+_raw_stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _public_raw_stream
 
 
 def layer_headers(layer) -> dict[str, str]:
@@ -109,6 +146,14 @@ def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
     """sm_count x min(blocks_per_sm, resident); resident <= 0 (unknown) keeps blocks_per_sm."""
     per_sm = min(blocks_per_sm, resident) if resident > 0 else blocks_per_sm
     return sm_count * max(1, per_sm)
+
+
+def _function_ptr(fn) -> int:
+    """The CUfunction handle of a loaded RawKernel on the current device (0 when CuPy hides it)."""
+    try:
+        return int(fn.kernel.ptr)
+    except Exception:  # another CuPy: launches then go through RawKernel (DeviceModules.launch)
+        return 0
 
 
 def _force_load(fn) -> None:

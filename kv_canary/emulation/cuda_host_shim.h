@@ -45,7 +45,6 @@
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
-#define KVC_EMU_ASAN 1
 #endif
 
 #ifndef KV_CANARY_HOST_EMULATION
@@ -130,12 +129,10 @@ namespace detail {
 
 constexpr unsigned kMaxThreads = 1024;
 constexpr unsigned kMaxWarps = kMaxThreads / 32;
-#ifndef KVC_EMU_STACK_SIZE
-#ifdef KVC_EMU_ASAN
-#define KVC_EMU_STACK_SIZE (512u * 1024u)  // ASan frames carry redzones
+#if defined(__SANITIZE_ADDRESS__)
+constexpr size_t kStackSize = 512u * 1024u;  // ASan frames carry redzones
 #else
-#define KVC_EMU_STACK_SIZE (128u * 1024u)
-#endif
+constexpr size_t kStackSize = 128u * 1024u;
 #endif
 
 enum class St : unsigned char { Ready, WaitSync, WaitWarp, Exited };
@@ -156,7 +153,7 @@ struct Fiber {
   const char* op_name = "";
   unsigned long long value = 0, result = 0;
   uint3 idx{0, 0, 0};
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   void* fake_stack = nullptr;
 #endif
 };
@@ -177,14 +174,14 @@ struct State {
   // barrier checks are O(1) per lane instead of scanning the block.
   unsigned exists[kMaxWarps], exited_m[kMaxWarps], wait_m[kMaxWarps],
       sync_m[kMaxWarps], pred_m[kMaxWarps], kind_m[kMaxWarps][kNumOps];
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   const void* main_bottom = nullptr;
   size_t main_size = 0;
 #endif
   ~State() {  // at process exit; keeps leak checkers quiet
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     for (Fiber* f : pool) {
-      munmap(f->map, KVC_EMU_STACK_SIZE + page);
+      munmap(f->map, kStackSize + page);
       delete f;
     }
   }
@@ -219,7 +216,7 @@ inline void fail(const char* fmt, ...) {
 // With ASan, every switch is announced so that it tracks the active stack.
 inline void to_scheduler(Fiber& f) {
   clobber();
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(&f.fake_stack, g.main_bottom, g.main_size);
   swapcontext(&f.ctx, &g.sched_ctx);
   __sanitizer_finish_switch_fiber(f.fake_stack, &g.main_bottom, &g.main_size);
@@ -232,9 +229,9 @@ inline void to_scheduler(Fiber& f) {
 inline void run_fiber(Fiber& f) {
   g.cur = &f;
   g_thread_idx = f.idx;
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   void* fake = nullptr;
-  __sanitizer_start_switch_fiber(&fake, f.stack, KVC_EMU_STACK_SIZE);
+  __sanitizer_start_switch_fiber(&fake, f.stack, kStackSize);
   swapcontext(&g.sched_ctx, &f.ctx);
   __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
@@ -256,7 +253,7 @@ inline void set_state(Fiber& f, St s) {
 // Entry point of every fiber: run the kernel body for the current thread, then
 // hand control back for good.  The fiber is re-made for the next block.
 inline void fiber_main() {
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   __sanitizer_finish_switch_fiber(nullptr, &g.main_bottom, &g.main_size);
 #endif
   Fiber& f = *g.cur;
@@ -271,7 +268,7 @@ inline void fiber_main() {
   (*g.body)();
 #endif
   set_state(f, St::Exited);
-#ifdef KVC_EMU_ASAN
+#if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(nullptr, g.main_bottom, g.main_size);
 #endif
   setcontext(&g.sched_ctx);
@@ -279,7 +276,7 @@ inline void fiber_main() {
 
 inline Fiber* new_fiber() {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  void* m = mmap(nullptr, KVC_EMU_STACK_SIZE + page, PROT_READ | PROT_WRITE,
+  void* m = mmap(nullptr, kStackSize + page, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   // Guard page at the low end: a stack overflow faults instead of silently
@@ -438,8 +435,8 @@ inline int run_block() {
   const unsigned bx = g_block_dim.x, by = g_block_dim.y;
   for (unsigned i = 0; i < g.nthreads; ++i) {
     Fiber& f = *g.pool[i];
-#ifdef KVC_EMU_ASAN
-    if (f.dirty) ASAN_UNPOISON_MEMORY_REGION(f.stack, KVC_EMU_STACK_SIZE);
+#if defined(__SANITIZE_ADDRESS__)
+    if (f.dirty) ASAN_UNPOISON_MEMORY_REGION(f.stack, kStackSize);
 #endif
     f.dirty = false;
     f.state = St::Ready;
@@ -448,7 +445,7 @@ inline int run_block() {
     f.warp = i / 32;
     f.idx = uint3{i % bx, (i / bx) % by, i / (bx * by)};
     f.ctx.uc_stack.ss_sp = f.stack;
-    f.ctx.uc_stack.ss_size = KVC_EMU_STACK_SIZE;
+    f.ctx.uc_stack.ss_size = kStackSize;
     f.ctx.uc_link = nullptr;
     makecontext(&f.ctx, &fiber_main, 0);
     // Only makecontext reads uc_stack.  Clearing it stops ASan's swapcontext
@@ -545,12 +542,13 @@ extern "C" __attribute__((used, visibility("default"))) inline void
 kvc_emu_set_strict(int on) { kvc_emu::set_strict(on != 0); }
 
 // ---------------------------------------------------------------------------
-// Built-in variables: always the values of the fiber currently running.
+// Built-in variables: always the values of the fiber currently running (const references
+// to the scheduler's state, not macros: a macro would rewrite any token of the same name).
 // ---------------------------------------------------------------------------
-#define threadIdx (static_cast<const ::uint3&>(::kvc_emu::detail::g_thread_idx))
-#define blockIdx (static_cast<const ::uint3&>(::kvc_emu::detail::g_block_idx))
-#define blockDim (static_cast<const ::dim3&>(::kvc_emu::detail::g_block_dim))
-#define gridDim (static_cast<const ::dim3&>(::kvc_emu::detail::g_grid_dim))
+inline const uint3& threadIdx = kvc_emu::detail::g_thread_idx;
+inline const uint3& blockIdx = kvc_emu::detail::g_block_idx;
+inline const dim3& blockDim = kvc_emu::detail::g_block_dim;
+inline const dim3& gridDim = kvc_emu::detail::g_grid_dim;
 
 // ---------------------------------------------------------------------------
 // Barriers and warp intrinsics.
@@ -690,16 +688,24 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
+namespace kvc_emu {
+namespace detail {
+// int arithmetic of the atomics wraps modulo 2^32 as the GPU's does; signed overflow would be UB.
+inline int wrap_int(unsigned v) { return static_cast<int>(v); }
+}  // namespace detail
+}  // namespace kvc_emu
+
 // Overloads (not templates) so that unsupported types, e.g. atomicAdd on
-// long long, fail to compile exactly as they do with nvcc.
+// long long, fail to compile exactly as they do with nvcc. The helper macro
+// is undefined again right below.
 #define KVC_EMU_ATOMIC(name, T, expr)                                          \
   inline T name(T* addr, T val) { T old = *addr; *addr = (expr); return old; }
-KVC_EMU_ATOMIC(atomicAdd, int, old + val)
+KVC_EMU_ATOMIC(atomicAdd, int, kvc_emu::detail::wrap_int(static_cast<unsigned>(old) + static_cast<unsigned>(val)))
 KVC_EMU_ATOMIC(atomicAdd, unsigned int, old + val)
 KVC_EMU_ATOMIC(atomicAdd, unsigned long long, old + val)
 KVC_EMU_ATOMIC(atomicAdd, float, old + val)
 KVC_EMU_ATOMIC(atomicAdd, double, old + val)
-KVC_EMU_ATOMIC(atomicSub, int, old - val)
+KVC_EMU_ATOMIC(atomicSub, int, kvc_emu::detail::wrap_int(static_cast<unsigned>(old) - static_cast<unsigned>(val)))
 KVC_EMU_ATOMIC(atomicSub, unsigned int, old - val)
 KVC_EMU_ATOMIC(atomicExch, int, val)
 KVC_EMU_ATOMIC(atomicExch, unsigned int, val)

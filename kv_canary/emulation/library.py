@@ -2,11 +2,16 @@
 
 Strict warp mode is switched on at load: undefined warp behaviour (a shuffle naming an inactive
 lane, a barrier some threads skip) fails the launch instead of passing silently.
+
+Two ways in: `launch` passes every parameter as a C argument (ctypes converts each one per call);
+`prepared` returns a launch of packed arguments (kv_canary/cuda/params.py, cuLaunchKernel's
+convention), which the emulated backend binds once and then launches with three C arguments.
 """
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Callable
 
 from ..cuda.abi import check_identity
 from ..cuda.sources import kernel_abi
@@ -40,6 +45,7 @@ class EmulationLibrary:
         self.lib.kvc_emu_set_strict.argtypes = [ctypes.c_int]
         self.lib.kvc_emu_set_strict(1)
         self._launchers: dict = {}
+        self._params_launchers: dict = {}
 
     def launcher(self, kernel, entry_point: str):
         fn = self._launchers.get(entry_point)
@@ -53,6 +59,32 @@ class EmulationLibrary:
     def launch(self, kernel, entry_point: str, *, blocks: int, threads: int, args: tuple) -> None:
         rc = self.launcher(kernel, entry_point)(blocks, threads, *args)
         if rc != 0:
-            reason = self.lib.kvc_emu_last_error().decode("utf-8", "replace")
-            raise EmulationLaunchError(f"kv-canary: emulated launch of {entry_point} (grid {blocks} x {threads}) "
-                                       f"failed: {reason}")
+            raise self.failure(entry_point, blocks, threads)
+
+    def params_launcher(self, entry_point: str):
+        fn = self._params_launchers.get(entry_point)
+        if fn is None:
+            prefix = getattr(self.abi, "EMULATION_PARAMS_LAUNCHER_PREFIX", None)
+            if prefix is None:
+                raise EmulationLaunchError(f"kv-canary: {self.layer.__name__}.kernel_abi predates packed-argument "
+                                           f"launchers; regenerate it (`make generate`)")
+            fn = getattr(self.lib, prefix + entry_point)
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            self._params_launchers[entry_point] = fn
+        return fn
+
+    def prepared(self, entry_point: str, *, blocks: int, threads: int, params) -> Callable[..., None]:
+        """A launch of `entry_point` reading `params` (a KernelParams, kept alive by the launch); it
+        ignores its optional argument."""
+        fn = self.params_launcher(entry_point)
+
+        def launch(_unused=None, params=params) -> None:
+            if fn(blocks, threads, params.address) != 0:
+                raise self.failure(entry_point, blocks, threads)
+        return launch
+
+    def failure(self, entry_point: str, blocks: int, threads: int) -> EmulationLaunchError:
+        reason = self.lib.kvc_emu_last_error().decode("utf-8", "replace")
+        return EmulationLaunchError(f"kv-canary: emulated launch of {entry_point} (grid {blocks} x {threads}) "
+                                    f"failed: {reason}")

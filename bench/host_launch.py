@@ -1,0 +1,191 @@
+"""Host time of whole launches through the public API against bare launches of the same kernels.
+
+Used by bench/bench_gpu.py on a GPU (backend `cuda`: the bare launch is CuPy's RawKernel call with
+prebuilt numpy-scalar arguments, the usual way to launch a CuPy kernel) and runnable on the CPU with
+the `emulated` backend (the bare launch is the per-argument ctypes launcher), which is how its
+logic is tested without a GPU (tests/test_host_launch_bench.py).
+
+- `workloads(layer, device)`: one small valid launch per operation, built deterministically (two
+  calls give twin states), contexts with two real-KV sources;
+- `bare(...)`: the operation's kernels launched without kv-canary's launch path: the grid of the
+  prepared launch, the arguments from the generated full binding (`KernelAbi.bind`), not from the
+  binding parts and packed buffer the launch path uses;
+- `self_check(...)`: the launch path and the bare launches on twin states end in the same bytes;
+- `host_costs(...)`: host microseconds per launch of both, interleaved batches.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kv_canary.cuda.kernel_backend import KernelBackend
+from kv_canary.cuda.sources import kernel_abi
+from kv_canary.runtime import runtime_for
+from kv_canary.validation import Validators
+
+LAUNCHES = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
+            "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
+NUMPY = {"ptr": "uint64", "i64": "int64", "i32": "int32"}  # how CuPy receives each kind as a scalar
+SLOTS, SOURCE_BYTES, ENTRIES = 4096, 256, 256
+
+
+def workloads(layer, device, seed: int = 0) -> dict:
+    """{operation: launch arguments}: a write of 4 requests, a verify of ENTRIES entries, a plan of
+    4 requests, a scatter of 4 rows, over one context; the same seed gives the same state."""
+    gen = torch.Generator().manual_seed(seed)
+    alloc, lay = layer.allocators, layer.layout
+    dev = torch.device(device)
+
+    def randint(lo, hi, shape, dtype=torch.int64):
+        return torch.randint(lo, hi, shape, generator=gen, dtype=dtype).to(dev)
+
+    sources = tuple(alloc.RealKvSource(tensor=randint(0, 256, (SLOTS, SOURCE_BYTES), torch.uint8), page_size=1,
+                                       num_bytes_per_token=SOURCE_BYTES, read_bytes=SOURCE_BYTES) for _ in range(2))
+    ctx = alloc.allocate_context(num_slots=SLOTS, ring_capacity=4 * ENTRIES + 64, device=dev, real_kv_sources=sources,
+                                 real_kv_hash_mode=lay.RealKvHashMode.ALL)
+    ctx.canary_buf.copy_(randint(0, 256, tuple(ctx.canary_buf.shape), torch.uint8))
+    vplan = alloc.VerifyPlan.allocate(verify_capacity=ENTRIES, device=dev)
+    vplan.verify_slot_indices.copy_(randint(1, SLOTS, (ENTRIES,)))
+    vplan.verify_prev_slot_indices.copy_(randint(-1, SLOTS, (ENTRIES,)))
+    vplan.verify_expected_positions.copy_(randint(0, 64, (ENTRIES,)))
+    vplan.verify_num_valid.fill_(ENTRIES)
+    wplan = alloc.WritePlan.allocate(write_req_capacity=4, device=dev)
+    wplan.write_offsets.copy_(torch.tensor([0, 8, 16, 24, 32], device=dev))
+    wplan.write_seed_slot_indices.copy_(torch.tensor([-1, 40, 41, -1], device=dev))
+    wplan.write_num_valid_reqs.fill_(4)
+    slots = torch.randperm(SLOTS - 100, generator=gen)[:32].to(dev) + 100  # distinct: requests run in parallel
+    fields = lay.INPUT_FIELDS
+    per_request = [f.name for f in fields if f.verify_expected == "per_request"]
+    rows, cols = 5, 64
+    return {
+        "write": dict(context=ctx, plan=wplan, input_ids=randint(0, 50_000, (32,)), positions=randint(0, 64, (32,)),
+                      out_cache_loc=slots, enable_write_input_assert=False,
+                      extra_inputs={f.name: randint(0, 9, (32,)) for f in fields}),
+        "verify": dict(context=ctx, plan=vplan, check_verify_expected_token=True,
+                       extra_slot_tables={f.name: randint(0, 9, (SLOTS,)) for f in fields
+                                          if f.verify_expected == "per_slot"}),
+        "plan": dict(verify_plan_out=alloc.VerifyPlan.allocate(verify_capacity=ENTRIES, device=dev),
+                     write_plan_out=alloc.WritePlan.allocate(write_req_capacity=4, device=dev),
+                     req_pool_indices=torch.tensor([1, 2, 3, 4], device=dev),
+                     prefix_lens=torch.tensor([10, 20, 0, 30], device=dev),
+                     extend_seq_lens=torch.tensor([1, 1, 5, 1], device=dev),
+                     req_to_token=randint(1, SLOTS, (rows, cols), torch.int32), swa_window_size=0,
+                     full_to_swa_index_mapping=None, verify_capacity=ENTRIES,
+                     req_to_verify_expected_tokens=randint(0, 50_000, (rows, cols), torch.int32),
+                     req_to_verify_expected_tokens_valid_lens=torch.tensor([64, 5, 0, 64], device=dev),
+                     kv_token_id_vs_position_offset=0,
+                     extra_request_values={name: randint(0, 9, (4,)) for name in per_request}),
+        "scatter": dict(flat_in=randint(0, 50_000, (40,)), offsets=torch.tensor([0, 10, 10, 25, 40], device=dev),
+                        req_pool_indices=torch.tensor([1, 3, 2, 4], device=dev),
+                        pool_out=torch.zeros((rows, cols), dtype=torch.int32, device=dev)),
+    }
+
+
+def bare(layer, op: str, args: dict, backend: str):
+    """A function launching `op`'s kernels without the launch path (see the module docstring)."""
+    rt = runtime_for(layer)
+    abi = kernel_abi(layer)
+    chosen = rt.backend(backend)
+    validated = getattr(Validators(layer.layout), "validate_" + op)(**args)
+    device = next(t.device for t in _tensors(args))
+    scratch = torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64, device=device) \
+        if op == "plan" else None
+    kv = {"kv": abi.real_kv_args(validated["context"])} if "context" in validated else {}
+    calls, kernels = [], chosen.prepare(op, validated).kernels
+    # The plan's kernels are its two stages, each with its own (SGLang) keywords.
+    stage_args = dict(zip(("plan_offsets", "plan_entries"), KernelBackend.plan_stage_args(validated, scratch))) \
+        if op == "plan" else {}
+    for kernel, entry, blocks, threads in kernels:
+        source = {**stage_args.get(kernel.template, validated), **kv}
+        names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
+        values = kernel.bind(**{n: source[n] for n in names})
+        if backend == "cuda":
+            import numpy as np
+            fn = chosen.warm_up(device).functions[entry]
+            numpy_args = tuple(getattr(np, NUMPY[k])(v) for k, v in zip(kernel.kinds, values))
+            calls.append(lambda fn=fn, b=blocks, t=threads, a=numpy_args: fn((b,), (t,), a))
+        else:
+            fn = chosen.library.launcher(kernel, entry)
+            calls.append(lambda fn=fn, b=blocks, t=threads, a=values: fn(b, t, *a))
+    keep = (scratch,)  # the bare launches read the scratch array: keep it alive with them
+
+    def launch(keep=keep) -> None:
+        for call in calls:
+            if call() not in (None, 0):
+                raise RuntimeError(f"bare launch of {op} failed")
+    return launch, sum(len(k.kinds) for k, *_ in kernels)
+
+
+def _tensors(value):
+    import dataclasses
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            yield from _tensors(getattr(value, f.name))
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            yield from _tensors(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+
+
+def _state(case: dict) -> list:
+    """Every tensor of a case in a fixed order, on the CPU; violation rings sorted by row (GPU order)."""
+    out = []
+    for t in _tensors(case):
+        t = t.detach().cpu()
+        if t.dim() == 2 and t.dtype == torch.int64 and t.shape[0] > 1:  # a ring: rows land in any order
+            t = torch.tensor(sorted(t.tolist()), dtype=t.dtype).view(t.shape)
+        out.append(t)
+    return out
+
+
+def self_check(layer, device, backend: str, sync=lambda: None) -> None:
+    """Every operation through the launch path and as bare launches on twin states: same bytes."""
+    ours, theirs = workloads(layer, device, seed=1), workloads(layer, device, seed=1)
+    rt = runtime_for(layer)
+    for op in LAUNCHES:
+        getattr(rt, LAUNCHES[op])(**ours[op], backend=backend)
+        getattr(rt, LAUNCHES[op])(**ours[op], backend=backend)  # the second from the cache
+        launch, _ = bare(layer, op, theirs[op], backend)
+        launch()
+        launch()
+    sync()
+    for op in LAUNCHES:
+        a, b = _state(ours[op]), _state(theirs[op])
+        bad = [i for i, (x, y) in enumerate(zip(a, b)) if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x, y)]
+        if len(a) != len(b) or bad:
+            raise AssertionError(f"self-check: {op} through the launch path and as bare launches differ "
+                                 f"(tensors {bad} of {len(a)})")
+
+
+def host_costs(layer, device, backend: str, *, rounds: int, batch: int, sync=lambda: None) -> dict:
+    """{op: {launch_us, bare_us, ratio, kernel_arguments}}: host microseconds per launch,
+    the best mean of interleaved batches (the device synchronised after each batch, never inside)."""
+    rt = runtime_for(layer)
+    case = workloads(layer, device, seed=2)
+    out = {}
+    for op, name in LAUNCHES.items():
+        args = case[op]
+        def ours(launch=getattr(rt, name), args=args) -> None:
+            launch(**args, backend=backend)
+        ours()
+        bare_launch, nargs = bare(layer, op, args, backend)
+        bare_launch()
+
+        fns = {"launch": ours, "bare": bare_launch}
+        best = {k: float("inf") for k in fns}
+        for _ in range(rounds):
+            for key, fn in fns.items():
+                sync()
+                start = time.perf_counter()
+                for _ in range(batch):
+                    fn()
+                best[key] = min(best[key], (time.perf_counter() - start) / batch * 1e6)
+        sync()
+        out[op] = {"launch_us": best["launch"], "bare_us": best["bare"], "ratio": best["launch"] / best["bare"],
+                   "kernel_arguments": nargs}
+    return out

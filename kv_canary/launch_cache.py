@@ -1,0 +1,147 @@
+"""The host side of one public launch, done once per set of inputs and reused while they stay the same.
+
+A launch validates its arguments (kv_canary/validation.py), chooses a backend (kv_canary/runtime.py)
+and binds the kernel's arguments (kv_canary/cuda/kernel_backend.py). All three depend only on what
+`signature` (kv_canary/signature.py) captures of the arguments: data pointers, shapes, strides,
+dtypes and devices of tensors, the values of scalars, the attributes of contexts and plans. So a
+LaunchPath keys the result of that work on the signatures of all arguments plus the `backend=`
+keyword and the KV_CANARY_BACKEND variable, and a launch whose key was seen before only runs its
+prepared launch: for the kernel backends one call with arguments packed at binding time, for the
+torch backend the reference on the current tensors.
+
+A changed input is a different key: the whole path runs again, so every check still fires before
+the launch, with its usual message, and errors are never cached. On such a miss the validators'
+per-context and per-plan checks (kv_canary/validation_cache.py) and the kernels' per-argument
+binding parts are still reused where their own inputs did not change. Checks that read tensor
+values (the host backends' index checks) run at every launch, inside the prepared launch.
+Arguments without a signature (not a tensor, scalar, container or plain object) always take the
+uncached path.
+"""
+from __future__ import annotations
+
+import functools
+import operator
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .cuda.kernel_backend import Prepared
+from .signature import signature
+
+ENTRIES = 256  # cached launches per operation; the oldest is dropped beyond it
+_ABSENT = object()
+
+
+@functools.lru_cache(maxsize=None)
+def _getter(path: str):
+    """`context.canary_buf` -> a function of the launch arguments returning that value."""
+    head, _, rest = path.partition(".")
+    attr = operator.attrgetter(rest) if rest else None
+    return lambda args: attr(args[head]) if attr else args[head]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A prepared launch and, when its run reads the arguments, how to rebuild the validated
+    arguments from the raw ones of a launch with the same key."""
+    prepared: Prepared
+    rebuild: Optional[Callable[[dict], dict]]
+
+
+def derive_rebuild(arguments: dict, validated: dict) -> Optional[Callable[[dict], dict]]:
+    """How `validated` (what validate_<operation> returned) follows from `arguments`, as a function
+    of any arguments with the same signatures; None when it does not follow plainly (a validator
+    returned a new tensor, say), and the launch is then not cached."""
+    steps = []
+    for name, value in validated.items():
+        given = arguments.get(name, _ABSENT)
+        if given is value:
+            steps.append((name, "pass", None))
+        elif type(value) is dict and _rekeyed(given, value):
+            steps.append((name, "keys", tuple(value)))  # a mapping normalised to the schema's keys
+        elif value is None or type(value) in (bool, int, str):
+            steps.append((name, "const", value))
+        else:
+            return None
+    steps = tuple(steps)
+
+    def rebuild(arguments: dict) -> dict:
+        out = {}
+        for name, how, what in steps:
+            if how == "pass":
+                out[name] = arguments[name]
+            elif how == "keys":
+                given = arguments.get(name)
+                out[name] = {k: given[k] for k in what}
+            else:
+                out[name] = what
+        return out
+    return rebuild
+
+
+def _rekeyed(given, value: dict) -> bool:
+    """`value` holds exactly `given`'s objects under `value`'s keys (None or absent: nothing)."""
+    if given is None or given is _ABSENT:
+        return not value
+    return isinstance(given, Mapping) and all(k in given and given[k] is v for k, v in value.items())
+
+
+def _environ_key(name: str):
+    """os.environ's own key for `name`, to read it from os.environ's dict: os.environ.get raises and
+    catches a KeyError for an unset name, microseconds per launch. None where os.environ differs."""
+    try:
+        key = os.environ.encodekey(name)
+        os.environ._data.get(key)
+        return key
+    except Exception:  # another os.environ implementation: use its public interface
+        return None
+
+
+class LaunchPath:
+    """Validation, backend choice and binding of one operation, cached per argument signatures."""
+
+    def __init__(self, runtime, operation: str, device_of: str, *, choose_backend: Callable, env_backend: str):
+        self.runtime = runtime
+        self.operation = operation
+        self.choose_backend = choose_backend  # (backend=, device) -> backend name; reads env_backend
+        self.env_backend = env_backend
+        self._env_key = _environ_key(env_backend)
+        self.validate = getattr(runtime.validators, "validate_" + operation)
+        self.device_of = _getter(device_of)
+        self._entries: dict = {}
+
+    def bind(self, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
+        """Everything a launch does before its kernel call: (the entry, the arguments its run takes)."""
+        try:
+            key = (backend, os.environ._data.get(self._env_key) if self._env_key else os.environ.get(self.env_backend),
+                   *[(name, signature(value)) for name, value in arguments.items()])
+            entry = self._entries.get(key)
+        except Exception:  # an argument without a (hashable) signature: the uncached path names it
+            key = entry = None
+        if entry is None:
+            return self._prepare(key, backend, arguments)
+        return entry, (entry.rebuild(arguments) if entry.rebuild is not None else None)
+
+    def _prepare(self, key, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
+        rt = self.runtime
+        signatures = dict(key[2:]) if key is not None else None
+        known = {id(arguments[name]): sig for name, sig in signatures.items()} if signatures else {}
+        with rt.validators.known_signatures(known):
+            args = self.validate(**arguments)
+        chosen = rt.backend(self.choose_backend(backend, self.device_of(args).device))
+        if hasattr(type(chosen), "prepare"):
+            prepared = chosen.prepare(self.operation, args, signatures)
+        else:
+            run = getattr(chosen, self.operation)
+            prepared = Prepared(lambda a: run(**a), needs_args=True)
+        rebuild = derive_rebuild(arguments, args) if prepared.needs_args else None
+        entry = Entry(prepared, rebuild)
+        if key is not None and (rebuild is not None or not prepared.needs_args):
+            if len(self._entries) >= ENTRIES:
+                del self._entries[next(iter(self._entries))]
+            self._entries[key] = entry
+        return entry, (args if prepared.needs_args else None)
+
+    def forget(self) -> None:
+        self._entries.clear()

@@ -1,0 +1,124 @@
+"""Everything a launch's checks and binding read from an argument, as one hashable value.
+
+The runtime caches validation and argument binding per launch (kv_canary/launch_cache.py) and must
+never reuse a result whose inputs changed. `signature(value)` captures those inputs:
+
+- a tensor: its data pointer, shape, strides, dtype and device (plus its class when it is a torch.Tensor
+  subclass): every property a check or a kernel parameter reads, and nothing that changes when
+  only the tensor's values change (plans and inputs are refilled in place every step);
+- Python scalars (bools, ints, enums, numpy integers, strings, dtypes, devices) by class and value, so
+  `True` and `1`, or two equal ints that are distinct objects, compare as the checks see them;
+- lists, tuples and mappings element by element (a mutated `real_kv_sources` list is a new key);
+- any other object (contexts, plans, RealKvSource, an engine's own context class) by its class and
+  every attribute it holds (slots and instance dict), recursively.
+
+A value it cannot describe raises Unsignable; the caller then takes the uncached path, where the
+validators produce their usual message. Signatures hold no tensor, so caches never keep device
+memory alive.
+"""
+from __future__ import annotations
+
+import enum
+import operator
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+
+class Unsignable(Exception):
+    """`signature` cannot describe this value (the launch then runs uncached)."""
+
+
+_Tensor = torch.Tensor
+
+
+def _tensor(t: torch.Tensor) -> tuple:
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+
+
+def _each(values) -> tuple:
+    """signature() of each value, with tensors and by-value scalars inline (a context or a plan is
+    mostly tensors and ints: this runs at every launch)."""
+    out = []
+    for v in values:
+        cls = type(v)
+        if cls is _Tensor:
+            out.append((v.data_ptr(), v.shape, v.stride(), v.dtype, v.device))
+        elif cls in _BY_VALUE:
+            out.append((cls, v))
+        else:
+            out.append(signature(v))
+    return tuple(out)
+
+
+def _none(_) -> None:
+    return None
+
+
+def _by_value(value) -> tuple:
+    return (type(value), value)
+
+
+def _sequence(value) -> tuple:
+    return (type(value), _each(value))
+
+
+def _mapping(value) -> tuple:
+    return (type(value), tuple((_key(k), signature(v)) for k, v in value.items()))
+
+
+def _key(key):
+    return key if type(key) is str else (type(key), key)
+
+
+_SCALARS = (bool, int, float, str, bytes, enum.Enum, np.generic, torch.dtype, torch.device)
+_BY_VALUE = {bool, int, float, str}  # exact classes signed as (class, value); grows with each such class seen
+
+# Exact class -> its signature function, filled on first sight of a class (`_handler_for`).
+_HANDLERS: dict = {torch.Tensor: _tensor, type(None): _none, bool: _by_value, int: _by_value, str: _by_value,
+                   float: _by_value, tuple: _sequence, list: _sequence, dict: _mapping}
+
+
+def signature(value):
+    """The hashable description of `value` that cached launches are keyed on (module docstring)."""
+    handler = _HANDLERS.get(type(value))
+    if handler is None:
+        handler = _HANDLERS[type(value)] = _handler_for(type(value))
+    return handler(value)
+
+
+def _slot_names(cls) -> tuple:
+    names = []
+    for klass in reversed(cls.__mro__):
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def _handler_for(cls):
+    if issubclass(cls, torch.Tensor):
+        return lambda t: (cls, *_tensor(t))
+    if issubclass(cls, _SCALARS):
+        _BY_VALUE.add(cls)
+        return _by_value
+    if issubclass(cls, Mapping):
+        return _mapping
+    if issubclass(cls, (tuple, list)):
+        return _sequence
+    slots = _slot_names(cls)
+    has_dict = cls.__dictoffset__ != 0
+    if not slots and not has_dict:
+        return _unsignable
+    # An unset slot raises AttributeError here: the launch then runs uncached and the validator names it.
+    read_slots = operator.attrgetter(*slots) if len(slots) > 1 else (
+        (lambda o, get=operator.attrgetter(slots[0]): (get(o),)) if slots else (lambda o: ()))
+    if not has_dict:
+        return lambda o: (cls, _each(read_slots(o)))
+    return lambda o: (cls, _each(read_slots(o)), tuple((k, signature(v)) for k, v in vars(o).items()))
+
+
+def _unsignable(value):
+    raise Unsignable(f"no signature for a {type(value).__name__}")
