@@ -52,6 +52,8 @@ _LAZY = {
     "CanaryViolationError": ("kv_canary.manager", "CanaryViolationError"),
     "CanaryHealthError": ("kv_canary.monitor", "CanaryHealthError"),
     "CanaryConfig": ("kv_canary.config", "CanaryConfig"),
+    "FleetMonitor": ("kv_canary.distributed", "FleetMonitor"),
+    "CanaryMetrics": ("kv_canary.metrics", "CanaryMetrics"),
     "Violation": ("kv_canary.violations", "Violation"),
 }
 

@@ -37,6 +37,11 @@ carries every new report; every `stats_print_every_n_steps` steps an INFO stats 
 on, every 100 steps, the health check raises CanaryHealthError (in every mode) when a launch tag
 that should have run did not advance its kernel-run counter (kv_canary.monitor). The engine calls
 `after_step(step)` once per engine step with an increasing step number.
+
+Across ranks and into monitoring: a kv_canary.distributed.FleetMonitor attached to the manager runs
+at the end of every `after_step` (one decision for every rank of a torch.distributed group; a local
+raise then waits for it, so no rank raises alone), and a kv_canary.metrics.CanaryMetrics follows
+every drain and counter reading (Prometheus).
 """
 from __future__ import annotations
 
@@ -115,6 +120,8 @@ class CanaryStats:
     by_reason: collections.Counter = field(default_factory=collections.Counter)
     by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
     by_tag: collections.Counter = field(default_factory=collections.Counter)
+    # Decoded rows per (launch tag name, FailReason name): a row with two reasons counts under both.
+    by_tag_reason: collections.Counter = field(default_factory=collections.Counter)
 
 
 class CanaryManager:
@@ -165,6 +172,9 @@ class CanaryManager:
         self.sweep_passes = 0
         self.last_step = 0                               # the step of the latest after_step (step_when_pumped)
         self.monitor: Optional[RuntimeMonitor] = None
+        # Set by kv_canary.metrics.CanaryMetrics / kv_canary.distributed.FleetMonitor when attached.
+        self.metrics = None
+        self.fleet = None
         self.violations: list[Violation] = []
         self.groups: list[_Group] = []
         self.engine = None
@@ -437,7 +447,8 @@ class CanaryManager:
             self._verify_and_write("tail", batch)
 
     def after_step(self, step: int) -> None:
-        """End of an engine step: the sweep when due, draining, the stats line and the health check."""
+        """End of an engine step: the sweep when due, draining, the stats line and the health check;
+        then the metrics exporter and the fleet decision, when attached."""
         if not self.enabled:
             return
         self.last_step = step
@@ -446,7 +457,19 @@ class CanaryManager:
             self.sweep()
         self._snapshot(step)
         self._poll()
-        self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
+        health = None
+        try:
+            self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
+        except CanaryHealthError as e:
+            health = e
+        if self.metrics is not None:
+            self.metrics.after_step(step)
+        if health is not None:
+            if self.fleet is None:
+                raise health
+            self.fleet.defer(health)  # every rank raises it together, at the fleet decision
+        if self.fleet is not None:
+            self.fleet.after_step(step)
 
     def _plan(self, batch) -> None:
         e, bs = self.engine, batch.bs
@@ -601,7 +624,8 @@ class CanaryManager:
     def drain(self) -> list[Violation]:
         """Read every pending row now (waits for the device), decode and record them; then mode `log`
         logs each row's report once (a WARNING each), mode `raise` raises one CanaryViolationError
-        with all of them. The write index restarts at 0, so no row is ever reported twice."""
+        with all of them (with a FleetMonitor attached: hands it to the fleet decision, which raises
+        on every rank). The write index restarts at 0, so no row is ever reported twice."""
         if not self.enabled:
             return []
         count = int(self.write_index[0])  # synchronises: every snapshot copy before it has landed
@@ -625,6 +649,7 @@ class CanaryManager:
         st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
         for v in found:
             st.by_tag[v.launch_tag] += 1
+            st.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
         self._capture_links(found)
         room = self.keep_violations - len(self.violations)
         self.violations += found[:max(0, room)]
@@ -632,11 +657,16 @@ class CanaryManager:
         # ring_overflow: some row was ever dropped for lack of room.
         reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
                                          step_when_pumped=self.last_step) for v in found]
+        if self.metrics is not None:
+            self.metrics.on_drain()
         if self.mode == "log":
             for text in reports:
                 logger.warning(text)
         elif self.mode == "raise":
-            raise CanaryViolationError("\n".join(reports), found)
+            error = CanaryViolationError("\n".join(reports), found)
+            if self.fleet is None:
+                raise error
+            self.fleet.defer(error)  # no rank raises alone: every rank raises at the fleet decision
         return found
 
     @staticmethod

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from .counters import CounterSnapshot
 from .reporting import stalled_tags_message, stats_line
 
 logger = logging.getLogger("kv_canary")
@@ -25,14 +26,19 @@ HEALTH_CHECK_EVERY = 100
 
 
 class CanaryHealthError(RuntimeError):
-    """A launch tag that should run did not advance its kernel-run counter since the previous check."""
+    """A launch tag that should run did not advance its kernel-run counter since the previous check.
+    `tags`: the stalled tags' names; `step`: the step whose counters were read."""
+
+    def __init__(self, message: str, *, tags=(), step: Optional[int] = None):
+        super().__init__(message)
+        self.tags = tuple(tags)
+        self.step = step
 
 
 @dataclass
 class _Reading:
     step: int
-    host: torch.Tensor         # kernel runs per tag, then the slot runs, then the write index
-    event: object              # torch.cuda.Event guarding `host`, or None (already there)
+    counters: CounterSnapshot  # kernel runs per tag, then the slot runs, then the write index
     stats: bool
     health: bool
     sweep_passes: int
@@ -55,11 +61,11 @@ class RuntimeMonitor:
         self.per_forward, self.sweep = sorted(per_forward), sorted(sweep)
         self.active_tags = active_tags
         self.stats_every = stats_every
-        self._async = kernel_runs.device.type == "cuda"
         self._pending: collections.deque = collections.deque()
         self._previous: Optional[list] = None   # the counters at the previous health reading
         self.forwards = 0      # forward steps since the last health reading
         self.sweeps_due = 0    # sweeps due by the cadence since the last health reading
+        self.healthy = True    # False while the latest health check found a stalled tag
 
     def on_forward(self) -> None:
         self.forwards += 1
@@ -76,26 +82,19 @@ class RuntimeMonitor:
         self.judge_ready()
 
     def _read(self, step: int, stats: bool, health: bool, sweep_passes: int, drained: int) -> None:
-        device = torch.cat([self.kernel_runs, self.slot_runs, self.write_index.to(torch.int64)])
-        if self._async:
-            host = torch.empty(device.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-        else:
-            host, event = device.clone(), None
+        counters = CounterSnapshot([self.kernel_runs, self.slot_runs, self.write_index])
         forwards, sweeps_due = (self.forwards, self.sweeps_due) if health else (0, 0)
         if health:
             self.forwards = self.sweeps_due = 0
-        self._pending.append(_Reading(step, host, event, stats, health, sweep_passes, drained, forwards, sweeps_due))
+        self._pending.append(_Reading(step, counters, stats, health, sweep_passes, drained, forwards, sweeps_due))
 
     def judge_ready(self) -> None:
         """Log / check every reading whose copy has completed, oldest first (never waits)."""
-        while self._pending and (self._pending[0].event is None or self._pending[0].event.query()):
+        while self._pending and self._pending[0].counters.ready():
             self._judge(self._pending.popleft())
 
     def _judge(self, r: _Reading) -> None:
-        values = r.host.tolist()
+        values = r.counters.values()
         n = len(self.tag_names)
         runs, slot_runs, index = values[:n], values[n], values[n + 1]
         if r.stats:
@@ -107,5 +106,6 @@ class RuntimeMonitor:
             # A window without a forward step (an idle engine) or without a due sweep owes no launch.
             expected = sorted((self.per_forward if r.forwards else []) + (self.sweep if r.sweeps_due else []))
             stalled = [self.tag_names[i] for i in expected if runs[i] == previous[i]]
+            self.healthy = not stalled
             if stalled:
-                raise CanaryHealthError(stalled_tags_message(stalled, r.step))
+                raise CanaryHealthError(stalled_tags_message(stalled, r.step), tags=stalled, step=r.step)

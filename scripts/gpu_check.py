@@ -66,6 +66,9 @@ for symbol, fn in mods.functions.items():
           f"resident blocks/SM {mods.resident_blocks.get(symbol, '-')}")
 """
 
+# The GPU test files: the backend's parity suite, and the fleet on a one-rank NCCL group.
+GPU_TESTS = ("tests/test_gpu_backend.py", "tests/test_gpu_fleet.py")
+
 # (name, limit in seconds); each gets at most what is left of BUDGET_S.
 STEPS = (("environment", 30), ("warm_up", 75), ("gpu_bench", 135), ("gpu_tests", 210))
 
@@ -113,7 +116,7 @@ def step_command(name: str, py: str, out_dir: Path, bench_json: Path) -> list[st
         return [py, "bench/bench_gpu.py", "--require-gpu", "--json", str(bench_json)]
     if name == "gpu_tests":
         return [py, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--durations=10",
-                f"--junitxml={out_dir / 'junit_gpu.xml'}", "tests/test_gpu_backend.py"]
+                f"--junitxml={out_dir / 'junit_gpu.xml'}", *GPU_TESTS]
     raise ValueError(f"unknown step {name}")
 
 

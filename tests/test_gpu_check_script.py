@@ -122,3 +122,15 @@ def test_summary_names_failed_steps_and_missing_bench():
     assert "FAIL: step(s) gpu_tests" in text and "UNKNOWN" in text
     assert "FAILED (rc=timeout)" in text and "step timed out after 210s" in text
 
+
+
+def test_the_gpu_tests_step_runs_every_gpu_test_file():
+    """Every test file that must not skip on the GPU machine (it honours KV_CANARY_REQUIRE_GPU, which
+    the script sets) is in the gpu_tests step, the fleet's NCCL test included."""
+    check = _load(ROOT / "scripts" / "gpu_check.py", "gpu_check_under_test")
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if p.name != Path(__file__).name and "KV_CANARY_REQUIRE_GPU" in p.read_text(encoding="utf-8"))
+    assert "tests/test_gpu_fleet.py" in files
+    assert sorted(check.GPU_TESTS) == files
+    command = check.step_command("gpu_tests", "python3", Path("/tmp/out"), Path("/tmp/bench.json"))
+    assert [c for c in command if c.startswith("tests/")] == list(check.GPU_TESTS)

@@ -86,3 +86,13 @@ def test_short_demo_runs_from_the_wheel(installed):
                 "--out", "report"], cwd=work, env={**env, "KV_CANARY_BACKEND": "torch"})
     assert "all scenarios behaved as documented" in proc.stdout
     assert (work / "report" / "report.md").is_file()
+
+
+def test_the_fleet_and_metrics_modules_ship_in_the_wheel(installed):
+    python, _, work, env = installed
+    code = ("import importlib.util as u\n"
+            "for name in ('kv_canary.distributed', 'kv_canary.distributed.fleet', 'kv_canary.distributed.local',\n"
+            "             'kv_canary.metrics', 'kv_canary.demo.fleet'):\n"
+            "    print(u.find_spec(name).origin)\n")
+    where = run([str(python), "-c", code], cwd=work, env=env).stdout.split()
+    assert len(where) == 5 and all("site-packages" in p and str(ROOT) not in p for p in where)

@@ -4,6 +4,8 @@ Runs on the default backend (CUDA when a GPU is present, else the CPU torch refe
 when the clean run is silent and every scenario behaves as documented. SGLang's canary flags and
 SGLANG_KV_CANARY_* environment variables configure the clean run (the scenarios keep the settings
 their expectations need); its log lines, the stats line included, are shown as it runs.
+`--metrics-port PORT` serves the clean run's Prometheus metrics on 127.0.0.1 while the demo runs.
+`--world-size N` runs the fleet demo instead (kv_canary.demo.fleet): N gloo ranks, a fault on rank 1.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..config import CanaryConfig
-from . import faults, report
+from . import faults, fleet, report
 
 # The clean run's canary when no flag or environment variable says otherwise: every check on.
 DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults.SWEEP, stats_print_every_n_steps=0,
@@ -64,16 +66,35 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path("out"), help="report directory (default ./out)")
     ap.add_argument("--backend", default=None, help="force a backend: torch, cuda or emulated")
     ap.add_argument("--device", default=None, help="tensor device (default: cuda when available, else cpu)")
-    ap.add_argument("--only", action="append", default=None, metavar="NAME", help="run only these scenarios")
+    ap.add_argument("--only", action="append", default=None, metavar="NAME",
+                    help="run only these scenarios (with --world-size: the one scenario injected on rank 1, "
+                         f"default {fleet.DEFAULT_SCENARIO})")
+    ap.add_argument("--world-size", type=int, default=1, metavar="N",
+                    help="N >= 2: the fleet demo, the engine on N gloo ranks on 127.0.0.1 with a fault on rank 1 "
+                         "only (default 1: the single-process demo)")
+    ap.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                    help="serve Prometheus /metrics on 127.0.0.1:PORT while the demo runs (0: a free port; "
+                         "needs prometheus_client)")
     CanaryConfig.add_cli_args(ap, DEMO_CANARY)
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
+    if args.world_size < 1:
+        ap.error(f"--world-size must be >= 1, got {args.world_size}")
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        ap.error(f"--metrics-port must be in [0, 65535], got {args.metrics_port}")
     try:
         canary = CanaryConfig.from_args(args, base=DEMO_CANARY)
     except ValueError as e:
         ap.error(str(e))
+    if args.metrics_port is not None:
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            ap.error("--metrics-port needs prometheus_client: pip install 'kv-canary[metrics]'")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.world_size > 1:
+        return _fleet_demo(ap, args, canary, device)
     if device == "cpu":
         torch.set_num_threads(1)  # the simulation's tensors are tiny: thread fan-out only costs time
     out = sys.stdout
@@ -85,10 +106,34 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     backend_name = args.backend or ("cuda (default dispatch)" if device == "cuda" else "torch reference (CPU)")
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
+    with contextlib.ExitStack() as stack:
+        registry = None
+        if args.metrics_port is not None:
+            registry = _serve_metrics(stack, args.metrics_port, out)
+        rc = _single_process_demo(args, canary, device, chosen, backend_name, registry, out, t0)
+    return rc
+
+
+def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
+    """A fresh registry served on 127.0.0.1:port until `stack` closes."""
+    from prometheus_client import CollectorRegistry
+
+    from ..metrics import serve_metrics
+
+    registry = CollectorRegistry()
+    server = serve_metrics(port, registry=registry)
+    stack.callback(server.close)
+    out.write(f"serving the clean run's Prometheus metrics on {server.url}\n")
+    return registry
+
+
+def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backend_name: str, registry, out,
+                         t0: float) -> int:
     out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA; canary: {_describe(canary)}):\n")
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
-                                           progress=_progress("clean run", out), **canary.manager_options())
+                                           progress=_progress("clean run", out), metrics_registry=registry,
+                                           **canary.manager_options())
     logging.getLogger("kv_canary").setLevel(logging.ERROR)  # the table and report show the scenarios' violations
     clean = {"steps": args.steps, "finished": len(engine.finished),
              "shared": sum(r.matched > 0 for r in engine.finished), "swa_window": engine.cfg.swa_window,
@@ -107,6 +152,22 @@ def main(argv=None) -> int:
     out.write(f"{'all scenarios behaved as documented' if ok else 'SOME SCENARIOS FAILED'} "
               f"({time.perf_counter() - t0:.1f}s)\n")
     return 0 if ok else 1
+
+
+def _fleet_demo(ap, args, canary: CanaryConfig, device: str) -> int:
+    if not canary.enabled:
+        ap.error("--world-size needs --kv-canary log or raise")
+    known = [s.name for s in faults.scenarios()]
+    if args.only and (len(args.only) != 1 or args.only[0] not in known):
+        ap.error(f"--world-size takes at most one --only scenario, from: {', '.join(known)}; got {', '.join(args.only)}")
+    demo = fleet.FleetDemo(world_size=args.world_size, scenario=args.only[0] if args.only else fleet.DEFAULT_SCENARIO,
+                           steps=args.steps, manager=canary.manager_options(), device=device, backend=args.backend)
+    try:
+        result = fleet.run(demo, out_dir=args.out, metrics_port=args.metrics_port, stream=sys.stdout)
+    except (RuntimeError, TimeoutError) as e:
+        sys.stdout.write(f"FLEET DEMO FAILED: {e}\n")
+        return 1
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":

@@ -456,12 +456,19 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
 
 
 def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None,
-              layer=None, **manager_kwargs):
+              layer=None, metrics_registry=None, **manager_kwargs):
     """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager).
-    `manager_kwargs` override the demo's manager settings (mode log, a sweep every SWEEP steps)."""
+    `manager_kwargs` override the demo's manager settings (mode log, a sweep every SWEEP steps);
+    with a `metrics_registry` (prometheus_client), the manager's CanaryMetrics export into it."""
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     engine = Engine(config or BASE, canary=manager, device=device)
+    metrics = None
+    if metrics_registry is not None:
+        from ..metrics import CanaryMetrics
+        metrics = CanaryMetrics(manager, registry=metrics_registry)
     engine.run(steps, progress=progress)
     manager.drain()
+    if metrics is not None:
+        metrics.refresh()
     return engine, manager

@@ -1,0 +1,136 @@
+"""Process-group plumbing of the fleet: which device its tensors live on, the group's timeout, and
+one MAX all-reduce started asynchronously and read later, never waiting past the group's timeout.
+
+Every fleet exchange is a MAX all-reduce of a [world_size, width] int64 matrix in which each rank
+fills only its own row (all values >= 0): the result is every rank's row on every rank, which is
+what lets a message name the ranks. A group that can reduce CPU tensors (gloo) gets them directly;
+an NCCL-only group gets them on the manager's CUDA device through pinned memory, with the result
+copied back behind an event, so starting an exchange never blocks the host.
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+class FleetCollectiveError(RuntimeError):
+    """A fleet collective failed or did not complete within the group's timeout: a rank died,
+    stalled or left the fleet early. The process group is unusable afterwards."""
+
+
+def group_supports(group, device_type: str) -> bool:
+    """Whether `group` reduces tensors of `device_type` ("cpu" or "cuda")."""
+    types = getattr(group, "_device_types", None)  # the backends' device types (torch >= 2.3)
+    if types:
+        return any(torch.device(d).type == device_type for d in types)
+    backend = str(dist.get_backend(group)).lower()
+    return "gloo" in backend or (device_type == "cuda" and "nccl" in backend)
+
+
+def collective_device(group, manager_device: Optional[torch.device]) -> torch.device:
+    """CPU when the group reduces CPU tensors (the fleet's data starts on the host), else the
+    manager's CUDA device."""
+    if group_supports(group, "cpu"):
+        return torch.device("cpu")
+    if manager_device is not None and manager_device.type == "cuda" and group_supports(group, "cuda"):
+        return manager_device
+    raise ValueError(f"kv-canary: FleetMonitor needs a process group that reduces CPU tensors (gloo) or, for a "
+                     f"manager on a CUDA device, CUDA tensors (nccl); got backend {dist.get_backend(group)!r} and a "
+                     f"manager on {manager_device}")
+
+
+def group_timeout(group, device: torch.device) -> timedelta:
+    """The timeout the group was created with (init_process_group / new_group `timeout=`)."""
+    try:
+        timeout = group._get_backend(device).options._timeout  # not public API: fall back below
+        if isinstance(timeout, timedelta) and timeout > timedelta(0):
+            return timeout
+    except Exception:
+        pass
+    return dist.default_pg_timeout
+
+
+class RowReducer:
+    """MAX all-reduce of a [world_size, width] int64 matrix in which this rank fills its own row:
+    `start(row)` begins one (asynchronously), `result()` returns every rank's row, waiting at most
+    until the group's `timeout` after the start. One exchange is in flight at a time, so the buffers
+    are allocated once and reused (on CUDA: pinned staging, the device matrix, a pinned result)."""
+
+    def __init__(self, *, group, device: torch.device, timeout: timedelta, rank: int, world_size: int, width: int):
+        self.group, self.device, self.timeout, self.rank = group, device, timeout, rank
+        shape = (world_size, width)
+        self.cuda = device.type != "cpu"
+        self.staged = torch.zeros(shape, dtype=torch.int64, pin_memory=self.cuda)
+        self._rows = self.staged.numpy()   # a view: filling it is cheap
+        if self.cuda:
+            self.tensor = torch.empty(shape, dtype=torch.int64, device=device)
+            self.host = torch.empty(shape, dtype=torch.int64, pin_memory=True)
+        else:
+            self.tensor = self.host = self.staged
+        self.work = self.event = None
+        self.what, self.step, self.started = "", None, 0.0
+
+    @property
+    def in_flight(self) -> bool:
+        return self.work is not None
+
+    def start(self, row: list[int], *, what: str, step) -> None:
+        if self.in_flight:
+            raise RuntimeError("kv-canary: RowReducer.start while an exchange is in flight (read its result first)")
+        self.what, self.step, self.started = what, step, time.monotonic()
+        self._rows.fill(0)
+        self._rows[self.rank] = row
+        try:
+            if self.cuda:
+                self.tensor.copy_(self.staged, non_blocking=True)
+            self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            if self.cuda:
+                self.work.wait()  # NCCL: the current stream waits for the reduce; the host does not
+                self.host.copy_(self.tensor, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+        except RuntimeError as e:
+            self.work = None
+            raise self._error(f"failed to start: {_first_line(e)}") from e
+
+    def result(self) -> list[list[int]]:
+        """Every rank's row. Raises FleetCollectiveError when the reduce fails or does not complete
+        within the group's timeout."""
+        try:
+            if not self.cuda:
+                if self.work.is_completed():
+                    self.work.wait()  # returns at once, or raises the reduce's error
+                else:
+                    left = self.timeout.total_seconds() - (time.monotonic() - self.started)
+                    # Work.wait(timeout) blocks until done or raises; 0 would mean "no timeout".
+                    self.work.wait(timedelta(seconds=max(left, 1e-3)))
+            else:
+                pause = 1e-5
+                while not self.event.query():
+                    if time.monotonic() - self.started > self.timeout.total_seconds():
+                        raise self._error("did not complete")
+                    time.sleep(pause)
+                    pause = min(2 * pause, 1e-3)
+        except FleetCollectiveError:
+            raise
+        except RuntimeError as e:
+            raise self._error(f"failed: {_first_line(e)}") from e
+        finally:
+            self.work = self.event = None
+        return self.host.tolist()
+
+    def _error(self, what_happened: str) -> FleetCollectiveError:
+        elapsed = time.monotonic() - self.started
+        return FleetCollectiveError(
+            f"kv-canary: the fleet's {self.what} all_reduce started at step={self.step} {what_happened} after "
+            f"{elapsed:.1f} s on rank {self.rank} (the group's timeout is {self.timeout.total_seconds():g} s): "
+            f"a rank of the fleet died, stalled or stopped calling after_step")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
