@@ -7,16 +7,22 @@ STAMP := $(VENV)/.installed
 # `make abi-check BASE=<git rev>`: the schema revision the working kernels.yaml is compared with.
 BASE ?= HEAD~1
 
+# The suite starts many interpreters (test workers, the CLI, spawned ranks, a wheel's venv): let them
+# cache bytecode even where the environment says not to, or each one recompiles torch's imports.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup generate check-generated test demo lint abi-check bench sanitize
 
 setup: $(STAMP)
 
 # Idempotent: creates .venv once and reinstalls only when pyproject.toml changes (or .venv is
 # deleted). torch is pinned to the CPU build (see pyproject); the venv's own pip is recent enough
-# for an editable pyproject install, so nothing else is fetched.
+# for an editable pyproject install, so nothing else is fetched. --no-compile: no .pyc for the
+# whole of torch up front (a third of a fresh install's time); imported modules compile on first use
+# (cached: see unexport above).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 generate: $(STAMP)
@@ -25,8 +31,16 @@ generate: $(STAMP)
 check-generated: $(STAMP)
 	$(PY) -m codegen check
 
+# One pytest worker per core (pytest-xdist), a module's tests on one worker (its fixtures built
+# once). `make test-full`: four times the random cases, every compiler x arch x schema
+# (tests/budget.py); minutes longer, not part of CI.
+PYTEST_WORKERS ?= auto
 test: setup check-generated
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
+
+.PHONY: test-full
+test-full: setup check-generated
+	KV_CANARY_FULL=1 KV_CANARY_CASES=4 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
 # Schema fuzzing with a large budget (tests/test_schema_fuzz.py; `make test` runs a small one):
 # prints mutations tried, diagnostics, trees generated and checked, tracebacks and hangs. Every new

@@ -3,10 +3,13 @@
 `$KV_CANARY_CACHE_DIR`, else `$XDG_CACHE_HOME/kv-canary`, else `~/.cache/kv-canary`. Entries are
 named by a hash of everything that determines their content, so a stale entry cannot be picked
 up for changed sources; they are written atomically (temp file + rename) so concurrent processes
-never see half a file.
+never see half a file, and built under a per-entry lock (`building`) so that processes starting
+together (the ranks of one engine, test workers) compile an entry once and the others wait for it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import tempfile
@@ -50,3 +53,15 @@ def store_atomically(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def building(path: Path):
+    """Hold `path`'s build lock (an flock on `<path>.lock`, released when the process dies); the
+    caller checks for the entry again inside, since another process may have built it meanwhile."""
+    with open(path.with_name(path.name + ".lock"), "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -7,6 +7,7 @@ import random
 import re
 import shutil
 
+import budget
 import pytest
 import scenarios
 import torch
@@ -111,7 +112,7 @@ def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, mo
     assert f"{m.group(2)}:{m.group(1)}" in str(err.value) and "undeclared_identifier" in str(err.value)
 
 
-@pytest.mark.parametrize("threads", [512, 1024])
+@pytest.mark.parametrize("threads", [1024, pytest.param(512, marks=pytest.mark.skipif(not budget.FULL, reason="under make test-full (KV_CANARY_FULL=1)"))])
 def test_verify_on_a_pinned_fixed_grid_matches_reference(tmp_path, threads):
     """kernels.yaml pinning the verify to a fixed grid with bigger blocks (SGLang's 64 x 512, and
     1024 threads): the cooperative fingerprint then stages fewer chunks per row (4, 2) in its

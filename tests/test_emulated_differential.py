@@ -1,15 +1,16 @@
 """The emulated backend (the generated CUDA sources compiled by g++, run on host fibers in strict
 warp mode) against the torch reference over the random scenarios of tests/scenarios.py.
 
-300 cases per kernel on the default schema, 60 on each example schema, times KV_CANARY_CASES.
+80 cases per kernel on the default schema, 20 on each example schema, times KV_CANARY_CASES
+(tests/budget.py; `make test-full`: 4x).
 Seeds are fixed (seed i = case i), so a failure names the seed that reproduces it.
 """
 from __future__ import annotations
 
-import os
 import random
 import shutil
 
+import budget
 import pytest
 import scenarios
 from kernel_diff import compare
@@ -18,11 +19,8 @@ import kv_canary
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
-
-
 def cases_for(layer) -> int:
-    return max(1, int((300 if layer is kv_canary.generated else 60) * MULTIPLIER))
+    return budget.cases(80 if layer is kv_canary.generated else 20)
 
 
 def each_case(layer, kind: str, make, *, ordered: bool) -> None:

@@ -8,14 +8,14 @@ several chunks (the emulated block has 64 threads by default: chunks of one stag
 256 threads: chunks of 224 across seven stager warps), and half of the cases overlap requests
 (duplicate slots, seeds written earlier in the batch). Emulated blocks run in order and each stager
 appends its rows before its warp's first collective, in thread order, so every row must land exactly
-where the reference puts it. Cases per shape: 80 x KV_CANARY_CASES (full block: 12 x).
+where the reference puts it. Cases per shape: 24 x KV_CANARY_CASES (full block: 4 x; tests/budget.py).
 """
 from __future__ import annotations
 
-import os
 import random
 import shutil
 
+import budget
 import pytest
 import scenarios
 from kernel_diff import compare
@@ -26,8 +26,7 @@ from kv_canary.cuda.sources import kernel_abi, read_source
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
-MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
-CASES = max(1, int(80 * MULTIPLIER))
+CASES = budget.cases(24)
 
 
 @pytest.fixture(scope="module", params=[("default", 0), ("block_per_request", 32), ("per_request", 128)],
@@ -69,7 +68,7 @@ def test_full_block_with_repeated_slots_matches_reference(default_layer, monkeyp
     write = kernel_abi(default_layer).kernel_for_template("write")
     assert write.threads > 64, "kernels.yaml's write block is no wider than the emulation's default"
     monkeypatch.setattr(backend, "threads", write.threads)
-    for seed in range(max(1, int(12 * MULTIPLIER))):
+    for seed in range(max(1, int(4 * budget.MULTIPLIER))):
         rng = random.Random(seed)
         case = scenarios.make_write_case(rng, default_layer, n_reqs=rng.randint(1, 4), max_extend=3 * write.threads,
                                          overlap=rng.random() < 0.5)

@@ -1,13 +1,14 @@
 """The generated torch reference against the scalar oracle over random batches (issue 3 §3).
 
-Cases per kernel: 500 on the default schema and 150 on each example schema, times the
-KV_CANARY_CASES multiplier. Hypothesis draws the seeds (derandomized, so CI is stable).
+Cases per kernel: 100 on the default schema and 30 on each example schema, times the
+KV_CANARY_CASES multiplier (tests/budget.py; `make test-full`: 4x). Hypothesis draws the seeds
+(derandomized, so CI is stable).
 """
 from __future__ import annotations
 
-import os
 import random
 
+import budget
 import pytest
 import scenarios
 from hypothesis import HealthCheck, given, settings
@@ -16,14 +17,12 @@ from oracle import Oracle
 
 import kv_canary
 
-MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
 LAUNCH = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
           "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
 
 
 def cases_for(layer) -> int:
-    base = 500 if layer is kv_canary.generated else 150
-    return max(1, int(base * MULTIPLIER))
+    return budget.cases(100 if layer is kv_canary.generated else 30)
 
 
 def run_both(layer, kind: str, case: dict) -> tuple[dict, dict]:

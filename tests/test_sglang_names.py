@@ -9,11 +9,11 @@ included). tests/test_gpu_backend.py does the same on `cuda`.
 from __future__ import annotations
 
 import inspect
-import os
 import random
 import re
 import shutil
 
+import budget
 import pytest
 import scenarios
 import torch
@@ -26,7 +26,6 @@ import kv_canary.runtime as runtime_module
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 HOST_BACKENDS = ["torch", pytest.param("emulated", marks=needs_gxx)]
-MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
 OWNER_EPOCH = next(p for p in EXAMPLE_SCHEMAS if p.stem == "owner_epoch")
 
 # SGLang's keyword-only parameters, in its order (sglang/kernels/ops/kv_canary/plan/offsets_kernel.py,
@@ -46,7 +45,7 @@ SGLANG_PARAMS = {
 
 
 def cases_for(layer) -> int:
-    return max(1, int((60 if layer is kv_canary.generated else 20) * MULTIPLIER))
+    return budget.cases(60 if layer is kv_canary.generated else 20)
 
 
 # -- names and signatures -----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..cache import cache_dir, content_key, store_atomically
+from ..cache import building, cache_dir, content_key, store_atomically
 
 DEFAULT_OPTIONS = ("-std=c++17", "-lineinfo")
 
@@ -62,7 +62,9 @@ def cached_binary(source: str, name: str, headers: dict[str, str], *, arch: int,
                       *(part for include, text in sorted(headers.items()) for part in (include, text)))
     path = cache_dir("cuda") / f"{Path(name).stem}_{'sm' if cubin else 'compute'}{arch}_{key[:32]}.{'cubin' if cubin else 'ptx'}"
     if not path.exists():
-        store_atomically(path, compile_source(source, name, headers, arch=arch, cubin=cubin, options=options))
+        with building(path):
+            if not path.exists():
+                store_atomically(path, compile_source(source, name, headers, arch=arch, cubin=cubin, options=options))
     return path
 
 
