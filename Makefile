@@ -86,7 +86,7 @@ bench: $(STAMP)
 # The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache
 # entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
-SANITIZE_TESTS ?= tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
+SANITIZE_TESTS ?= tests/test_emulation_shim.py tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
 	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py
 sanitize: $(STAMP)
 	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

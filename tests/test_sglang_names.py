@@ -45,7 +45,7 @@ SGLANG_PARAMS = {
 
 
 def cases_for(layer) -> int:
-    return budget.cases(60 if layer is kv_canary.generated else 20)
+    return budget.cases(30 if layer is kv_canary.generated else 10)
 
 
 # -- names and signatures -----------------------------------------------------------------------------

@@ -419,15 +419,26 @@ def scenarios() -> list[Scenario]:
 
 
 def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
-                 **manager_kwargs) -> ScenarioResult:
-    """Run one scenario (mode 'log', its own manager) and judge it against its expectation."""
+                 stop_after_detection: bool = False, **manager_kwargs) -> ScenarioResult:
+    """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
+
+    `stop_after_detection`: end the run two steps after the first violation is reported (its launch
+    and reasons are complete by then) instead of running every step; the judgement is the same,
+    the totals cover the steps run. Controls, which must stay silent, always run every step."""
     if layer is None and sc.layer == "owner_epoch":
         layer = owner_epoch_layer()
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
-    engine.run(sc.steps)
+    stop_early = stop_after_detection and sc.expect.launch is not None
+    seen_at = None
+    for step in range(sc.steps):
+        engine.step()
+        if stop_early and seen_at is None and manager.violations:
+            seen_at = step
+        if seen_at is not None and step >= seen_at + 2:
+            break
     manager.drain()
     vs = manager.violations
     first = vs[0] if vs else None
