@@ -50,8 +50,9 @@ def test_no_value_of_any_type_crashes_the_loader():
     paths = [p for p in _paths(base) if p]
     tried = rejected = 0
     for i, path in enumerate(paths):
-        # Default: two replacements per node, rotating through the list; full mode: all of them.
-        choices = REPLACEMENTS if FULL else (REPLACEMENTS[i % len(REPLACEMENTS)], REPLACEMENTS[(i + 5) % len(REPLACEMENTS)])
+        # Default: one replacement per node, rotating through the list (every kind of value meets many
+        # nodes); full mode: all of them at every node.
+        choices = REPLACEMENTS if FULL else (REPLACEMENTS[i % len(REPLACEMENTS)],)
         if isinstance(_node(base, path), dict):
             choices = (*choices, "EXTRA_KEY")
         for replacement in choices:
@@ -65,4 +66,4 @@ def test_no_value_of_any_type_crashes_the_loader():
                 for d in exc.diagnostics:
                     assert str(d).startswith("kernels.yaml:") and ": error: " in str(d), (path, replacement, str(d))
             # Any other exception propagates and fails the test with its (path, replacement) in the traceback.
-    assert tried >= 2 * len(paths) and rejected > tried // 2
+    assert tried >= len(paths) and rejected > tried // 2

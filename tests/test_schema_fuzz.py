@@ -3,7 +3,7 @@ kernels.yaml gives either located one-line diagnostics or a tree whose Python co
 traceback, a hang or a blow-up.
 
 `make test` runs a small, reproducible budget (derandomize=True: the same cases on every run and
-machine). `make fuzz` runs a large one (KV_CANARY_FUZZ_EXAMPLES cases, default here 60) with a hang
+machine). `make fuzz` runs a large one (KV_CANARY_FUZZ_EXAMPLES cases, default here 30) with a hang
 watchdog, and builds every new clean tree (up to KV_CANARY_FUZZ_TREES, default 0 here) with g++
 and NVRTC and runs it against the torch reference on the emulated backend; it prints the counts.
 """
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from kv_canary.codegen.render import make_environment
 from schema_fuzz import Stats, TreeChecker, check_case, mutated_schemas
 
-EXAMPLES = int(os.environ.get("KV_CANARY_FUZZ_EXAMPLES", "60"))
+EXAMPLES = int(os.environ.get("KV_CANARY_FUZZ_EXAMPLES", "30"))
 TREES = int(os.environ.get("KV_CANARY_FUZZ_TREES", "0"))
 LARGE = "KV_CANARY_FUZZ_EXAMPLES" in os.environ
 # The watchdog is a hang detector for the large budget only (`make test` never depends on the clock):
