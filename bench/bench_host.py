@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from host_launch import binding_keywords  # noqa: E402
 
 import kv_canary  # noqa: E402
 from kv_canary.cuda.sources import kernel_abi  # noqa: E402
@@ -101,17 +102,16 @@ def workloads() -> dict:
     }
 
 
+def _scratch(op: str, validated: dict):
+    return torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64) if op == "plan" else None
+
+
 def _bound_kernels(op: str, args: dict) -> list:
-    """(kernel, its generated binding's values) of every kernel `op` launches (the scratch: a tensor)."""
+    """(kernel, its generated binding's values) of every kernel `op` launches."""
     validated = getattr(Validators(LAYER.layout), "validate_" + op)(**args)
-    out = []
-    for template in KERNELS[op]:
-        kernel = ABI.kernel_for_template(template)
-        names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
-        extra = {"kv": ABI.real_kv_args(validated["context"]) if "context" in validated else None,
-                 "verify_offsets": torch.zeros(4, dtype=torch.int64)}
-        out.append((kernel, kernel.bind(**{n: extra[n] if n in extra else validated[n] for n in names})))
-    return out
+    scratch = _scratch(op, validated)
+    return [(kernel, kernel.bind(**binding_keywords(ABI, kernel, op, validated, scratch)))
+            for kernel in (ABI.kernel_for_template(t) for t in KERNELS[op])]
 
 
 def _uncached(op: str, args: dict, backend: str):
@@ -119,16 +119,14 @@ def _uncached(op: str, args: dict, backend: str):
     plain = Validators(LAYER.layout)
     validate = getattr(plain, "validate_" + op)
     kernels = [ABI.kernel_for_template(t) for t in KERNELS[op]]
-    scratch = torch.zeros(4, dtype=torch.int64)
 
     def run():
         validated = validate(**args)
         if backend == "torch":
             return
-        kv = ABI.real_kv_args(validated["context"]) if "context" in validated else None
+        scratch = _scratch(op, validated)
         for kernel in kernels:
-            names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
-            kernel.bind(**{n: kv if n == "kv" else scratch if n == "verify_offsets" else validated[n] for n in names})
+            kernel.bind(**binding_keywords(ABI, kernel, op, validated, scratch))
     return run
 
 

@@ -82,6 +82,19 @@ def workloads(layer, device, seed: int = 0) -> dict:
     }
 
 
+def binding_keywords(abi, kernel, op: str, validated: dict, scratch) -> dict:
+    """The keywords of `kernel`'s generated binding (kernel.bind) for one validated `op` launch: the
+    plan's two stages take their own (SGLang) keywords with `scratch` as the offsets scratch, and
+    kernels reading real KV take the context's real-KV arguments."""
+    source = validated
+    if op == "plan":
+        source = dict(zip(("plan_offsets", "plan_entries"), KernelBackend.plan_stage_args(validated, scratch)))[kernel.template]
+    if "context" in validated:
+        source = {**source, "kv": abi.real_kv_args(validated["context"])}
+    names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
+    return {n: source[n] for n in names}
+
+
 def bare(layer, op: str, args: dict, backend: str):
     """A function launching `op`'s kernels without the launch path (see the module docstring)."""
     rt = runtime_for(layer)
@@ -91,15 +104,9 @@ def bare(layer, op: str, args: dict, backend: str):
     device = next(t.device for t in _tensors(args))
     scratch = torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64, device=device) \
         if op == "plan" else None
-    kv = {"kv": abi.real_kv_args(validated["context"])} if "context" in validated else {}
     calls, kernels = [], chosen.prepare(op, validated).kernels
-    # The plan's kernels are its two stages, each with its own (SGLang) keywords.
-    stage_args = dict(zip(("plan_offsets", "plan_entries"), KernelBackend.plan_stage_args(validated, scratch))) \
-        if op == "plan" else {}
     for kernel, entry, blocks, threads in kernels:
-        source = {**stage_args.get(kernel.template, validated), **kv}
-        names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
-        values = kernel.bind(**{n: source[n] for n in names})
+        values = kernel.bind(**binding_keywords(abi, kernel, op, validated, scratch))
         if backend == "cuda":
             import numpy as np
             fn = chosen.warm_up(device).functions[entry]

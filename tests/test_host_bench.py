@@ -58,6 +58,18 @@ def test_host_costs_cover_every_launch():
         assert c["launch_us"] > 0 and c["bare_us"] > 0 and c["ratio"] == c["launch_us"] / c["bare_us"]
 
 
+@needs_gxx
+def test_cpu_launch_costs_cover_every_launch_and_backend():
+    """bench/bench_host.py's table (make bench): every launch on both host backends, its bare call
+    bound through the same generated bindings as the kernels."""
+    bench = _load(ROOT / "bench" / "bench_host.py", "bench_host_costs")
+    rows = bench.launch_costs(["torch", "emulated"], rounds=1, batch=1)
+    assert {(r["launch"], r["backend"]) for r in rows} == {(op, b) for op in bench.LAUNCHES for b in ("torch", "emulated")}
+    for r in rows:
+        assert r["cached_us"] > 0 and r["bare_call_us"] > 0 and r["kernel_arguments"] > 0
+    assert len(bench.launch_lines(rows)) == len(rows) + 1
+
+
 @pytest.mark.parametrize("backend", ["torch", pytest.param("emulated", marks=needs_gxx)])
 @pytest.mark.parametrize("kind", ["decode", "prefill"])
 def test_manager_steps_run_clean_and_count_their_launches(backend, kind):
