@@ -3,6 +3,7 @@ live in a module of their own). Every phase is a real serving simulation with a 
 and FleetMonitor; a phase returns what this rank saw, and the test compares the ranks."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -48,6 +49,16 @@ class SkipTail:
 
     def tail(self, batch) -> None:
         pass
+
+
+@contextlib.contextmanager
+def one_rank_group(backend: str, *, timeout_s: int):
+    """A world of one rank in this process (an in-memory store): the group, destroyed on exit."""
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=timeout_s))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
 
 
 def phase(rank: int, *, mode: str, steps: int, fault_rank=None, stall_tail_rank=None, group=None,

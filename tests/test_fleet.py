@@ -4,7 +4,6 @@ and 4 local ranks, each serving the simulation with its own CanaryManager and Fl
 group. Every multi-rank run has a hard timeout after which the launcher kills every rank."""
 from __future__ import annotations
 
-import datetime
 import logging
 
 import fleet_workers as fw
@@ -161,12 +160,8 @@ def test_without_a_process_group_the_manager_behaves_as_before():
 
 @pytest.fixture
 def one_rank_group():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
+    with fw.one_rank_group("gloo", timeout_s=30) as group:
+        yield group
 
 
 def test_a_one_rank_group_keeps_todays_behaviour_unless_asked(one_rank_group, caplog):

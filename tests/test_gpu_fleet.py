@@ -5,7 +5,6 @@ Needs no prometheus_client. Skipped cleanly where torch sees no CUDA device or h
 under KV_CANARY_REQUIRE_GPU=1 (scripts/gpu_check.py sets it), where that must fail instead."""
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 
@@ -35,12 +34,8 @@ STEPS = 8
 @pytest.fixture(scope="module")
 def nccl_group():
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=120))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
+    with fw.one_rank_group("nccl", timeout_s=120) as group:
+        yield group
 
 
 def _run(mode: str, group):
