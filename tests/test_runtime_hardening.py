@@ -14,10 +14,12 @@ import shutil
 import subprocess
 from types import SimpleNamespace
 
+import launch_kwargs
 import numpy as np
 import pytest
 import scenarios
 import torch
+from launch_kwargs import verify_kwargs, write_kwargs
 
 import kv_canary
 from kv_canary.cuda.sources import kernel_abi
@@ -39,32 +41,10 @@ def rt():
 
 
 def plan_kwargs(**over):
-    kw = dict(verify_plan_out=kv_canary.VerifyPlan.allocate(verify_capacity=16, device="cpu"),
-              write_plan_out=kv_canary.WritePlan.allocate(write_req_capacity=2, device="cpu"),
-              req_pool_indices=torch.tensor([1, 2]), prefix_lens=torch.tensor([3, 2]), extend_seq_lens=torch.tensor([1, 1]),
-              req_to_token=torch.arange(1, 13, dtype=torch.int32).view(3, 4), swa_window_size=0,
-              full_to_swa_index_mapping=None, verify_capacity=16,
-              req_to_verify_expected_tokens=torch.arange(12, dtype=torch.int32).view(3, 4),
-              req_to_verify_expected_tokens_valid_lens=torch.tensor([4, 4]), kv_token_id_vs_position_offset=0)
-    kw.update(over)
-    return kw
-
-
-def verify_kwargs(ctx=None, **over):
-    ctx = ctx or kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
-    kw = dict(context=ctx, plan=kv_canary.VerifyPlan.allocate(verify_capacity=4, device="cpu"),
-              check_verify_expected_token=False)
-    kw.update(over)
-    return kw
-
-
-def write_kwargs(ctx=None, **over):
-    ctx = ctx or kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
-    t = torch.zeros(3, dtype=torch.int64)
-    kw = dict(context=ctx, plan=kv_canary.WritePlan.allocate(write_req_capacity=2, device="cpu"), input_ids=t,
-              positions=t.clone(), out_cache_loc=t.clone(), enable_write_input_assert=False)
-    kw.update(over)
-    return kw
+    """A full-attention plan (no window, no LUT) with expected tokens."""
+    return launch_kwargs.plan_kwargs(**{"swa_window_size": 0, "full_to_swa_index_mapping": None,
+                                        "req_to_verify_expected_tokens": torch.arange(12, dtype=torch.int32).view(3, 4),
+                                        "req_to_verify_expected_tokens_valid_lens": torch.tensor([4, 4]), **over})
 
 
 @pytest.mark.skipif(not sanitize_enabled(), reason="only under `make sanitize` (KV_CANARY_EMULATION_SANITIZE=1)")

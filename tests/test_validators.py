@@ -7,6 +7,7 @@ import re
 import pytest
 import torch
 from conftest import default_schema_text, generate_layer
+from launch_kwargs import plan_kwargs, verify_kwargs, write_kwargs
 
 import kv_canary
 
@@ -45,24 +46,6 @@ def test_real_kv_source_texts():
         src(page_size=4)
     # Row width counts every dim after the first, in bytes.
     assert src(tensor=torch.zeros((4, 2, 16), dtype=torch.float16), page_size=2, num_bytes_per_token=32).page_size == 2
-
-
-def write_kwargs(ctx=None, **over):
-    ctx = ctx or kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
-    plan = kv_canary.WritePlan.allocate(write_req_capacity=2, device="cpu")
-    t = torch.zeros(3, dtype=torch.int64)
-    kw = dict(context=ctx, plan=plan, input_ids=t, positions=t.clone(), out_cache_loc=t.clone(),
-              enable_write_input_assert=False, expected_input_tokens=None, expected_input_positions=None)
-    kw.update(over)
-    return kw
-
-
-def verify_kwargs(ctx=None, **over):
-    ctx = ctx or kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
-    kw = dict(context=ctx, plan=kv_canary.VerifyPlan.allocate(verify_capacity=4, device="cpu"),
-              check_verify_expected_token=False)
-    kw.update(over)
-    return kw
 
 
 def test_source_count_text():
@@ -109,17 +92,6 @@ def test_capacity_texts():
         kv_canary.VerifyPlan.allocate(verify_capacity=0, device="cpu")
     with raises(ValueError, P + "WritePlan write_req_capacity must be positive, got -2"):
         kv_canary.WritePlan.allocate(write_req_capacity=-2, device="cpu")
-
-
-def plan_kwargs(**over):
-    kw = dict(verify_plan_out=kv_canary.VerifyPlan.allocate(verify_capacity=16, device="cpu"),
-              write_plan_out=kv_canary.WritePlan.allocate(write_req_capacity=2, device="cpu"),
-              req_pool_indices=torch.tensor([1, 2]), prefix_lens=torch.tensor([3, 2]), extend_seq_lens=torch.tensor([1, 1]),
-              req_to_token=torch.arange(1, 13, dtype=torch.int32).view(3, 4), swa_window_size=2,
-              full_to_swa_index_mapping=torch.arange(20), verify_capacity=16, req_to_verify_expected_tokens=None,
-              req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0)
-    kw.update(over)
-    return kw
 
 
 def test_swa_index_text_and_nothing_written():
