@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..cache import building, cache_dir, content_key, store_atomically
+from ..cache import cache_dir, content_key, entry
 
 DEFAULT_OPTIONS = ("-std=c++17", "-lineinfo")
 
@@ -61,11 +61,8 @@ def cached_binary(source: str, name: str, headers: dict[str, str], *, arch: int,
     key = content_key("kv-canary-nvrtc-1", nvrtc_version(), arch, cubin, " ".join(options), name, source,
                       *(part for include, text in sorted(headers.items()) for part in (include, text)))
     path = cache_dir("cuda") / f"{Path(name).stem}_{'sm' if cubin else 'compute'}{arch}_{key[:32]}.{'cubin' if cubin else 'ptx'}"
-    if not path.exists():
-        with building(path):
-            if not path.exists():
-                store_atomically(path, compile_source(source, name, headers, arch=arch, cubin=cubin, options=options))
-    return path
+    return entry(path, lambda tmp: tmp.write_bytes(compile_source(source, name, headers, arch=arch, cubin=cubin,
+                                                                  options=options)))
 
 
 def target_for(compute_capability: int) -> tuple[int, bool]:

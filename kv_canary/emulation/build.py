@@ -15,10 +15,9 @@ import functools
 import os
 import shutil
 import subprocess
-import uuid
 from pathlib import Path
 
-from ..cache import building, cache_dir, content_key
+from ..cache import cache_dir, content_key, entry
 from ..cuda.sources import kernel_abi, read_source, tree_dir
 
 SHIM_DIR = Path(__file__).resolve().parent
@@ -82,18 +81,12 @@ def build_library(layer) -> Path:
     key = content_key("kv-canary-emulation-1", version, " ".join(flags),
                       *(part for name, text in inputs for part in (name, text)))
     out = cache_dir("emulation") / f"kv_canary_emu_{'asan_ubsan_' if sanitized else ''}{key[:32]}.so"
-    if out.exists():
-        return out
-    with building(out):  # one build per entry across processes; the others wait and reuse it
-        if out.exists():
-            return out
-        source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
-        tmp = out.with_name(f"{out.name}.{uuid.uuid4().hex}.tmp")
+    source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
+
+    def compile_to(tmp: Path) -> None:
         cmd = [gxx, *flags, f"-I{SHIM_DIR}", str(source), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            tmp.unlink(missing_ok=True)
             raise EmulationBuildError(f"kv-canary: g++ could not build the emulation library from {source}:\n"
                                       f"{proc.stderr.strip()}\ncommand: {' '.join(cmd)}")
-        tmp.replace(out)  # atomic: a reader never sees half a library
-        return out
+    return entry(out, compile_to)
