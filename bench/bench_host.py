@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-from host_launch import binding_keywords  # noqa: E402
+from host_launch import binding_keywords, plan_scratch  # noqa: E402
 
 import kv_canary  # noqa: E402
 from kv_canary.cuda.sources import kernel_abi  # noqa: E402
@@ -102,14 +102,10 @@ def workloads() -> dict:
     }
 
 
-def _scratch(op: str, validated: dict):
-    return torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64) if op == "plan" else None
-
-
 def _bound_kernels(op: str, args: dict) -> list:
     """(kernel, its generated binding's values) of every kernel `op` launches."""
     validated = getattr(Validators(LAYER.layout), "validate_" + op)(**args)
-    scratch = _scratch(op, validated)
+    scratch = plan_scratch(op, validated)
     return [(kernel, kernel.bind(**binding_keywords(ABI, kernel, op, validated, scratch)))
             for kernel in (ABI.kernel_for_template(t) for t in KERNELS[op])]
 
@@ -124,7 +120,7 @@ def _uncached(op: str, args: dict, backend: str):
         validated = validate(**args)
         if backend == "torch":
             return
-        scratch = _scratch(op, validated)
+        scratch = plan_scratch(op, validated)
         for kernel in kernels:
             kernel.bind(**binding_keywords(ABI, kernel, op, validated, scratch))
     return run

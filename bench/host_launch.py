@@ -82,6 +82,13 @@ def workloads(layer, device, seed: int = 0) -> dict:
     }
 
 
+def plan_scratch(op: str, validated: dict, device="cpu"):
+    """The verify-offsets scratch between the plan's two stages (bs + 1 int64); None for other ops."""
+    if op != "plan":
+        return None
+    return torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64, device=device)
+
+
 def binding_keywords(abi, kernel, op: str, validated: dict, scratch) -> dict:
     """The keywords of `kernel`'s generated binding (kernel.bind) for one validated `op` launch: the
     plan's two stages take their own (SGLang) keywords with `scratch` as the offsets scratch, and
@@ -102,8 +109,7 @@ def bare(layer, op: str, args: dict, backend: str):
     chosen = rt.backend(backend)
     validated = getattr(Validators(layer.layout), "validate_" + op)(**args)
     device = next(t.device for t in _tensors(args))
-    scratch = torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64, device=device) \
-        if op == "plan" else None
+    scratch = plan_scratch(op, validated, device)
     calls, kernels = [], chosen.prepare(op, validated).kernels
     for kernel, entry, blocks, threads in kernels:
         values = kernel.bind(**binding_keywords(abi, kernel, op, validated, scratch))
