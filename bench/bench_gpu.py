@@ -395,9 +395,10 @@ def bench(repeats: int, out: dict, save) -> dict:
 
 def host_launch_result(costs: dict) -> dict:
     """host_launch.host_costs' figures with the target verdict: every launch <= HOST_TARGET_RATIO x bare."""
+    from kv_canary import native
     worst = max(c["ratio"] for c in costs.values())
     return {"launches": costs, "target_ratio": HOST_TARGET_RATIO, "worst_ratio": worst,
-            "met": worst <= HOST_TARGET_RATIO}
+            "met": worst <= HOST_TARGET_RATIO, "signer": native.status()}
 
 
 def host_launch_lines(r: dict) -> list:
@@ -408,7 +409,8 @@ def host_launch_lines(r: dict) -> list:
         parts = [f"{op} {c['launch_us']:.1f} us vs {c['bare_us']:.1f} us ({c['ratio']:.2f}x)"
                  for op, c in h["launches"].items()]
         lines.append(f"host time per launch vs a bare RawKernel launch of the same kernels: {'; '.join(parts)}; "
-                     f"target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'}")
+                     f"target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'} "
+                     f"(launch arguments signed by: {h.get('signer', 'unknown')})")
     if r.get("host_launch_self_check"):
         lines.append(f"host launch self-check: {r['host_launch_self_check']}")
     if r.get("manager_steps"):

@@ -10,6 +10,8 @@ optionally writes JSON.
    - `uncached`: what every launch did before the cache: the plain validators
      (kv_canary/validation.py) and, for the kernel backend, the generated binding of every kernel.
    The target is <= 10 us per repeated launch. Contexts carry MAX_REAL_KV_SOURCES real-KV sources.
+   The launch path signs its arguments with the native signer where it builds (kv_canary/native;
+   the line `signer:` says which one ran); `--python-signer` measures the Python one instead.
 2. The CanaryManager's host cost per step (prepare + launches + drain, no violations;
    bench/manager_steps.py) for a 256-request decode batch and a 4 x 8,192-token prefill batch on the
    torch backend, and at a reduced size on the emulated backend; split into kernel time (the
@@ -140,15 +142,16 @@ def _bare(op: str, args: dict):
     return run, sum(len(v) for _, v in calls)
 
 
-def launch_costs(backends: list, *, rounds: int, batch: int) -> list:
+def launch_costs(backends: list, *, rounds: int, batch: int, rt=None) -> list:
+    rt = rt or RT
     rows = []
     for op, args in workloads().items():
         name = LAUNCHES[op]
         bare, nargs = _bare(op, args)
         fns = {"bare": bare}
         for backend in backends:
-            getattr(RT, name)(**args, backend=backend)  # prepares (and runs) the launch once
-            fns[f"cached {backend}"] = (lambda b: lambda: RT.bind(name, **args, backend=b))(backend)
+            getattr(rt, name)(**args, backend=backend)  # prepares (and runs) the launch once
+            fns[f"cached {backend}"] = (lambda b: lambda: rt.bind(name, **args, backend=b))(backend)
             fns[f"uncached {backend}"] = _uncached(op, args, backend)
         best = interleaved_best(fns, rounds=rounds, batch=batch)
         for backend in backends:
@@ -190,16 +193,24 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and smaller manager batches")
+    parser.add_argument("--python-signer", action="store_true",
+                        help="sign launch arguments with the Python signer (kv_canary/signature.py) instead of "
+                             "the native one")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the reference's tensors are small; a shared 2-core machine
     backends = ["torch"] + (["emulated"] if shutil.which("g++") is not None else [])
-    print(f"kv-canary host launch path (torch {torch.__version__}, ctypes {ctypes.__version__})")
-    rows = launch_costs(backends, rounds=40 if args.quick else 200, batch=20 if args.quick else 50)
+    from kv_canary import native
+    from kv_canary.runtime import Runtime
+    from kv_canary.signature import python_signature
+    rt = Runtime(LAYER, sign=python_signature) if args.python_signer else RT
+    signer = "python (--python-signer)" if args.python_signer else native.status()
+    print(f"kv-canary host launch path (torch {torch.__version__}, ctypes {ctypes.__version__}); signer: {signer}")
+    rows = launch_costs(backends, rounds=40 if args.quick else 200, batch=20 if args.quick else 50, rt=rt)
     print("\n".join(launch_lines(rows)))
     print("manager host cost per step:")
     steps = manager_costs(quick=args.quick)
     if args.json:
-        args.json.write_text(json.dumps({"launches": rows, "manager_steps": steps}, indent=2))
+        args.json.write_text(json.dumps({"signer": signer, "launches": rows, "manager_steps": steps}, indent=2))
     return 0
 
 

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from .cuda.kernel_backend import Prepared
-from .signature import signature
 
 ENTRIES = 256  # cached launches per operation; the oldest is dropped beyond it
 _ABSENT = object()
@@ -64,20 +63,31 @@ def derive_rebuild(arguments: dict, validated: dict) -> Optional[Callable[[dict]
             steps.append((name, "const", value))
         else:
             return None
-    steps = tuple(steps)
+    return _compile_rebuild(steps)
 
-    def rebuild(arguments: dict) -> dict:
-        out = {}
-        for name, how, what in steps:
-            if how == "pass":
-                out[name] = arguments[name]
-            elif how == "keys":
-                given = arguments.get(name)
-                out[name] = {k: given[k] for k in what}
-            else:
-                out[name] = what
-        return out
-    return rebuild
+
+def _compile_rebuild(steps: list) -> Callable[[dict], dict]:
+    """The steps as one function returning a dict display: it runs at every launch of the torch
+    backend, where a loop over the steps would cost more than the rest of the cached launch. Every
+    name, key and constant reaches the code through its namespace, never through its text."""
+    namespace, items, prelude = {}, [], []
+    for i, (name, how, what) in enumerate(steps):
+        namespace[f"_n{i}"] = name
+        if how == "pass":
+            items.append(f"_n{i}: a[_n{i}]")
+        elif how == "keys":
+            prelude.append(f"    g{i} = a.get(_n{i})")
+            keys = []
+            for j, key in enumerate(what):
+                namespace[f"_k{i}_{j}"] = key
+                keys.append(f"_k{i}_{j}: g{i}[_k{i}_{j}]")
+            items.append(f"_n{i}: {{{', '.join(keys)}}}")
+        else:
+            namespace[f"_c{i}"] = what
+            items.append(f"_n{i}: _c{i}")
+    source = "\n".join(["def rebuild(a):", *prelude, f"    return {{{', '.join(items)}}}"])
+    exec(compile(source, "<kv-canary rebuild>", "exec"), namespace)  # noqa: S102 - text built above, no user data
+    return namespace["rebuild"]
 
 
 def _rekeyed(given, value: dict) -> bool:
@@ -107,15 +117,18 @@ class LaunchPath:
         self.choose_backend = choose_backend  # (backend=, device) -> backend name; reads env_backend
         self.env_backend = env_backend
         self._env_key = _environ_key(env_backend)
+        self._env_get = os.environ._data.get if self._env_key is not None else None
         self.validate = getattr(runtime.validators, "validate_" + operation)
         self.device_of = _getter(device_of)
+        self._sign = runtime.sign  # the native signer where it is built (kv_canary/native), else the Python one
         self._entries: dict = {}
 
     def bind(self, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
         """Everything a launch does before its kernel call: (the entry, the arguments its run takes)."""
         try:
-            key = (backend, os.environ._data.get(self._env_key) if self._env_key else os.environ.get(self.env_backend),
-                   *[(name, signature(value)) for name, value in arguments.items()])
+            # One signature of the whole argument dict (names and values): one native call per launch.
+            key = (backend, self._env_get(self._env_key) if self._env_get else os.environ.get(self.env_backend),
+                   self._sign(arguments))
             entry = self._entries.get(key)
         except Exception:  # an argument without a (hashable) signature: the uncached path names it
             key = entry = None
@@ -125,7 +138,9 @@ class LaunchPath:
 
     def _prepare(self, key, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
         rt = self.runtime
-        signatures = dict(key[2:]) if key is not None else None
+        signatures = None
+        if key is not None:  # each argument's own signature: the parts of the work that are reused per argument
+            signatures = {name: self._sign(value) for name, value in arguments.items()}
         known = {id(arguments[name]): sig for name, sig in signatures.items()} if signatures else {}
         with rt.validators.known_signatures(known):
             args = self.validate(**arguments)

@@ -15,8 +15,9 @@ SGLang's `use_torch_reference(device)` is answered by this same choice, so it co
 `backend=` and KV_CANARY_BACKEND exactly as the launches do.
 
 Validation, backend choice and argument binding run once per set of inputs and are reused while the
-inputs keep their signature (kv_canary/launch_cache.py): a repeated launch costs about one bare
-kernel launch on the host, and a changed input still meets every check before its launch.
+inputs keep their signature (kv_canary/launch_cache.py, signed natively where kv_canary/native is
+built): a repeated launch costs less than one bare kernel launch on the host, and a changed input
+still meets every check before its launch.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 from .allocation import allocators_for
 from .backends import KNOWN_BACKENDS, get_backend
 from .launch_cache import LaunchPath
+from .signature import signer
 from .validation_cache import CachedValidators
 
 ENV_BACKEND = "KV_CANARY_BACKEND"
@@ -58,12 +60,16 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
 class Runtime:
     """The launches, validators and allocators of one generated layer."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, *, sign=None):
         self.layer = layer
         self.layout = layer.layout
-        self.validators = CachedValidators(layer.layout)
+        # The signer every cache key of this runtime comes from: the native one where it is built
+        # (kv_canary/native), else python_signature; tests pass python_signature to cover both.
+        self.sign = sign if sign is not None else signer()
+        self.validators = CachedValidators(layer.layout, sign=self.sign)
         self.allocators = allocators_for(layer.layout, self.validators)
         self._paths: dict = {}  # (operation, device_of) -> LaunchPath
+        self._named: dict = {}  # public launch name -> its LaunchPath (bind)
 
     @property
     def api(self):
@@ -98,12 +104,14 @@ class Runtime:
         """Validate and bind the public launch `name` without launching it; returns a function that
         launches it. What every launch does before its kernel call (the host cost that
         bench/bench_host.py measures); the returned function does not look at its inputs again."""
-        launches = self.layer.api.LAUNCHES
-        if name not in launches:
-            raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
-                             f"launches are {', '.join(launches)}")
-        operation, device_of = launches[name]
-        path = self._paths.get((operation, device_of)) or self._path(operation, device_of)
+        path = self._named.get(name)
+        if path is None:
+            launches = self.layer.api.LAUNCHES
+            if name not in launches:
+                raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
+                                 f"launches are {', '.join(launches)}")
+            operation, device_of = launches[name]
+            path = self._named[name] = self._paths.get((operation, device_of)) or self._path(operation, device_of)
         entry, args = path.bind(arguments.pop("backend", None), arguments)
         return functools.partial(entry.prepared.run, args)
 
@@ -118,14 +126,20 @@ class Runtime:
 
     def __getattr__(self, name: str):
         """Every public launch by name, taking every keyword of every schema plus `backend=`."""
+        if name.startswith("__") or "layer" not in self.__dict__:  # dunders, and lookups before __init__ ran
+            raise AttributeError(name)
         launches = self.layer.api.LAUNCHES
+        found = None
         if name in launches:
             operation, device_of = launches[name]
-            return functools.partial(self._launch_any, operation, device_of)
+            found = functools.partial(self._launch_any, operation, device_of)
         launch = name.removesuffix("_torch_reference")
         if launch != name and launch in launches and name in self.layer.api.__all__:
             operation, device_of = launches[launch]
-            return functools.partial(self._launch_any, operation, device_of, reference_of=launch)
+            found = functools.partial(self._launch_any, operation, device_of, reference_of=launch)
+        if found is not None:
+            self.__dict__[name] = found  # found once: later calls skip __getattr__ (a launch's host path)
+            return found
         raise AttributeError(f"kv-canary: the runtime of {self.layer.__name__} has no attribute {name!r}")
 
     def _launch_any(self, operation: str, device_of: str, reference_of: str = "", **arguments) -> None:

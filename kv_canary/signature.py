@@ -15,6 +15,14 @@ never reuse a result whose inputs changed. `signature(value)` captures those inp
 A value it cannot describe raises Unsignable; the caller then takes the uncached path, where the
 validators produce their usual message. Signatures hold no tensor, so caches never keep device
 memory alive.
+
+Two implementations give these guarantees: the native signer (kv_canary/native: the walk in C, the
+tensor fields read from the TensorImpl; a launch's whole argument set in about a microsecond) and
+the Python one below (`python_signature`, a microsecond per tensor), which signs wherever the
+native one cannot be built and the classes the native one hands back (tensor subclasses, other
+sequences and mappings). `classify` tells the native walk how to sign each other class, with the
+rules `python_signature` follows. Their signatures differ in form, so one process uses one of them
+for every key (`signature`, chosen on first use).
 """
 from __future__ import annotations
 
@@ -48,7 +56,7 @@ def _each(values) -> tuple:
         elif cls in _BY_VALUE:
             out.append((cls, v))
         else:
-            out.append(signature(v))
+            out.append(python_signature(v))
     return tuple(out)
 
 
@@ -65,7 +73,7 @@ def _sequence(value) -> tuple:
 
 
 def _mapping(value) -> tuple:
-    return (type(value), tuple((_key(k), signature(v)) for k, v in value.items()))
+    return (type(value), tuple((_key(k), python_signature(v)) for k, v in value.items()))
 
 
 def _key(key):
@@ -80,8 +88,8 @@ _HANDLERS: dict = {torch.Tensor: _tensor, type(None): _none, bool: _by_value, in
                    float: _by_value, tuple: _sequence, list: _sequence, dict: _mapping}
 
 
-def signature(value):
-    """The hashable description of `value` that cached launches are keyed on (module docstring)."""
+def python_signature(value):
+    """The Python implementation of `signature`."""
     handler = _HANDLERS.get(type(value))
     if handler is None:
         handler = _HANDLERS[type(value)] = _handler_for(type(value))
@@ -117,8 +125,56 @@ def _handler_for(cls):
         (lambda o, get=operator.attrgetter(slots[0]): (get(o),)) if slots else (lambda o: ()))
     if not has_dict:
         return lambda o: (cls, _each(read_slots(o)))
-    return lambda o: (cls, _each(read_slots(o)), tuple((k, signature(v)) for k, v in vars(o).items()))
+    return lambda o: (cls, _each(read_slots(o)), tuple((k, python_signature(v)) for k, v in vars(o).items()))
 
 
 def _unsignable(value):
     raise Unsignable(f"no signature for a {type(value).__name__}")
+
+
+# -- the native signer's side (kv_canary/native/signing.cpp) ---------------------------------------------
+BY_VALUE, OBJECT, PYTHON, MEMBER = 0, 1, 2, 3  # the kinds signing.cpp knows
+
+
+def classify(cls) -> tuple:
+    """How the native walk signs an instance of `cls` (any class but exact torch.Tensor, None, bool,
+    int, float, str, tuple, list and dict, which it signs itself): (kind, slots, has_dict), the same
+    rules as `_handler_for`. `slots`: (name, the descriptor `obj.name` resolves to) of each slot,
+    which signing.cpp reads at its offset when it is a plain member."""
+    if issubclass(cls, torch.Tensor):
+        return (PYTHON, None, False)
+    if issubclass(cls, enum.Enum):  # equal members of one class are one object (aliases included)
+        return (MEMBER, None, False)
+    if issubclass(cls, _SCALARS):
+        return (BY_VALUE, None, False)
+    if issubclass(cls, (Mapping, tuple, list)):
+        return (PYTHON, None, False)
+    names = _slot_names(cls)
+    has_dict = cls.__dictoffset__ != 0
+    if not names and not has_dict:
+        return (PYTHON, None, False)  # python_signature raises Unsignable
+    slots = tuple((name, next(k.__dict__[name] for k in cls.__mro__ if name in k.__dict__)) for name in names)
+    return (OBJECT, slots or None, has_dict)
+
+
+def configure_native(module) -> None:
+    """Hand the native module torch.Tensor, `classify` and the Python fallback."""
+    module.configure(torch.Tensor, classify, python_signature)
+
+
+def signature(value):
+    """The hashable description of `value` that cached launches are keyed on (module docstring)."""
+    return signer()(value)
+
+
+def signer():
+    """The function `signature` uses in this process: the native module's `sign` or `python_signature`."""
+    global _signer
+    if _signer is None:
+        from .native import signer as native_signer
+        module, _ = native_signer()
+        _signer = module.sign if module is not None else python_signature
+    return _signer
+
+
+_signer = None

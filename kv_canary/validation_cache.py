@@ -49,8 +49,9 @@ def _memoized(name: str):
 class CachedValidators(Validators):
     """Validators (kv_canary/validation.py) with MEMOIZED remembered per signature."""
 
-    def __init__(self, layout):
+    def __init__(self, layout, *, sign=None):
         super().__init__(layout)
+        self._sign = sign if sign is not None else signature  # the runtime's signer (one form per cache)
         self._memo: dict = {}
         self._known = threading.local()
 
@@ -70,7 +71,7 @@ class CachedValidators(Validators):
             sig = known.get(id(value), _MISS)
             if sig is not _MISS:
                 return sig
-        return signature(value)
+        return self._sign(value)
 
     def forget(self) -> None:
         """Drop every remembered result (the next checks run in full)."""

@@ -70,6 +70,14 @@ def generate_layer(schema_path: Path):
     return layers.generate_layer(schema_path, _gen_root())
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _native_signer_first():
+    """Choose (and, on a fresh machine, build) the launch signer before any test points
+    KV_CANARY_CACHE_DIR elsewhere: one build per machine, not one per worker's first temp cache."""
+    from kv_canary import native
+    native.signer()
+
+
 @pytest.fixture(scope="session")
 def default_layer():
     import kv_canary

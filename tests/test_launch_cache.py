@@ -18,6 +18,7 @@ import torch
 
 import kv_canary
 from kv_canary.runtime import Runtime, runtime_for
+from kv_canary.signature import python_signature
 from kv_canary.validation import Validators
 
 BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
@@ -25,6 +26,17 @@ BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.wh
 LAUNCH = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
           "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
 LAYER = kv_canary.generated
+
+
+# Every cache key comes from one signer per runtime: the native one (kv_canary/native, the default
+# where it builds) or the Python one; the promises below hold for both.
+SIGNERS = ["default", "python"]
+
+
+def _runtime(signer: str, *, fresh: bool = False) -> Runtime:
+    if signer == "python":
+        return Runtime(LAYER, sign=python_signature)
+    return Runtime(LAYER) if fresh else runtime_for(LAYER)
 
 
 def _launch(kind: str, args: dict, backend: str, rt=None) -> None:
@@ -40,10 +52,10 @@ def _plain_error(kind: str, args: dict) -> BaseException:
     raise AssertionError(f"the plain validators accept this {kind} launch; the mutation is not an error")
 
 
-def _raises_like(kind: str, args: dict, backend: str) -> None:
+def _raises_like(kind: str, args: dict, backend: str, rt=None) -> None:
     want = _plain_error(kind, args)
     with pytest.raises(type(want), match="^" + re.escape(str(want)) + "$"):
-        _launch(kind, args, backend)
+        _launch(kind, args, backend, rt)
 
 
 def _case(kind: str, seed: int, **shape) -> dict:
@@ -220,15 +232,17 @@ def _mutation_cases() -> list:
     return [pytest.param(kind, name, id=f"{kind}: {name}") for kind, mutations in MUTATIONS.items() for name in mutations]
 
 
+@pytest.mark.parametrize("signer", SIGNERS)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("kind,mutation", _mutation_cases())
-def test_a_changed_input_meets_its_check_after_a_cached_launch(kind, mutation, backend):
+def test_a_changed_input_meets_its_check_after_a_cached_launch(kind, mutation, backend, signer):
+    rt = _runtime(signer)
     args = _simple(kind)
     for _ in range(2):  # the second launch is served from the cache
-        _launch(kind, args, backend)
+        _launch(kind, args, backend, rt)
     MUTATIONS[kind][mutation](args)
-    _raises_like(kind, args, backend)
-    _raises_like(kind, args, backend)  # and again: failures are never cached
+    _raises_like(kind, args, backend, rt)
+    _raises_like(kind, args, backend, rt)  # and again: failures are never cached
 
 
 # -- cached launches give the reference's bytes when inputs change between them -------------------------------
@@ -292,8 +306,9 @@ def test_plan_launched_repeatedly_with_new_batches_matches_reference(backend):
 
 
 # -- the cache does what it promises ---------------------------------------------------------------------------
-def test_validation_runs_once_per_signature(monkeypatch):
-    rt = Runtime(LAYER)
+@pytest.mark.parametrize("signer", SIGNERS)
+def test_validation_runs_once_per_signature(monkeypatch, signer):
+    rt = _runtime(signer, fresh=True)
     calls = []
     validate = rt.validators.validate_verify
     monkeypatch.setattr(rt.validators, "validate_verify", lambda **kw: calls.append(1) or validate(**kw))
@@ -307,9 +322,10 @@ def test_validation_runs_once_per_signature(monkeypatch):
     assert len(calls) == 3
 
 
+@pytest.mark.parametrize("signer", SIGNERS)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_cached_launches_keep_no_tensor_alive(backend):
-    rt = Runtime(LAYER)
+def test_cached_launches_keep_no_tensor_alive(backend, signer):
+    rt = _runtime(signer, fresh=True)
     args = _case("verify", 4, n_reqs=2)
     _launch("verify", args, backend, rt)
     _launch("verify", args, backend, rt)
@@ -331,8 +347,10 @@ def test_bind_returns_the_launch_without_running_it():
 
 
 # -- the pieces: signatures, packed arguments, binding parts ---------------------------------------------------
-def test_signatures_tell_apart_what_the_checks_tell_apart():
-    from kv_canary.signature import Unsignable, signature
+@pytest.mark.parametrize("signer", SIGNERS)
+def test_signatures_tell_apart_what_the_checks_tell_apart(signer):
+    from kv_canary.signature import Unsignable
+    signature = _runtime(signer).sign
     t = torch.zeros((4, 4), dtype=torch.int64)
     same = [t, t.view(4, 4)]  # another object over the same bytes with the same properties
     assert signature(same[0]) == signature(same[1])

@@ -88,6 +88,14 @@ def test_short_demo_runs_from_the_wheel(installed):
     assert (work / "report" / "report.md").is_file()
 
 
+def test_the_native_signer_builds_from_the_wheel(installed):
+    """signing.cpp ships as package data and builds outside the checkout (into the test's cache)."""
+    python, _, work, env = installed
+    out = run([str(python), "-c", "from kv_canary import native; print(native.status()); print(native.SOURCE)"],
+              cwd=work, env={**env, "KV_CANARY_NATIVE": "1"}).stdout.splitlines()
+    assert out[0].startswith("native (signing.cpp") and "site-packages" in out[1] and str(ROOT) not in out[1]
+
+
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(installed):
     python, _, work, env = installed
     code = ("import importlib.util as u\n"
