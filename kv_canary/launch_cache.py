@@ -16,6 +16,15 @@ binding parts are still reused where their own inputs did not change. Checks tha
 values (the host backends' index checks) run at every launch, inside the prepared launch.
 Arguments without a signature (not a tensor, scalar, container or plain object) always take the
 uncached path.
+
+An engine that builds its batch tensors afresh every step (new addresses, same shapes) misses at
+every step. For that, a LaunchPath also keys each validated launch on its *shape signature* (the
+native signer's sign_shape: the same walk with each data pointer reduced to its address modulo
+the validators' pointer_class_bytes and whether it is null). The checks read nothing else of an
+address (Validators.address_misaligned, held to it by a test), so a miss whose shape signature was
+validated before passes them unchanged: validation and backend choice are skipped and only the
+binding runs, its parts reused where their arguments did not change. The Python signer has no
+shape signature; its misses validate in full.
 """
 from __future__ import annotations
 
@@ -48,6 +57,15 @@ class Entry:
     rebuild: Optional[Callable[[dict], dict]]
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A validated launch shape: the backend chosen for it and how its validated arguments follow
+    from the raw ones (for any launch with the same shape signature)."""
+    backend: object
+    rebuild: Callable[[dict], dict]
+    torch_run: Optional[Prepared]  # the reference's Prepared (needs no binding), else None
+
+
 def derive_rebuild(arguments: dict, validated: dict) -> Optional[Callable[[dict], dict]]:
     """How `validated` (what validate_<operation> returned) follows from `arguments`, as a function
     of any arguments with the same signatures; None when it does not follow plainly (a validator
@@ -63,13 +81,18 @@ def derive_rebuild(arguments: dict, validated: dict) -> Optional[Callable[[dict]
             steps.append((name, "const", value))
         else:
             return None
-    return _compile_rebuild(steps)
+    try:
+        return _compile_rebuild(tuple(steps))
+    except TypeError:  # an unhashable constant: compile this one afresh
+        return _compile_rebuild.__wrapped__(tuple(steps))
 
 
-def _compile_rebuild(steps: list) -> Callable[[dict], dict]:
+@functools.lru_cache(maxsize=1024)
+def _compile_rebuild(steps: tuple) -> Callable[[dict], dict]:
     """The steps as one function returning a dict display: it runs at every launch of the torch
     backend, where a loop over the steps would cost more than the rest of the cached launch. Every
-    name, key and constant reaches the code through its namespace, never through its text."""
+    name, key and constant reaches the code through its namespace, never through its text. Compiled
+    once per distinct steps (a launch whose inputs change every step reuses it)."""
     namespace, items, prelude = {}, [], []
     for i, (name, how, what) in enumerate(steps):
         namespace[f"_n{i}"] = name
@@ -121,7 +144,11 @@ class LaunchPath:
         self.validate = getattr(runtime.validators, "validate_" + operation)
         self.device_of = _getter(device_of)
         self._sign = runtime.sign  # the native signer where it is built (kv_canary/native), else the Python one
+        pointer_class = runtime.validators.pointer_class_bytes
+        self._sign_shape = (functools.partial(_sign_shape, runtime.sign_shape, pointer_class)
+                            if runtime.sign_shape is not None and pointer_class else None)  # None: full signatures only
         self._entries: dict = {}
+        self._shapes: dict = {}
 
     def bind(self, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
         """Everything a launch does before its kernel call: (the entry, the arguments its run takes)."""
@@ -138,25 +165,50 @@ class LaunchPath:
 
     def _prepare(self, key, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
         rt = self.runtime
-        signatures = None
+        signatures = shape_key = None
         if key is not None:  # each argument's own signature: the parts of the work that are reused per argument
             signatures = {name: self._sign(value) for name, value in arguments.items()}
+            if self._sign_shape is not None:
+                shape_key = (key[0], key[1], self._sign_shape(arguments))
+                shape = self._shapes.get(shape_key)
+                if shape is not None:
+                    return self._rebind(key, shape, arguments, signatures)
         known = {id(arguments[name]): sig for name, sig in signatures.items()} if signatures else {}
         with rt.validators.known_signatures(known):
             args = self.validate(**arguments)
         chosen = rt.backend(self.choose_backend(backend, self.device_of(args).device))
+        torch_run = None
         if hasattr(type(chosen), "prepare"):
             prepared = chosen.prepare(self.operation, args, signatures)
         else:
             run = getattr(chosen, self.operation)
-            prepared = Prepared(lambda a: run(**a), needs_args=True)
-        rebuild = derive_rebuild(arguments, args) if prepared.needs_args else None
-        entry = Entry(prepared, rebuild)
+            prepared = torch_run = Prepared(lambda a: run(**a), needs_args=True)
+        rebuild = derive_rebuild(arguments, args) if key is not None else None
+        entry = Entry(prepared, rebuild if prepared.needs_args else None)
         if key is not None and (rebuild is not None or not prepared.needs_args):
-            if len(self._entries) >= ENTRIES:
-                del self._entries[next(iter(self._entries))]
-            self._entries[key] = entry
+            _put(self._entries, key, entry)
+        if shape_key is not None and rebuild is not None:
+            _put(self._shapes, shape_key, Shape(chosen, rebuild, torch_run))
+        return entry, (args if prepared.needs_args else None)
+
+    def _rebind(self, key, shape: Shape, arguments: dict, signatures: dict) -> tuple[Entry, Optional[dict]]:
+        """A miss whose shape was validated: the validated arguments rebuilt, the kernels bound."""
+        args = shape.rebuild(arguments)
+        prepared = shape.torch_run or shape.backend.prepare(self.operation, args, signatures)
+        entry = Entry(prepared, shape.rebuild if prepared.needs_args else None)
+        _put(self._entries, key, entry)
         return entry, (args if prepared.needs_args else None)
 
     def forget(self) -> None:
         self._entries.clear()
+        self._shapes.clear()
+
+
+def _sign_shape(sign_shape, pointer_class: int, arguments: dict):
+    return sign_shape(arguments, pointer_class)
+
+
+def _put(table: dict, key, value) -> None:
+    if len(table) >= ENTRIES:
+        del table[next(iter(table))]
+    table[key] = value

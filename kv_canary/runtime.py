@@ -30,7 +30,7 @@ import torch
 from .allocation import allocators_for
 from .backends import KNOWN_BACKENDS, get_backend
 from .launch_cache import LaunchPath
-from .signature import signer
+from .signature import shape_signer_for, signer
 from .validation_cache import CachedValidators
 
 ENV_BACKEND = "KV_CANARY_BACKEND"
@@ -66,6 +66,7 @@ class Runtime:
         # The signer every cache key of this runtime comes from: the native one where it is built
         # (kv_canary/native), else python_signature; tests pass python_signature to cover both.
         self.sign = sign if sign is not None else signer()
+        self.sign_shape = shape_signer_for(self.sign)  # None: full signatures only (launch_cache.py)
         self.validators = CachedValidators(layer.layout, sign=self.sign)
         self.allocators = allocators_for(layer.layout, self.validators)
         self._paths: dict = {}  # (operation, device_of) -> LaunchPath

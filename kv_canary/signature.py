@@ -169,12 +169,20 @@ def signature(value):
 
 def signer():
     """The function `signature` uses in this process: the native module's `sign` or `python_signature`."""
-    global _signer
+    global _signer, _shape_signer
     if _signer is None:
         from .native import signer as native_signer
         module, _ = native_signer()
         _signer = module.sign if module is not None else python_signature
+        _shape_signer = module.sign_shape if module is not None else None
     return _signer
 
 
-_signer = None
+def shape_signer_for(sign):
+    """The shape signer matching `sign` (the native module's sign_shape for its sign), or None: the
+    Python signer keys launches by full signatures only."""
+    signer()
+    return _shape_signer if sign is _signer and _shape_signer is not None else None
+
+
+_signer = _shape_signer = None

@@ -50,6 +50,11 @@ class Validators:
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
         self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
+        # The largest alignment any check reads of an address: a tensor's element (at most 16 bytes)
+        # or the schema's real-KV load width. A power of two, or 0 where that width is not one (the
+        # launch cache then keys launches by full signatures only).
+        widest = max(16, int(layout.REAL_KV_LOAD_ALIGN_BYTES))
+        self.pointer_class_bytes = widest if widest & (widest - 1) == 0 else 0
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
@@ -85,10 +90,20 @@ class Validators:
             raise ValueError(f"{self.prefix}{name} is on the meta device, which holds no data; kv-canary launches "
                              f"need tensors with memory (e.g. on cpu or cuda)")
 
+    def address_misaligned(self, t: torch.Tensor, align: int) -> bool:
+        """Whether `t`'s data address is not a multiple of `align`: the only thing any check here reads
+        of an address (outside error messages; tests/test_launch_cache.py holds this file to it). The
+        launch cache reuses a validation for tensors whose addresses agree modulo
+        `pointer_class_bytes` (kv_canary/launch_cache.py), so `align` must divide it."""
+        if self.pointer_class_bytes and self.pointer_class_bytes % align:
+            raise AssertionError(f"kv-canary: an alignment check of {align} bytes does not divide the pointer class "
+                                 f"({self.pointer_class_bytes} bytes): see Validators.pointer_class_bytes")
+        return t.data_ptr() % align != 0
+
     def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str) -> None:
         """The kernels read `t` as `align`-byte words: a misaligned address faults on a GPU and is
         undefined behaviour on the host (e.g. a uint8 view at an odd offset, an unaligned numpy buffer)."""
-        if t.data_ptr() % align:
+        if self.address_misaligned(t, align):
             raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned (the kernels read it as {words}), "
                              f"got address {t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
 
@@ -203,7 +218,7 @@ class Validators:
         needed = page_size * num_bytes_per_token
         if row_bytes < needed:
             raise self.fail("real_kv_row_width", b=row_bytes, p=page_size, n=num_bytes_per_token, m=needed)
-        if tensor.data_ptr() % align:
+        if self.address_misaligned(tensor, align):
             raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
                              f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
 

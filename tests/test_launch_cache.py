@@ -307,7 +307,10 @@ def test_plan_launched_repeatedly_with_new_batches_matches_reference(backend):
 
 # -- the cache does what it promises ---------------------------------------------------------------------------
 @pytest.mark.parametrize("signer", SIGNERS)
-def test_validation_runs_once_per_signature(monkeypatch, signer):
+def test_validation_runs_once_per_signature_and_once_per_shape(monkeypatch, signer):
+    """A repeated launch validates once. New tensors of the same shapes (an engine's fresh batch
+    tensors) are validated again only without a shape signer (the Python signer); a changed flag is
+    a new shape either way."""
     rt = _runtime(signer, fresh=True)
     calls = []
     validate = rt.validators.validate_verify
@@ -317,9 +320,46 @@ def test_validation_runs_once_per_signature(monkeypatch, signer):
         _launch("verify", args, "torch", rt)
     assert len(calls) == 1
     _launch("verify", dict(args, plan=scenarios.clone_case(args)["plan"]), "torch", rt)  # other pointers
-    assert len(calls) == 2
+    revalidated = rt.sign_shape is None
+    assert (signer == "python") == revalidated and len(calls) == 1 + revalidated
     _launch("verify", dict(args, check_verify_expected_token=not args["check_verify_expected_token"]), "torch", rt)
-    assert len(calls) == 3
+    assert len(calls) == 2 + revalidated
+
+
+def test_checks_read_addresses_only_for_alignments_within_the_pointer_class():
+    """The shape cache (launch_cache.py) keeps each data pointer modulo the validators'
+    pointer_class_bytes: validation.py may read an address only in Validators.address_misaligned
+    (which refuses an alignment that does not divide the class) or to word an error it raises."""
+    import ast
+    import inspect
+
+    import kv_canary.validation as validation
+    tree = ast.parse(inspect.getsource(validation))
+    reads = []
+
+    def visit(node, function=None, in_raise=False):
+        for child in ast.iter_child_nodes(node):
+            fn = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Attribute) and child.attr in ("data_ptr", "untyped_storage", "storage"):
+                reads.append((child.lineno, fn, in_raise))
+            visit(child, fn, in_raise or isinstance(child, ast.Raise))
+    visit(tree)
+    assert reads and all(fn == "address_misaligned" or in_raise for _, fn, in_raise in reads), reads
+    v = Validators(LAYER.layout)
+    assert v.pointer_class_bytes >= LAYER.layout.REAL_KV_LOAD_ALIGN_BYTES and v.pointer_class_bytes % 16 == 0
+    with pytest.raises(AssertionError, match="does not divide the pointer class"):
+        v.address_misaligned(torch.zeros(4), v.pointer_class_bytes * 2)
+
+
+def test_a_misaligned_copy_of_a_validated_shape_is_still_refused():
+    """Same shape, same dtype, an address one byte off: another pointer class, so the checks run."""
+    import numpy as np
+    args = _simple("write")
+    _launch("write", args, "torch")
+    raw = np.zeros(4 * 8 + 1, dtype=np.uint8)[1:].view(np.int64)
+    args["input_ids"] = torch.from_numpy(raw)
+    assert args["input_ids"].data_ptr() % 8
+    _raises_like("write", args, "torch")
 
 
 @pytest.mark.parametrize("signer", SIGNERS)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import operator
+import struct
 import sys
 
 if sys.byteorder != "little":  # the slot layout above: a 32-bit value sits in the slot's first bytes
@@ -27,9 +27,19 @@ KIND_MASKS = {"ptr": (1 << 64) - 1, "i64": (1 << 64) - 1, "i32": (1 << 32) - 1}
 SLOT_BYTES = 8
 
 
+# How struct packs each kind into its 8-byte slot (little-endian; an int in the low four bytes,
+# zeros above it): the same bits as the value masked to the kind's width.
+SLOT_FORMATS = {"ptr": "Q", "i64": "q", "i32": "i4x"}
+
+
 @functools.lru_cache(maxsize=None)
 def _masks(kinds: tuple) -> tuple:
     return tuple(KIND_MASKS[k] for k in kinds)
+
+
+@functools.lru_cache(maxsize=None)
+def _packer(kinds: tuple) -> struct.Struct:
+    return struct.Struct("<" + "".join(SLOT_FORMATS[k] for k in kinds))
 
 
 class KernelParams:
@@ -41,9 +51,13 @@ class KernelParams:
         self.kinds = tuple(kinds)
         self._masks = _masks(self.kinds)
         n = max(1, len(self.kinds))
-        self._slots = (ctypes.c_uint64 * n)(*map(operator.and_, values, self._masks))
+        # Packed by struct, then copied into ctypes: a ctypes array built from n Python ints costs
+        # tens of microseconds, this about one (it runs at every binding of a launch).
+        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(self.kinds).pack(*values) if self.kinds
+                                                             else bytes(SLOT_BYTES))
         base = ctypes.addressof(self._slots)
-        self._pointers = (ctypes.c_void_p * n)(*range(base, base + SLOT_BYTES * n, SLOT_BYTES))
+        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(_packer(("ptr",) * n).pack(
+            *range(base, base + SLOT_BYTES * n, SLOT_BYTES)))
         self.address = ctypes.addressof(self._pointers)  # the `void**` a launch takes
         self.values = list(values)                         # as given (Python ints), for a re-launch by value
 

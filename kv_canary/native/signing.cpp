@@ -11,6 +11,11 @@
 // signatures are equal exactly when their words and extras are, so the encoding is injective; the
 // hash is computed once, while signing, so a dict lookup does not rehash a kilobyte of words.
 //
+// `sign_shape(value, pointer_class_bytes)` is the same walk with every tensor's data pointer reduced
+// to its class: the address modulo pointer_class_bytes (a power of two) and whether it is null. Launches whose arguments differ
+// only in where their tensors live share a shape signature (kv_canary/launch_cache.py reuses their
+// validation and rebinds only the pointers).
+//
 // What this file does not decide: how a class other than the built-in ones is signed. That comes
 // from Python (`classify(cls)`, kv_canary/signature.py) once per class:
 //   (BY_VALUE, None, False)          the object's class and value (numpy scalars, dtypes, devices)
@@ -56,6 +61,7 @@ PyObject* g_dict = nullptr;         // interned "__dict__"
 // references handed to the Signature at the end (or released with the walk on an error).
 constexpr size_t kInline = 1024;
 struct Walk {
+  uint64_t pointer_mask = ~0ULL;  // sign_shape: pointer_class_bytes - 1 (see the file's head)
   uint64_t inline_words[kInline];
   std::vector<uint64_t> spill;
   size_t n = 0;
@@ -132,7 +138,8 @@ bool sign_tensor(Walk& w, PyObject* value) {
     const auto type = static_cast<uint64_t>(static_cast<int8_t>(device.type())) & 0xff;
     const auto index = static_cast<uint64_t>(static_cast<int64_t>(device.index()) + 1) & 0xffff;
     w.word(kTensor | dtype << 8 | type << 16 | index << 24 | static_cast<uint64_t>(dim) << 40);
-    w.word(reinterpret_cast<uintptr_t>(impl->mutable_data()));
+    const auto address = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(impl->mutable_data()));
+    w.word(w.pointer_mask == ~0ULL ? address : (address & w.pointer_mask) | (address == 0 ? 1ULL << 63 : 0));
     for (int64_t s : impl->sizes()) w.word(static_cast<uint64_t>(s));
     for (int64_t s : impl->strides()) w.word(static_cast<uint64_t>(s));
     return true;
@@ -405,12 +412,13 @@ Py_hash_t hash_of(const uint64_t* words, size_t n, Py_hash_t extras_hash) {
   return out == -1 ? -2 : out;  // -1 means an error to CPython
 }
 
-PyObject* py_sign(PyObject*, PyObject* value) {
+PyObject* signature_of(PyObject* value, uint64_t pointer_mask) {
   if (g_tensor_type == nullptr) {
     PyErr_SetString(PyExc_RuntimeError, "kv-canary: the native signer is not configured");
     return nullptr;
   }
   Walk w;
+  w.pointer_mask = pointer_mask;
   w.extras.reserve(32);
   if (!sign(w, value, 0)) return nullptr;
   PyObject* extras = PyTuple_New(static_cast<Py_ssize_t>(w.extras.size()));
@@ -431,6 +439,20 @@ PyObject* py_sign(PyObject*, PyObject* value) {
   sig->extras = extras;
   sig->hash = hash_of(sig->words, w.n, extras_hash);
   return reinterpret_cast<PyObject*>(sig);
+}
+
+PyObject* py_sign(PyObject*, PyObject* value) { return signature_of(value, ~0ULL); }
+
+PyObject* py_sign_shape(PyObject*, PyObject* args) {
+  PyObject* value;
+  unsigned long long pointer_class_bytes;
+  if (!PyArg_ParseTuple(args, "OK", &value, &pointer_class_bytes)) return nullptr;
+  if (pointer_class_bytes == 0 || (pointer_class_bytes & (pointer_class_bytes - 1)) != 0) {
+    PyErr_Format(PyExc_ValueError, "kv-canary: pointer_class_bytes must be a power of two, got %llu",
+                 pointer_class_bytes);
+    return nullptr;
+  }
+  return signature_of(value, pointer_class_bytes - 1);
 }
 
 // (data pointer, device type, device index, sizes, strides) as this module reads them, for the
@@ -493,6 +515,8 @@ PyObject* py_configure(PyObject*, PyObject* args) {
 
 PyMethodDef kMethods[] = {
     {"sign", py_sign, METH_O, "The signature of a value (kv_canary/signature.py)."},
+    {"sign_shape", py_sign_shape, METH_VARARGS,
+     "sign_shape(value, pointer_class_bytes): the signature with data pointers by class (see signing.cpp)."},
     {"tensor_fields", py_tensor_fields, METH_O, "(data_ptr, device type, device index, sizes, strides) as read here."},
     {"impl_address", py_impl_address, METH_O, "The TensorImpl address read from a tensor."},
     {"configure", py_configure, METH_VARARGS, "configure(torch.Tensor, classify, fallback)"},
