@@ -57,13 +57,15 @@ class Entry:
     rebuild: Optional[Callable[[dict], dict]]
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shape:
-    """A validated launch shape: the backend chosen for it and how its validated arguments follow
-    from the raw ones (for any launch with the same shape signature)."""
+    """A validated launch shape: the backend chosen for it, how its validated arguments follow from
+    the raw ones (for any launch with the same shape signature), and the last launch bound for it
+    with its arguments' signatures (a new launch rebinds only what differs from it)."""
     backend: object
     rebuild: Callable[[dict], dict]
     torch_run: Optional[Prepared]  # the reference's Prepared (needs no binding), else None
+    last: tuple = ({}, None)       # (signatures, Prepared), replaced whole (one atomic store)
 
 
 def derive_rebuild(arguments: dict, validated: dict) -> Optional[Callable[[dict], dict]]:
@@ -188,13 +190,22 @@ class LaunchPath:
         if key is not None and (rebuild is not None or not prepared.needs_args):
             _put(self._entries, key, entry)
         if shape_key is not None and rebuild is not None:
-            _put(self._shapes, shape_key, Shape(chosen, rebuild, torch_run))
+            _put(self._shapes, shape_key, Shape(chosen, rebuild, torch_run, (signatures, prepared)))
         return entry, (args if prepared.needs_args else None)
 
     def _rebind(self, key, shape: Shape, arguments: dict, signatures: dict) -> tuple[Entry, Optional[dict]]:
-        """A miss whose shape was validated: the validated arguments rebuilt, the kernels bound."""
+        """A miss whose shape was validated: the validated arguments rebuilt, the kernels bound (only
+        the parameters read from arguments whose signature differs from the shape's last launch)."""
         args = shape.rebuild(arguments)
-        prepared = shape.torch_run or shape.backend.prepare(self.operation, args, signatures)
+        last_signatures, last = shape.last
+        if shape.torch_run is not None:
+            prepared = shape.torch_run
+        elif last is not None and last.rebind is not None:
+            changed = frozenset(name for name, sig in signatures.items() if last_signatures.get(name) != sig)
+            prepared = last.rebind(args, changed)
+        else:
+            prepared = shape.backend.prepare(self.operation, args, signatures)
+        shape.last = (signatures, prepared)
         entry = Entry(prepared, shape.rebuild if prepared.needs_args else None)
         _put(self._entries, key, entry)
         return entry, (args if prepared.needs_args else None)

@@ -305,6 +305,45 @@ def test_plan_launched_repeatedly_with_new_batches_matches_reference(backend):
     scenarios.compare_state(states["torch"], states[backend])
 
 
+def _moved(kind: str, case: dict, step: int) -> dict:
+    """The launch of `case` with its per-step inputs replaced by new tensors (new addresses, same
+    shapes) whose values differ at each step, so that a launch still reading last step's tensors
+    would end in other bytes than the reference."""
+    if kind == "write":
+        return dict(case, input_ids=case["input_ids"] + step, positions=case["positions"].clone(),
+                    out_cache_loc=case["out_cache_loc"].clone())
+    if kind == "plan":
+        return dict(case, req_pool_indices=case["req_pool_indices"].clone(),
+                    prefix_lens=(case["prefix_lens"] - step).clamp_(min=0),
+                    extend_seq_lens=case["extend_seq_lens"].clone())
+    if kind == "scatter":
+        return dict(case, flat_in=case["flat_in"] + step, offsets=case["offsets"].clone())
+    plan = scenarios.clone_case({"plan": case["plan"]})["plan"]
+    plan.verify_expected_positions.add_(step)  # a mismatch per entry from step 1 on
+    return dict(case, plan=plan)
+
+
+@pytest.mark.parametrize("backend", BACKENDS[1:])
+@pytest.mark.parametrize("kind", ["write", "verify", "plan", "scatter"])
+def test_inputs_moved_every_launch_are_validated_once_rebound_and_match_reference(kind, backend, monkeypatch):
+    """An engine's fresh batch tensors: every launch misses the cache but not its shape, so
+    validation runs once (with the native signer) and only the moved arguments are rebound."""
+    base = _case(kind, 41, n_reqs=3)
+    states = {}
+    for b in ("torch", backend):
+        rt = Runtime(LAYER)
+        calls = []
+        validate = getattr(rt.validators, "validate_" + kind)
+        monkeypatch.setattr(rt.validators, "validate_" + kind, lambda **kw: calls.append(1) or validate(**kw))
+        case, launched = scenarios.clone_case(base), []
+        for step in range(4):
+            launched.append(_moved(kind, case, step))  # all kept alive: every step's tensors have new addresses
+            _launch(kind, launched[-1], b, rt)
+        assert len(calls) == (1 if rt.sign_shape is not None else 4)
+        states[b] = case
+    scenarios.compare_state(states["torch"], states[backend], ring_as_multiset=True)
+
+
 # -- the cache does what it promises ---------------------------------------------------------------------------
 @pytest.mark.parametrize("signer", SIGNERS)
 def test_validation_runs_once_per_signature_and_once_per_shape(monkeypatch, signer):

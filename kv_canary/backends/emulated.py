@@ -94,7 +94,9 @@ class EmulatedBackend(KernelBackend):
     def prepare(self, operation: str, args: dict, signatures=None) -> Prepared:
         """The kernels' bound launch; the plan, its stages and scatter also read their index values at
         every launch."""
-        prepared = super().prepare(operation, args, signatures)
+        return self._with_checks(operation, super().prepare(operation, args, signatures))
+
+    def _with_checks(self, operation: str, prepared: Prepared) -> Prepared:
         checks = {"plan": self._plan_checks, "plan_offsets": self._plan_offsets_checks,
                   "plan_entries": self._plan_entries_checks, "scatter": self._scatter_checks}.get(operation)
         if checks is None:
@@ -103,7 +105,11 @@ class EmulatedBackend(KernelBackend):
         def run(args: dict) -> None:
             checks(args)
             prepared.run(args)
-        return Prepared(run, needs_args=True, kernels=prepared.kernels)
+
+        def rebind(args: dict, changed: frozenset) -> Prepared:
+            return self._with_checks(operation, prepared.rebind(args, changed))
+        return Prepared(run, needs_args=True, kernels=prepared.kernels,
+                        rebind=rebind if prepared.rebind is not None else None)
 
     def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.

@@ -37,10 +37,14 @@ class Prepared:
     """A launch bound to one set of inputs. `run(args)` launches it; `args` are the operation's
     validated arguments when `needs_args` (host checks read their values), else None. `kernels`:
     (kernel, entry point, blocks, threads) of each kernel launch it makes, in order (for benchmarks
-    that compare it with other ways of launching the same kernels)."""
+    that compare it with other ways of launching the same kernels). `rebind(args, changed)`, where
+    given: the same launch bound to `args`, validated arguments of the same shape signature
+    (kv_canary/launch_cache.py) in which only the arguments named in `changed` differ; it recomputes
+    the parameters read from those and keeps the rest (grid, entry point, every other value)."""
     run: Callable[[Optional[dict]], None]
     needs_args: bool = False
     kernels: tuple = ()
+    rebind: Optional[Callable[[dict, frozenset], "Prepared"]] = None
 
 
 def _nothing(_args) -> None:
@@ -148,9 +152,15 @@ class KernelBackend:
         kernel = self._kernels[template]
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
-        return Prepared(self.prepared_launch(kernel, entry, blocks=blocks, threads=threads,
-                                             params=self.bind(kernel, args, signatures), device=device),
-                        kernels=((kernel, entry, blocks, threads),))
+        return self._bound_one(kernel, entry, blocks, threads, device, self.bind(kernel, args, signatures))
+
+    def _bound_one(self, kernel, entry: str, blocks: int, threads: int, device: torch.device,
+                   params: KernelParams) -> Prepared:
+        def rebind(args: dict, changed: frozenset) -> Prepared:
+            return self._bound_one(kernel, entry, blocks, threads, device, rebound(kernel, params, args, changed))
+        return Prepared(self.prepared_launch(kernel, entry, blocks=blocks, threads=threads, params=params,
+                                             device=device),
+                        kernels=((kernel, entry, blocks, threads),), rebind=rebind)
 
     # -- the operations, bound ------------------------------------------------------------------
     def _prepare_write(self, args: dict, signatures) -> Prepared:
@@ -206,18 +216,23 @@ class KernelBackend:
         device = args["req_to_token"].device
         self.check_device(device)
         bs = int(args["req_pool_indices"].shape[0])
-        # The per-request verify entry offsets go from the first kernel to the second through a
-        # scratch array allocated per launch from torch's caching allocator (stream-ordered, no
-        # sync, fine under graph capture); its parameters are bound at each launch (None until then).
-        stages = zip(("plan_offsets", "plan_entries"), self.plan_stage_args(args, None),
-                     (bs, int(args["verify_plan_out"].verify_slot_indices.shape[0])))
-        launches, patches, kernels = [], [], []
-        for template, bound, work in stages:
+        stages = []
+        for template, bound, work in zip(("plan_offsets", "plan_entries"), self.plan_stage_args(args, None),
+                                         (bs, int(args["verify_plan_out"].verify_slot_indices.shape[0]))):
             kernel = self._kernels[template]
             entry = self.entry_point(kernel)
             blocks, threads = self.grid(kernel, entry, work=work, device=device)
-            params = self.bind(kernel, bound, signatures)
-            kernels.append((kernel, entry, blocks, threads))
+            stages.append((kernel, entry, blocks, threads, bound, self.bind(kernel, bound, signatures)))
+        return self._bound_plan(stages, bs, device)
+
+    def _bound_plan(self, stages: list, bs: int, device: torch.device) -> Prepared:
+        """The plan's launch from its stages' (kernel, entry, blocks, threads, stage arguments, params).
+
+        The per-request verify entry offsets go from the first kernel to the second through a
+        scratch array allocated per launch from torch's caching allocator (stream-ordered, no sync,
+        fine under graph capture); its parameters are bound at each launch (None until then)."""
+        launches, patches = [], []
+        for kernel, entry, blocks, threads, bound, params in stages:
             launches.append(self.prepared_launch(kernel, entry, blocks=blocks, threads=threads, params=params,
                                                  device=device))
             for roots, indices, part in kernel.parts:
@@ -234,7 +249,16 @@ class KernelBackend:
                         params.set(i, value)
                 for launch in launches:
                     launch()
-        return Prepared(run, kernels=tuple(kernels))
+
+        def rebind(args: dict, changed: frozenset) -> Prepared:
+            # The stages read the plans' arrays under other names: a new plan object binds afresh.
+            if changed & {"verify_plan_out", "write_plan_out", "extra_request_values"}:
+                return self._prepare_plan(args, None)
+            new = self.plan_stage_args(args, None)
+            return self._bound_plan([(kernel, entry, blocks, threads, bound, rebound(kernel, params, bound, changed))
+                                     for (kernel, entry, blocks, threads, _, params), bound in zip(stages, new)],
+                                    bs, device)
+        return Prepared(run, kernels=tuple(stage[:4] for stage in stages), rebind=rebind)
 
     def _prepare_scatter(self, args: dict, signatures) -> Prepared:
         device = args["pool_out"].device
@@ -243,6 +267,16 @@ class KernelBackend:
         if bs == 0:
             return Prepared(_nothing)  # no request, no launch (a zero-sized grid is not a launch)
         return self._prepare_one("scatter", args, signatures, work=bs, device=device)
+
+
+def rebound(kernel, params: KernelParams, args: dict, changed: frozenset) -> KernelParams:
+    """`params` with the parts that read an argument named in `changed` bound to `args`."""
+    values = list(params.values)
+    for roots, indices, part in kernel.parts:
+        if changed.intersection(roots) and not SCRATCH.intersection(roots):
+            for i, value in zip(indices, part(*(args[r] for r in roots))):
+                values[i] = value
+    return KernelParams(kernel.kinds, values)
 
 
 def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> int:

@@ -42,28 +42,35 @@ def _packer(kinds: tuple) -> struct.Struct:
     return struct.Struct("<" + "".join(SLOT_FORMATS[k] for k in kinds))
 
 
+@functools.lru_cache(maxsize=None)
+def _pointer_table(n: int) -> tuple[int, int]:
+    """(sum of 1 << 64 i, sum of 8 i << 64 i) for i < n: base * ones + steps holds base + 8 i in its
+    i-th 64-bit lane (no lane carries into the next: every address is below 2**64)."""
+    return (sum(1 << (64 * i) for i in range(n)), sum((SLOT_BYTES * i) << (64 * i) for i in range(n)))
+
+
 class KernelParams:
     """The packed arguments of one launch (`kinds`: the kernel's parameter kinds in ABI order)."""
 
     def __init__(self, kinds: tuple, values) -> None:
         if len(values) != len(kinds):
             raise ValueError(f"kv-canary: {len(kinds)} kernel parameters need {len(kinds)} values, got {len(values)}")
-        self.kinds = tuple(kinds)
-        self._masks = _masks(self.kinds)
-        n = max(1, len(self.kinds))
+        self.kinds = kinds = tuple(kinds)
+        n = max(1, len(kinds))
         # Packed by struct, then copied into ctypes: a ctypes array built from n Python ints costs
-        # tens of microseconds, this about one (it runs at every binding of a launch).
-        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(self.kinds).pack(*values) if self.kinds
+        # tens of microseconds, this a few (it runs at every binding of a launch).
+        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(kinds).pack(*values) if kinds
                                                              else bytes(SLOT_BYTES))
-        base = ctypes.addressof(self._slots)
-        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(_packer(("ptr",) * n).pack(
-            *range(base, base + SLOT_BYTES * n, SLOT_BYTES)))
+        ones, steps = _pointer_table(n)
+        # Slot i's address is base + 8 i: all n of them as one integer's little-endian 8-byte lanes.
+        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(
+            (ctypes.addressof(self._slots) * ones + steps).to_bytes(SLOT_BYTES * n, "little"))
         self.address = ctypes.addressof(self._pointers)  # the `void**` a launch takes
         self.values = list(values)                         # as given (Python ints), for a re-launch by value
 
     def set(self, index: int, value: int) -> None:
         """Rewrite one parameter (e.g. a per-launch scratch pointer)."""
-        self._slots[index] = value & self._masks[index]
+        self._slots[index] = value & _masks(self.kinds)[index]
         self.values[index] = value
 
     def slot(self, index: int) -> int:
