@@ -406,7 +406,8 @@ def host_launch_lines(r: dict) -> list:
     lines = []
     h = r.get("host_launch")
     if h:
-        parts = [f"{op} {c['launch_us']:.1f} us vs {c['bare_us']:.1f} us ({c['ratio']:.2f}x)"
+        parts = [f"{op} {c['launch_us']:.1f} us vs {c['bare_us']:.1f} us ({c['ratio']:.2f}x"
+                 + (f"; new tensors every launch {c['moved_us']:.1f} us)" if c.get("moved_us") else ")")
                  for op, c in h["launches"].items()]
         lines.append(f"host time per launch vs a bare RawKernel launch of the same kernels: {'; '.join(parts)}; "
                      f"target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'} "

@@ -9,9 +9,9 @@ optionally writes JSON.
      arguments; the plan launches two kernels, so two calls);
    - `uncached`: what every launch did before the cache: the plain validators
      (kv_canary/validation.py) and, for the kernel backend, the generated binding of every kernel;
-   - `new tensors`: a launch whose per-step inputs (FRESH: an engine's batch tensors) are other
-     tensors of the same shapes at every launch, cycling through more sets than the cache keeps:
-     every launch misses the cache and is served by its shape (validation reused, arguments rebound).
+   - `new tensors`: a launch whose per-step inputs (host_launch.FRESH: an engine's batch tensors)
+     are other tensors of the same shapes at every launch (host_launch.moved_launches): every launch
+     misses the cache and is served by its shape (validation reused, moved arguments rebound).
    The target is <= 10 us per repeated launch. Contexts carry MAX_REAL_KV_SOURCES real-KV sources.
    The launch path signs its arguments with the native signer where it builds (kv_canary/native;
    the line `signer:` says which one ran); `--python-signer` measures the Python one instead.
@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
-from host_launch import binding_keywords, plan_scratch  # noqa: E402
+from host_launch import binding_keywords, moved_launches, plan_scratch  # noqa: E402
 
 import kv_canary  # noqa: E402
 from kv_canary.cuda.sources import kernel_abi  # noqa: E402
@@ -107,25 +107,6 @@ def workloads() -> dict:
     }
 
 
-# The inputs an engine builds afresh every step, per launch.
-FRESH = {"write": ("input_ids", "positions", "out_cache_loc"), "verify": (),
-         "plan": ("req_pool_indices", "prefix_lens", "extend_seq_lens"), "scatter": ("flat_in", "offsets")}
-
-
-def _fresh_launches(rt, name: str, op: str, args: dict, backend: str):
-    """rt.bind of `args` with FRESH[op] replaced by one of more distinct copies than the cache holds."""
-    from kv_canary.launch_cache import ENTRIES
-    sets = [dict(args, **{k: args[k].clone() for k in FRESH[op]}) for _ in range(ENTRIES + 44)]
-    state = {"i": 0}
-
-    def run():
-        state["i"] = (state["i"] + 1) % len(sets)
-        return rt.bind(name, **sets[state["i"]], backend=backend)
-    for _ in range(len(sets)):  # every set's shape is known; its own key is evicted by the time it comes back
-        run()
-    return run
-
-
 def _bound_kernels(op: str, args: dict) -> list:
     """(kernel, its generated binding's values) of every kernel `op` launches."""
     validated = getattr(Validators(LAYER.layout), "validate_" + op)(**args)
@@ -175,8 +156,9 @@ def launch_costs(backends: list, *, rounds: int, batch: int, rt=None) -> list:
             getattr(rt, name)(**args, backend=backend)  # prepares (and runs) the launch once
             fns[f"cached {backend}"] = (lambda b: lambda: rt.bind(name, **args, backend=b))(backend)
             fns[f"uncached {backend}"] = _uncached(op, args, backend)
-            if FRESH[op]:
-                fns[f"fresh {backend}"] = _fresh_launches(rt, name, op, args, backend)
+            moved = moved_launches((lambda n: lambda **kw: rt.bind(n, **kw))(name), op, args, backend)
+            if moved is not None:
+                fns[f"fresh {backend}"] = moved
         best = interleaved_best(fns, rounds=rounds, batch=batch)
         for backend in backends:
             cached, uncached = best[f"cached {backend}"], best[f"uncached {backend}"]

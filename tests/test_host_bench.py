@@ -54,8 +54,9 @@ def test_self_check_notices_a_launch_that_differs(monkeypatch):
 def test_host_costs_cover_every_launch():
     costs = host_launch.host_costs(kv_canary.generated, "cpu", "emulated", rounds=1, batch=1)
     assert set(costs) == set(host_launch.LAUNCHES)
-    for c in costs.values():
+    for op, c in costs.items():
         assert c["launch_us"] > 0 and c["bare_us"] > 0 and c["ratio"] == c["launch_us"] / c["bare_us"]
+        assert (c["moved_us"] is not None and c["moved_us"] > 0) == bool(host_launch.FRESH[op])
 
 
 @needs_gxx
@@ -67,6 +68,7 @@ def test_cpu_launch_costs_cover_every_launch_and_backend():
     assert {(r["launch"], r["backend"]) for r in rows} == {(op, b) for op in bench.LAUNCHES for b in ("torch", "emulated")}
     for r in rows:
         assert r["cached_us"] > 0 and r["bare_call_us"] > 0 and r["kernel_arguments"] > 0
+        assert (r["new_tensors_us"] is not None) == bool(host_launch.FRESH[r["launch"]])
     assert len(bench.launch_lines(rows)) == len(rows) + 1
 
 
