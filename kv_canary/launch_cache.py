@@ -19,12 +19,12 @@ uncached path.
 
 An engine that builds its batch tensors afresh every step (new addresses, same shapes) misses at
 every step. For that, a LaunchPath also keys each validated launch on its *shape signature* (the
-native signer's sign_shape: the same walk with each data pointer reduced to its address modulo
+signer's sign_shape: the same walk with each data pointer reduced to its address modulo
 the validators' pointer_class_bytes and whether it is null). The checks read nothing else of an
 address (Validators.address_misaligned, held to it by a test), so a miss whose shape signature was
 validated before passes them unchanged: validation and backend choice are skipped and only the
-binding runs, its parts reused where their arguments did not change. The Python signer has no
-shape signature; its misses validate in full.
+binding runs: only the parameters read from the arguments that moved are bound again
+(Prepared.rebind). The Python signer has its shape signature too (python_shape_signature).
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ class LaunchPath:
         self._sign = runtime.sign  # the native signer where it is built (kv_canary/native), else the Python one
         pointer_class = runtime.validators.pointer_class_bytes
         self._sign_shape = (functools.partial(_sign_shape, runtime.sign_shape, pointer_class)
-                            if runtime.sign_shape is not None and pointer_class else None)  # None: full signatures only
+                            if runtime.sign_shape is not None and pointer_class else None)  # None: full keys only
         self._entries: dict = {}
         self._shapes: dict = {}
 

@@ -41,39 +41,40 @@ class Unsignable(Exception):
 _Tensor = torch.Tensor
 
 
-def _tensor(t: torch.Tensor) -> tuple:
-    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+def _tensor(t: torch.Tensor, mask=None) -> tuple:
+    ptr = t.data_ptr()
+    return (ptr if mask is None else (ptr & mask, ptr == 0), t.shape, t.stride(), t.dtype, t.device)
 
 
-def _each(values) -> tuple:
+def _each(values, mask=None) -> tuple:
     """signature() of each value, with tensors and by-value scalars inline (a context or a plan is
     mostly tensors and ints: this runs at every launch)."""
     out = []
     for v in values:
         cls = type(v)
         if cls is _Tensor:
-            out.append((v.data_ptr(), v.shape, v.stride(), v.dtype, v.device))
+            out.append(_tensor(v, mask))
         elif cls in _BY_VALUE:
             out.append((cls, v))
         else:
-            out.append(python_signature(v))
+            out.append(python_signature(v, mask))
     return tuple(out)
 
 
-def _none(_) -> None:
+def _none(_, mask=None) -> None:
     return None
 
 
-def _by_value(value) -> tuple:
+def _by_value(value, mask=None) -> tuple:
     return (type(value), value)
 
 
-def _sequence(value) -> tuple:
-    return (type(value), _each(value))
+def _sequence(value, mask=None) -> tuple:
+    return (type(value), _each(value, mask))
 
 
-def _mapping(value) -> tuple:
-    return (type(value), tuple((_key(k), python_signature(v)) for k, v in value.items()))
+def _mapping(value, mask=None) -> tuple:
+    return (type(value), tuple((_key(k), python_signature(v, mask)) for k, v in value.items()))
 
 
 def _key(key):
@@ -88,12 +89,21 @@ _HANDLERS: dict = {torch.Tensor: _tensor, type(None): _none, bool: _by_value, in
                    float: _by_value, tuple: _sequence, list: _sequence, dict: _mapping}
 
 
-def python_signature(value):
-    """The Python implementation of `signature`."""
+def python_signature(value, mask=None):
+    """The Python implementation of `signature`; with `mask`, each tensor's data pointer is kept as
+    (address & mask, address == 0) (`python_shape_signature`)."""
     handler = _HANDLERS.get(type(value))
     if handler is None:
         handler = _HANDLERS[type(value)] = _handler_for(type(value))
-    return handler(value)
+    return handler(value, mask)
+
+
+def python_shape_signature(value, pointer_class_bytes: int):
+    """The Python implementation of the native sign_shape (kv_canary/native/signing.cpp): the
+    signature with each tensor's address reduced to its class modulo `pointer_class_bytes`."""
+    if pointer_class_bytes <= 0 or pointer_class_bytes & (pointer_class_bytes - 1):
+        raise ValueError(f"kv-canary: pointer_class_bytes must be a power of two, got {pointer_class_bytes}")
+    return python_signature(value, pointer_class_bytes - 1)
 
 
 def _slot_names(cls) -> tuple:
@@ -108,7 +118,7 @@ def _slot_names(cls) -> tuple:
 
 def _handler_for(cls):
     if issubclass(cls, torch.Tensor):
-        return lambda t: (cls, *_tensor(t))
+        return lambda t, mask=None: (cls, *_tensor(t, mask))
     if issubclass(cls, _SCALARS):
         _BY_VALUE.add(cls)
         return _by_value
@@ -124,11 +134,12 @@ def _handler_for(cls):
     read_slots = operator.attrgetter(*slots) if len(slots) > 1 else (
         (lambda o, get=operator.attrgetter(slots[0]): (get(o),)) if slots else (lambda o: ()))
     if not has_dict:
-        return lambda o: (cls, _each(read_slots(o)))
-    return lambda o: (cls, _each(read_slots(o)), tuple((k, python_signature(v)) for k, v in vars(o).items()))
+        return lambda o, mask=None: (cls, _each(read_slots(o), mask))
+    return lambda o, mask=None: (cls, _each(read_slots(o), mask),
+                                 tuple((k, python_signature(v, mask)) for k, v in vars(o).items()))
 
 
-def _unsignable(value):
+def _unsignable(value, mask=None):
     raise Unsignable(f"no signature for a {type(value).__name__}")
 
 
@@ -179,9 +190,11 @@ def signer():
 
 
 def shape_signer_for(sign):
-    """The shape signer matching `sign` (the native module's sign_shape for its sign), or None: the
-    Python signer keys launches by full signatures only."""
+    """The shape signer matching `sign`: the native module's sign_shape for its sign,
+    python_shape_signature for python_signature, None for any other."""
     signer()
+    if sign is python_signature:
+        return python_shape_signature
     return _shape_signer if sign is _signer and _shape_signer is not None else None
 
 

@@ -323,15 +323,16 @@ def _moved(kind: str, case: dict, step: int) -> dict:
     return dict(case, plan=plan)
 
 
+@pytest.mark.parametrize("signer", SIGNERS)
 @pytest.mark.parametrize("backend", BACKENDS[1:])
 @pytest.mark.parametrize("kind", ["write", "verify", "plan", "scatter"])
-def test_inputs_moved_every_launch_are_validated_once_rebound_and_match_reference(kind, backend, monkeypatch):
+def test_inputs_moved_every_launch_are_validated_once_rebound_and_match_reference(kind, backend, signer, monkeypatch):
     """An engine's fresh batch tensors: every launch misses the cache but not its shape, so
-    validation runs once (with the native signer) and only the moved arguments are rebound."""
+    validation runs once and only the moved arguments are rebound."""
     base = _case(kind, 41, n_reqs=3)
     states = {}
     for b in ("torch", backend):
-        rt = Runtime(LAYER)
+        rt = _runtime(signer, fresh=True)
         calls = []
         validate = getattr(rt.validators, "validate_" + kind)
         monkeypatch.setattr(rt.validators, "validate_" + kind, lambda **kw: calls.append(1) or validate(**kw))
@@ -339,7 +340,7 @@ def test_inputs_moved_every_launch_are_validated_once_rebound_and_match_referenc
         for step in range(4):
             launched.append(_moved(kind, case, step))  # all kept alive: every step's tensors have new addresses
             _launch(kind, launched[-1], b, rt)
-        assert len(calls) == (1 if rt.sign_shape is not None else 4)
+        assert len(calls) == 1
         states[b] = case
     scenarios.compare_state(states["torch"], states[backend], ring_as_multiset=True)
 
@@ -347,9 +348,8 @@ def test_inputs_moved_every_launch_are_validated_once_rebound_and_match_referenc
 # -- the cache does what it promises ---------------------------------------------------------------------------
 @pytest.mark.parametrize("signer", SIGNERS)
 def test_validation_runs_once_per_signature_and_once_per_shape(monkeypatch, signer):
-    """A repeated launch validates once. New tensors of the same shapes (an engine's fresh batch
-    tensors) are validated again only without a shape signer (the Python signer); a changed flag is
-    a new shape either way."""
+    """A repeated launch validates once; new tensors of the same shapes (an engine's fresh batch
+    tensors) are not validated again; a changed flag is a new shape."""
     rt = _runtime(signer, fresh=True)
     calls = []
     validate = rt.validators.validate_verify
@@ -359,10 +359,9 @@ def test_validation_runs_once_per_signature_and_once_per_shape(monkeypatch, sign
         _launch("verify", args, "torch", rt)
     assert len(calls) == 1
     _launch("verify", dict(args, plan=scenarios.clone_case(args)["plan"]), "torch", rt)  # other pointers
-    revalidated = rt.sign_shape is None
-    assert (signer == "python") == revalidated and len(calls) == 1 + revalidated
+    assert len(calls) == 1
     _launch("verify", dict(args, check_verify_expected_token=not args["check_verify_expected_token"]), "torch", rt)
-    assert len(calls) == 2 + revalidated
+    assert len(calls) == 2
 
 
 def test_checks_read_addresses_only_for_alignments_within_the_pointer_class():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from kv_canary import native
-from kv_canary.signature import Unsignable, python_signature
+from kv_canary.signature import Unsignable, python_shape_signature, python_signature
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the native signer is built with g++")
@@ -80,6 +80,24 @@ def test_both_signers_tell_apart_the_same_values(sign, signer):
                  10**30, 10**30 + 1, -(1 << 63), 1 << 63]
     sigs = [s(v) for v in different]
     assert len(set(sigs)) == len(sigs)
+
+
+@pytest.mark.parametrize("signer", ["native", "python"])
+def test_shape_signatures_keep_an_address_by_its_class(sign, signer):
+    """sign_shape: tensors that differ only in where they live (addresses equal modulo the class)
+    share a shape signature; one at another alignment, of another shape, strides or dtype, or next to
+    another scalar does not."""
+    shape = native.signer()[0].sign_shape if signer == "native" else python_shape_signature
+    a, b = torch.zeros((4, 4), dtype=torch.int64), torch.zeros((4, 4), dtype=torch.int64)
+    assert a.data_ptr() % 16 == b.data_ptr() % 16 == 0
+    assert shape({"x": a, "n": 3}, 16) == shape({"x": b, "n": 3}, 16)
+    assert shape({"x": a, "n": 3}, 16) != shape({"x": b, "n": 4}, 16)
+    raw = torch.zeros(16 * 8 + 8, dtype=torch.uint8)
+    off = raw[8:].view(torch.int64).view(4, 4)  # 8 bytes further on: another class modulo 16, same modulo 8
+    assert shape(a, 16) != shape(off, 16) and shape(a, 8) == shape(off, 8)
+    assert shape(a, 16) != shape(a.t(), 16) and shape(a, 16) != shape(a.view(torch.float64), 16)
+    with pytest.raises(ValueError, match="power of two"):
+        shape(a, 24)
 
 
 def test_an_edited_object_is_a_new_signature(sign):
@@ -172,13 +190,13 @@ def _run(code: str, **env) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
-def test_kv_canary_native_chooses_and_refuses():
+def test_kv_canary_native_chooses_and_refuses(tmp_path):
     probe = "from kv_canary import native; print(native.status())"
     assert _run(probe, KV_CANARY_NATIVE="0").stdout.strip() == "python (KV_CANARY_NATIVE=0)"
     bad = _run(probe, KV_CANARY_NATIVE="yes")
     assert "KV_CANARY_NATIVE='yes' is not a choice; expected auto, 1 or 0" in bad.stderr
     # No compiler on PATH: with 1 an ImportError says why; the cache is empty so a build is needed.
-    empty = {"PATH": "/nonexistent", "KV_CANARY_CACHE_DIR": str(Path(os.environ.get("TMPDIR", "/tmp")) / "kvc-empty")}
+    empty = {"PATH": "/nonexistent", "KV_CANARY_CACHE_DIR": str(tmp_path / "cache")}
     required = _run(probe, KV_CANARY_NATIVE="1", **empty)
     assert "KV_CANARY_NATIVE=1 but the native signer is unavailable" in required.stderr
     assert "needs g++ on PATH" in required.stderr
