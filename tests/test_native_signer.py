@@ -7,11 +7,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +15,6 @@ import torch
 from kv_canary import native
 from kv_canary.signature import Unsignable, python_shape_signature, python_signature
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the native signer is built with g++")
 
 
@@ -185,21 +180,22 @@ def test_signatures_hold_no_tensor(sign):
 
 
 # -- choosing the signer -----------------------------------------------------------------------------------
-def _run(code: str, **env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, **env})
+def test_kv_canary_native_chooses_and_refuses(monkeypatch):
+    """native.signer() as a fresh process would run it (its cache bypassed)."""
+    from kv_canary.emulation import build as emulation_build
+    choose = native.signer.__wrapped__
+    monkeypatch.setenv("KV_CANARY_NATIVE", "0")
+    assert choose() == (None, "python (KV_CANARY_NATIVE=0)")
+    monkeypatch.setenv("KV_CANARY_NATIVE", "yes")
+    with pytest.raises(ValueError, match=r"KV_CANARY_NATIVE='yes' is not a choice; expected auto, 1 or 0"):
+        choose()
 
-
-def test_kv_canary_native_chooses_and_refuses(tmp_path):
-    probe = "from kv_canary import native; print(native.status())"
-    assert _run(probe, KV_CANARY_NATIVE="0").stdout.strip() == "python (KV_CANARY_NATIVE=0)"
-    bad = _run(probe, KV_CANARY_NATIVE="yes")
-    assert "KV_CANARY_NATIVE='yes' is not a choice; expected auto, 1 or 0" in bad.stderr
-    # No compiler on PATH: with 1 an ImportError says why; the cache is empty so a build is needed.
-    empty = {"PATH": "/nonexistent", "KV_CANARY_CACHE_DIR": str(tmp_path / "cache")}
-    required = _run(probe, KV_CANARY_NATIVE="1", **empty)
-    assert "KV_CANARY_NATIVE=1 but the native signer is unavailable" in required.stderr
-    assert "needs g++ on PATH" in required.stderr
+    def no_compiler():  # what emulation.build.compiler raises where PATH has no g++
+        raise emulation_build.EmulationBuildError("kv-canary: the emulated backend needs g++ on PATH, found none")
+    monkeypatch.setattr(emulation_build, "compiler", no_compiler)
+    monkeypatch.setenv("KV_CANARY_NATIVE", "1")
+    with pytest.raises(ImportError, match="KV_CANARY_NATIVE=1 but the native signer is unavailable: .*needs g\\+\\+ on PATH"):
+        choose()
 
 
 def test_auto_falls_back_to_python_with_one_warning(monkeypatch, caplog):
