@@ -49,17 +49,54 @@ def installed(tmp_path_factory):
     work = base / "elsewhere"
     work.mkdir()
     env["KV_CANARY_CACHE_DIR"] = str(base / "cache")
+    # The native signer this session built (conftest) serves the wheel too: its cache entry is named
+    # by the source's content, which the wheel ships unchanged, so the wheel finds it by that name
+    # instead of spending seconds on the same build (test_the_native_signer_builds_from_the_wheel).
+    from kv_canary.cache import cache_root
+    if (cache_root() / "native").is_dir():
+        shutil.copytree(cache_root() / "native", base / "cache" / "native",
+                        ignore=shutil.ignore_patterns("*.lock", "*.tmp"))
     return python, venv / "bin", work, env
 
 
-def test_no_top_level_codegen_package(installed):
+PROBE = """
+import importlib.util as u, json
+import kv_canary, kv_canary.codegen
+from kv_canary import native
+print(json.dumps({
+    "top_level_codegen": u.find_spec("codegen") is not None,
+    "files": [kv_canary.__file__, kv_canary.codegen.__file__],
+    "modules": [u.find_spec(name).origin for name in ("kv_canary.distributed", "kv_canary.distributed.fleet",
+                                                      "kv_canary.distributed.local", "kv_canary.metrics",
+                                                      "kv_canary.demo.fleet")],
+    "signer": native.status(), "signer_source": str(native.SOURCE),
+}))
+"""
+
+
+@pytest.fixture(scope="module")
+def probe(installed):
+    """What the installed package holds, from one interpreter outside the checkout (one torch import
+    for every check below); the native signer is required there (KV_CANARY_NATIVE=1)."""
+    import json
     python, _, work, env = installed
-    proc = subprocess.run([str(python), "-c", "import codegen"], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=TIMEOUT)
-    assert proc.returncode != 0 and "No module named 'codegen'" in proc.stderr
-    where = run([str(python), "-c", "import kv_canary, kv_canary.codegen as c; print(kv_canary.__file__); "
-                                    "print(c.__file__)"], cwd=work, env=env).stdout.split()
-    assert all("site-packages" in p and str(ROOT) not in p for p in where)
+    return json.loads(run([str(python), "-c", PROBE], cwd=work, env={**env, "KV_CANARY_NATIVE": "1"}).stdout)
+
+
+def test_no_top_level_codegen_package(probe):
+    assert probe["top_level_codegen"] is False
+    assert all("site-packages" in p and str(ROOT) not in p for p in probe["files"])
+
+
+def test_the_native_signer_ships_and_loads_from_the_wheel(probe):
+    """signing.cpp ships as package data, and the wheel's loader finds, loads and self-checks the
+    build of that source outside the checkout (KV_CANARY_NATIVE=1: any failure is an error)."""
+    assert probe["signer"].startswith("native (signing.cpp")
+    assert "site-packages" in probe["signer_source"] and str(ROOT) not in probe["signer_source"]
+
+
+def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):
+    assert len(probe["modules"]) == 5 and all("site-packages" in p and str(ROOT) not in p for p in probe["modules"])
 
 
 def test_describe_outside_a_checkout_prints_the_installed_layout(installed):
@@ -86,21 +123,3 @@ def test_short_demo_runs_from_the_wheel(installed):
                 "--out", "report"], cwd=work, env={**env, "KV_CANARY_BACKEND": "torch"})
     assert "all scenarios behaved as documented" in proc.stdout
     assert (work / "report" / "report.md").is_file()
-
-
-def test_the_native_signer_builds_from_the_wheel(installed):
-    """signing.cpp ships as package data and builds outside the checkout (into the test's cache)."""
-    python, _, work, env = installed
-    out = run([str(python), "-c", "from kv_canary import native; print(native.status()); print(native.SOURCE)"],
-              cwd=work, env={**env, "KV_CANARY_NATIVE": "1"}).stdout.splitlines()
-    assert out[0].startswith("native (signing.cpp") and "site-packages" in out[1] and str(ROOT) not in out[1]
-
-
-def test_the_fleet_and_metrics_modules_ship_in_the_wheel(installed):
-    python, _, work, env = installed
-    code = ("import importlib.util as u\n"
-            "for name in ('kv_canary.distributed', 'kv_canary.distributed.fleet', 'kv_canary.distributed.local',\n"
-            "             'kv_canary.metrics', 'kv_canary.demo.fleet'):\n"
-            "    print(u.find_spec(name).origin)\n")
-    where = run([str(python), "-c", code], cwd=work, env=env).stdout.split()
-    assert len(where) == 5 and all("site-packages" in p and str(ROOT) not in p for p in where)
