@@ -19,10 +19,11 @@ setup: $(STAMP)
 # deleted). torch is pinned to the CPU build (see pyproject); the venv's own pip is recent enough
 # for an editable pyproject install, so nothing else is fetched. --no-compile: no .pyc for the
 # whole of torch up front (a third of a fresh install's time); imported modules compile on first use
-# (cached: see unexport above).
-$(STAMP): pyproject.toml
+# (cached: see unexport above). scripts/setup_venv.py unpacks torch and the other packages in two
+# parallel pip runs, then `pip install -e '.[dev]'` checks and completes the whole set.
+$(STAMP): pyproject.toml scripts/setup_venv.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile -e '.[dev]'
+	$(PY) scripts/setup_venv.py
 	touch $(STAMP)
 
 generate: $(STAMP)
