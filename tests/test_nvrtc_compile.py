@@ -58,6 +58,13 @@ def _headers(layer) -> dict:
     return {HEADER_INCLUDE: read_source(layer, kernel_abi(layer).HEADER)}
 
 
+def _cubin(source: str, name: str, headers: dict, *, arch: int) -> bytes:
+    """NVRTC's CUBIN of `source`, through the project's compile cache as the runtime compiles
+    (kv_canary/cuda/nvrtc.py cached_binary: keyed by NVRTC version, arch, options, source and
+    headers): a fresh machine compiles every kernel, a repeated run on it reuses what compiled."""
+    return kv_nvrtc.cached_binary(source, name, headers, arch=arch).read_bytes()
+
+
 def archs_for(layer) -> tuple:
     """Every arch for the default schema; the example schemas for sm_90 unless `make test-full`."""
     import kv_canary
@@ -71,8 +78,7 @@ def test_every_kernel_compiles_with_nvrtc(any_layer, arch):
     abi = kernel_abi(any_layer)
     assert {k.template for k in abi.KERNELS.values()} == {"write", "verify", "plan_offsets", "plan_entries", "scatter"}
     for kernel in abi.KERNELS.values():
-        cubin = kv_nvrtc.compile_source(read_source(any_layer, kernel.source), kernel.source, _headers(any_layer),
-                                        arch=arch)
+        cubin = _cubin(read_source(any_layer, kernel.source), kernel.source, _headers(any_layer), arch=arch)
         assert cubin[:4] == b"\x7fELF", f"{kernel.source}: NVRTC did not return a CUBIN"
         for symbol, _ in kernel.variants:  # every specialisation is its own extern "C" entry point
             assert symbol.encode() + b"\0" in cubin, f"{symbol} missing from the sm_{arch} cubin of {kernel.source}"
@@ -89,7 +95,7 @@ def test_write_compiles_in_every_launch_shape(shape, threads):
     write = kernel_abi(layer).kernel_for_template("write")
     assert (write.shape, write.threads) == (shape, threads)
     for arch in ARCHS if budget.FULL else (90,):
-        cubin = kv_nvrtc.compile_source(read_source(layer, write.source), write.source, _headers(layer), arch=arch)
+        cubin = _cubin(read_source(layer, write.source), write.source, _headers(layer), arch=arch)
         assert cubin[:4] == b"\x7fELF" and write.variants[0][0].encode() + b"\0" in cubin
 
 
@@ -100,8 +106,7 @@ def test_chain_only_benchmark_kernel_compiles(any_layer):
     """bench/bench_gpu.py times the prefill write against bench/chain_only.cu, built against the
     layer's header like the generated kernels: it must compile for every arch before a GPU sees it."""
     for arch in archs_for(any_layer):
-        cubin = kv_nvrtc.compile_source(CHAIN_ONLY.read_text(encoding="utf-8"), CHAIN_ONLY.name, _headers(any_layer),
-                                        arch=arch)
+        cubin = _cubin(CHAIN_ONLY.read_text(encoding="utf-8"), CHAIN_ONLY.name, _headers(any_layer), arch=arch)
         assert cubin[:4] == b"\x7fELF" and b"kv_canary_chain_only\0" in cubin
 
 
