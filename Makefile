@@ -22,7 +22,7 @@ setup: $(STAMP)
 # (cached: see unexport above). scripts/setup_venv.py unpacks torch and the other packages in two
 # parallel pip runs, then `pip install -e '.[dev]'` checks and completes the whole set.
 $(STAMP): pyproject.toml scripts/setup_venv.py
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) scripts/setup_venv.py --create $(VENV)
 	$(PY) scripts/setup_venv.py
 	touch $(STAMP)
 

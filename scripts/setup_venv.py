@@ -7,7 +7,13 @@ ours, jinja2), so no package is written by both. Then one `pip install -e .[dev]
 authoritative step: it resolves everything, installs whatever the parallel runs did not (a failure
 there is not fatal, only slower) and installs kv-canary itself. Pins stay in pyproject.toml.
 
-Usage: .venv/bin/python scripts/setup_venv.py   (the Makefile's setup target)
+A new venv is made without pip (`python -m venv` spends seconds compiling its bundled pip), and
+pip and setuptools are installed into it by this interpreter's pip (`--python`, pip >= 22.3);
+where that fails, the plain `python -m venv` runs instead.
+
+Usage (the Makefile's setup target):
+  python3 scripts/setup_venv.py --create .venv   make the venv (only when it does not exist)
+  .venv/bin/python scripts/setup_venv.py         install into the running interpreter's venv
 """
 from __future__ import annotations
 
@@ -32,12 +38,30 @@ def parallel_groups() -> list[list[str]]:
     return [torch, others] if torch else []
 
 
-def main() -> int:
+def create(venv: Path) -> int:
+    import shutil
+    python = venv / "bin" / "python"
+    made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)]).returncode == 0
+    if made and subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
+                                "pip", "setuptools>=64"]).returncode == 0:
+        return 0
+    shutil.rmtree(venv, ignore_errors=True)
+    return subprocess.run([sys.executable, "-m", "venv", str(venv)]).returncode
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--create"] and len(argv) == 2:
+        return create(Path(argv[1]))
     runs = [subprocess.Popen(PIP + group) for group in parallel_groups() if group]
     for run in runs:
         run.wait()  # not checked: the install below is the one that must succeed
-    return subprocess.run(PIP + ["-e", ".[dev]"], cwd=ROOT).returncode
+    try:  # kv-canary's own build needs only setuptools, which the venv has: no isolated build env
+        import setuptools  # noqa: F401
+        isolation = ["--no-build-isolation"]
+    except ImportError:
+        isolation = []
+    return subprocess.run(PIP + isolation + ["-e", ".[dev]"], cwd=ROOT).returncode
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
