@@ -22,9 +22,9 @@ every step. For that, a LaunchPath also keys each validated launch on its *shape
 signer's sign_shape: the same walk with each data pointer reduced to its address modulo
 the validators' pointer_class_bytes and whether it is null). The checks read nothing else of an
 address (Validators.address_misaligned, held to it by a test), so a miss whose shape signature was
-validated before passes them unchanged: validation and backend choice are skipped and only the
-binding runs: only the parameters read from the arguments that moved are bound again
-(Prepared.rebind). The Python signer has its shape signature too (python_shape_signature).
+validated before passes them unchanged: validation and backend choice are skipped, and only the
+parameters read from the arguments that moved are bound again (Prepared.rebind). The Python signer
+has its shape signature too (python_shape_signature).
 """
 from __future__ import annotations
 
@@ -221,5 +221,5 @@ def _sign_shape(sign_shape, pointer_class: int, arguments: dict):
 
 def _put(table: dict, key, value) -> None:
     if len(table) >= ENTRIES:
-        del table[next(iter(table))]
+        table.pop(next(iter(table), None), None)  # pop: another thread may have dropped the oldest first
     table[key] = value

@@ -37,7 +37,7 @@ def _memoized(name: str):
             result = check(self, *args, **kwargs)
             if result is None or type(result) in (int, bool):
                 if len(self._memo) >= MEMO_SIZE:
-                    del self._memo[next(iter(self._memo))]
+                    self._memo.pop(next(iter(self._memo), None), None)  # pop: another thread may have dropped it
                 self._memo[key] = result
         return result
 

@@ -141,7 +141,7 @@ class KernelBackend:
                 bound = part(*inputs)
                 if key is not None:
                     if len(memo) >= PART_MEMO_SIZE:
-                        del memo[next(iter(memo))]
+                        memo.pop(next(iter(memo), None), None)  # pop: another thread may have dropped it
                     memo[key] = bound
             for i, value in zip(indices, bound):
                 values[i] = value

@@ -15,7 +15,7 @@ which one this process uses and why.
 
 The build needs g++, Python's headers and torch's headers (shipped in the torch wheel); the cache key
 covers the source, the flags, the compiler, the Python ABI and the torch version, so another torch
-gets its own build.
+gets its own build (and every venv of one torch version shares one).
 """
 from __future__ import annotations
 
@@ -83,8 +83,8 @@ def build() -> Path:
     source = SOURCE.read_text(encoding="utf-8")
     # Under `make sanitize` (the emulation's variable) the signer is instrumented too, its own entry.
     flags = CXX_FLAGS + SANITIZE_FLAGS if sanitize_enabled() else CXX_FLAGS
-    key = content_key("kv-canary-native-1", source, " ".join(flags), abi, direct, version, suffix, torch.__version__,
-                      str(include))
+    # Not the install path: venvs with the same torch share one build (its headers are the version's).
+    key = content_key("kv-canary-native-1", source, " ".join(flags), abi, direct, version, suffix, torch.__version__)
     out = cache_dir("native") / f"kv_canary_signing_{'asan_ubsan_' if sanitize_enabled() else ''}{key[:32]}{suffix}"
 
     def compile_to(tmp: Path) -> None:
