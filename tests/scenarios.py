@@ -417,26 +417,14 @@ class PlanCaseTally:
 def plan_stages(case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
     """A plan case as SGLang's launch_canary_plan_kernels hands it to its two stages: the keywords of
     launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan arrays and
-    `scratch` (the verify offsets, at least bs + 1 int64)."""
-    vplan, wplan = case["verify_plan_out"], case["write_plan_out"]
-    common = {k: case[k] for k in ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
-                                   "swa_window_size")}
-    offsets = dict(common, extend_seq_lens=case["extend_seq_lens"], out_verify_offsets_scratch=scratch,
-                   out_write_offsets=wplan.write_offsets, out_write_seed_slot_indices=wplan.write_seed_slot_indices,
-                   out_verify_num_valid=vplan.verify_num_valid, out_verify_enable=vplan.enable,
-                   out_write_num_valid_reqs=wplan.write_num_valid_reqs, verify_capacity=case["verify_capacity"])
+    `scratch` (the verify offsets, at least bs + 1 int64). The mapping is the kernel backends' own
+    (KernelBackend.plan_stage_args); the per-request field keywords only where the schema has such
+    fields, as in the public stage signatures (SEMANTICS.md §8)."""
+    from kv_canary.cuda.kernel_backend import KernelBackend
     extra = case.get("extra_request_values") or {}
-    entries = dict(common, verify_offsets_scratch=scratch, verify_enable=vplan.enable,
-                   req_to_verify_expected_tokens=case["req_to_verify_expected_tokens"],
-                   req_to_verify_expected_tokens_valid_lens=case["req_to_verify_expected_tokens_valid_lens"],
-                   out_verify_slot_indices=vplan.verify_slot_indices,
-                   out_verify_expected_tokens=vplan.verify_expected_tokens,
-                   out_verify_expected_positions=vplan.verify_expected_positions,
-                   out_verify_prev_slot_indices=vplan.verify_prev_slot_indices,
-                   kv_token_id_vs_position_offset=case["kv_token_id_vs_position_offset"])
-    if extra:  # only a schema with per-request fields takes these keywords (SEMANTICS.md §8)
-        entries.update(extra_request_values=extra,
-                       out_extra_verify_expected={name: getattr(vplan, "verify_expected_" + name) for name in extra})
+    offsets, entries = KernelBackend.plan_stage_args(dict(case, extra_request_values=extra), scratch)
+    if not extra:
+        del entries["extra_request_values"], entries["out_extra_verify_expected"]
     return offsets, entries
 
 
