@@ -168,13 +168,14 @@ class LaunchPath:
     def _prepare(self, key, backend, arguments: dict) -> tuple[Entry, Optional[dict]]:
         rt = self.runtime
         signatures = shape_key = None
-        if key is not None:  # each argument's own signature: the parts of the work that are reused per argument
-            signatures = {name: self._sign(value) for name, value in arguments.items()}
+        if key is not None:
             if self._sign_shape is not None:
                 shape_key = (key[0], key[1], self._sign_shape(arguments))
                 shape = self._shapes.get(shape_key)
                 if shape is not None:
-                    return self._rebind(key, shape, arguments, signatures)
+                    return self._rebind(key, shape, arguments)
+            # each argument's own signature: the parts of the work that are reused per argument
+            signatures = self._signatures(arguments)
         known = {id(arguments[name]): sig for name, sig in signatures.items()} if signatures else {}
         with rt.validators.known_signatures(known):
             args = self.validate(**arguments)
@@ -193,22 +194,27 @@ class LaunchPath:
             _put(self._shapes, shape_key, Shape(chosen, rebuild, torch_run, (signatures, prepared)))
         return entry, (args if prepared.needs_args else None)
 
-    def _rebind(self, key, shape: Shape, arguments: dict, signatures: dict) -> tuple[Entry, Optional[dict]]:
+    def _rebind(self, key, shape: Shape, arguments: dict) -> tuple[Entry, Optional[dict]]:
         """A miss whose shape was validated: the validated arguments rebuilt, the kernels bound (only
         the parameters read from arguments whose signature differs from the shape's last launch)."""
         args = shape.rebuild(arguments)
-        last_signatures, last = shape.last
-        if shape.torch_run is not None:
+        if shape.torch_run is not None:  # the reference binds nothing: no per-argument signature needed
             prepared = shape.torch_run
-        elif last is not None and last.rebind is not None:
-            changed = frozenset(name for name, sig in signatures.items() if last_signatures.get(name) != sig)
-            prepared = last.rebind(args, changed)
         else:
-            prepared = shape.backend.prepare(self.operation, args, signatures)
-        shape.last = (signatures, prepared)
+            signatures = self._signatures(arguments)
+            last_signatures, last = shape.last
+            if last is not None and last.rebind is not None:
+                changed = frozenset(name for name, sig in signatures.items() if last_signatures.get(name) != sig)
+                prepared = last.rebind(args, changed)
+            else:
+                prepared = shape.backend.prepare(self.operation, args, signatures)
+            shape.last = (signatures, prepared)
         entry = Entry(prepared, shape.rebuild if prepared.needs_args else None)
         _put(self._entries, key, entry)
         return entry, (args if prepared.needs_args else None)
+
+    def _signatures(self, arguments: dict) -> dict:
+        return {name: self._sign(value) for name, value in arguments.items()}
 
     def forget(self) -> None:
         self._entries.clear()
