@@ -86,10 +86,13 @@ def recorder(name: str):
 
 
 def load_provider(provider: str) -> dict:
-    """Register the call recorder, then load the plugins the way SGLang's processes do."""
+    """Register the call recorder, then load the plugins the way SGLang's processes do; returns which
+    launchers something other than SGLang's own code now runs."""
     from sglang.srt.plugins import load_plugins
 
     before = {name: _resolve(target) for name, target in LAUNCHERS.items()}
+    for name, target in LAUNCHERS.items():   # AROUND: applied over whatever REPLACE the plugins register
+        HookRegistry.register(target, recorder(name), HookType.AROUND)
     if provider == "sglang":
         os.environ.pop("KV_CANARY_SGLANG", None)
         # SGLang's scatter is Triton only (no torch fallback): its side uses SGLang's test reference.
@@ -99,12 +102,9 @@ def load_provider(provider: str) -> dict:
         HookRegistry.register(LAUNCHERS["scatter"], scatter_req_token_ids_torch_reference, HookType.REPLACE)
     else:
         os.environ["KV_CANARY_SGLANG"] = "1"
+        os.environ.setdefault("KV_CANARY_SGLANG_METRICS_PORT", "0")   # 0: any free port
     load_plugins()
-    replaced = {name: _resolve(target) is not before[name] for name, target in LAUNCHERS.items()}
-    for name, target in LAUNCHERS.items():
-        HookRegistry.register(target, recorder(name), HookType.AROUND)
-    HookRegistry.apply_hooks()
-    return replaced
+    return {name: _resolve(target).__wrapped__ is not before[name] for name, target in LAUNCHERS.items()}
 
 
 def _resolve(target: str):
@@ -244,7 +244,9 @@ class Engine:
                     self._model_forward(fb)
                     m.post_ops_maybe_inside_graph(fb, pre)
         except Exception as exc:   # mode raise, the health check, or a launcher refusing SGLang's call
-            self.record["errors"].append({"step": self.step_no, "type": type(exc).__name__, "text": str(exc)})
+            chain = [exc] + ([exc.__context__] if exc.__context__ is not None else [])
+            self.record["errors"].append({"step": self.step_no, "type": type(exc).__name__, "text": str(exc),
+                                          "during": [f"{type(x).__name__}: {x}" for x in chain[1:]]})
         self.step_no += 1
         state = m._device_state
         self.record["counters"].append({"kernel": state.kernel_run_counters.tolist(),
