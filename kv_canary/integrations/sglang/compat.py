@@ -25,21 +25,22 @@ def check_sglang_version(found: str | None = None) -> str:
 def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
     """Where `layout` (a generated layer's layout tables) is not byte-compatible with SGLang's records."""
     diffs = []
+    ours = lambda name: getattr(layout, name, None)  # noqa: E731  (another schema may lack a name)
 
     def same(what, ours, theirs):
         if ours != theirs:
             diffs.append(f"{what}: layer {ours!r}, SGLang {theirs!r}")
-    same("record bytes (CANARY_RECORD_BYTES)", layout.CANARY_RECORD_BYTES, sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
-    same("slot stride (slot_stride_bytes)", layout.CANARY_SLOT_STRIDE_BYTES, sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
+    same("record bytes (CANARY_RECORD_BYTES)", ours("CANARY_RECORD_BYTES"), sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
+    same("slot stride (slot_stride_bytes)", ours("CANARY_SLOT_STRIDE_BYTES"), sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
     for role, theirs in (("TOKEN", "TOKEN"), ("POSITION", "POSITION"), ("CHAIN_LINK", "PREV_HASH"),
                          ("KV_FINGERPRINT", "REAL_KV_HASH")):
-        same(f"record word of {theirs}", getattr(layout, f"CANARY_{role}_WORD"),
+        same(f"record word of {theirs}", ours(f"CANARY_{role}_WORD"),
              getattr(sglang_consts, f"CANARY_FIELD_{theirs}"))
-    same("violation row fields", layout.VIOLATION_FIELDS, sglang_consts.VIOLATION_FIELDS)
+    same("violation row fields", ours("VIOLATION_FIELDS"), sglang_consts.VIOLATION_FIELDS)
     for name in [n for n in dir(sglang_consts) if n.startswith("VIOLATION_FIELD_")]:
-        same(name, getattr(layout, name, None), getattr(sglang_consts, name))
-    same("chain anchor", layout.CANARY_CHAIN_ANCHOR, sglang_consts.CANARY_CHAIN_ANCHOR)
-    same("MAX_REAL_KV_SOURCES", layout.MAX_REAL_KV_SOURCES, sglang_consts.MAX_REAL_KV_SOURCES)
+        same(name, ours(name), getattr(sglang_consts, name))
+    same("chain anchor", ours("CANARY_CHAIN_ANCHOR"), sglang_consts.CANARY_CHAIN_ANCHOR)
+    same("MAX_REAL_KV_SOURCES", ours("MAX_REAL_KV_SOURCES"), sglang_consts.MAX_REAL_KV_SOURCES)
     same("input fields (SEMANTICS.md §8)", tuple(f.name for f in layout.INPUT_FIELDS), ())
     for ours_enum, theirs_enum in ((layout.CanaryLaunchTag, sglang_tags), (layout.RealKvHashMode,
                                                                            sglang_consts.RealKvHashMode)):
@@ -61,7 +62,7 @@ def check_layer(layout=None):
     if diffs:
         raise ValueError("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte canary "
                          "records, so SGLang's runtime cannot run on it: " + "; ".join(diffs)
-                         + ". Regenerate kernels.yaml with SGLang's layout (make generate) or unset KV_CANARY_SGLANG")
+                         + ". Restore SGLang's layout in kernels.yaml (then make generate) or unset KV_CANARY_SGLANG")
     return layout
 
 

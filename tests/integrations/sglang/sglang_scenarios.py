@@ -422,7 +422,8 @@ def sc_verify_token_assert(run):
     e = run(make_config(token_assert=True))
     workload(e, between=None)
     e.decode(["A", "B", "C", "D"], written_token=lambda name, token: token + 1 if name == "D" else token)
-    e.decode(["A", "B", "C", "D"])
+    for _ in range(2):   # the next forward verifies the token, the one after reports it
+        e.decode(["A", "B", "C", "D"])
     return e
 
 
@@ -483,21 +484,54 @@ class _ListHandler(logging.Handler):
         self.out.append([record.name, record.levelname, record.getMessage()])
 
 
+def break_write() -> None:
+    """A kv-canary write launcher with a bug: it drops every request's chain seed."""
+    from kv_canary.integrations.sglang import hooks
+
+    correct = hooks.REPLACEMENTS["write"]
+
+    def broken(*, plan, **kwargs):
+        plan.write_seed_slot_indices.fill_(-1)
+        correct(plan=plan, **kwargs)
+    hooks.REPLACEMENTS["write"] = broken
+
+
+def layer_checks() -> dict:
+    """The plugin's layer check on the default layer and on every example schema's layer."""
+    from kv_canary import generate_layer, layers
+    from kv_canary.integrations.sglang import compat
+
+    out = {}
+    for name, layer in [("default", None)] + [(p.stem, generate_layer(p)) for p in layers.example_schemas()]:
+        try:
+            compat.check_layer(None if layer is None else layer.layout)
+            out[name] = "accepted"
+        except ValueError as exc:
+            out[name] = str(exc)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", choices=("sglang", "plugin"), required=True)
     parser.add_argument("--scenarios", default="all")
+    parser.add_argument("--break-write", action="store_true",
+                        help="break kv-canary's write launcher on purpose (every chain restarts at HEAD)")
     parser.add_argument("out")
     args = parser.parse_args(argv)
     plugin_log: list = []
     logging.getLogger("kv_canary").addHandler(_ListHandler(plugin_log))
     logging.getLogger("kv_canary").setLevel(logging.INFO)
+    if args.break_write:
+        break_write()
     replaced = load_provider(args.provider)
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     out = {"provider": args.provider, "replaced": replaced, "plugin_log": plugin_log,
            "backend": os.environ.get("KV_CANARY_BACKEND", ""), "scenarios": {}}
     for name in names:
         out["scenarios"][name] = run_scenario(name, metrics_port_file=None if args.provider == "sglang" else True)
+    if args.provider == "plugin":
+        out["layer_checks"] = layer_checks()
     Path(args.out).write_text(json.dumps(out))
     return 0
 
