@@ -44,6 +44,8 @@ from sglang.srt.kv_canary.pool_patcher.adapters.swa import attach_swa  # noqa: E
 from sglang.srt.kv_canary.pool_patcher.buffer_alloc import resolve_real_kv_read_bytes  # noqa: E402
 from sglang.srt.kv_canary.req_to_expected_token_ids_manager import compute_req_all_ids_info  # noqa: E402
 from sglang.srt.kv_canary.runner.canary_manager import CanaryManager, context_tuple  # noqa: E402
+from sglang.srt.kv_canary.token_oracle.oracle import HashOracle  # noqa: E402
+from sglang.srt.kv_canary.token_oracle.oracle_manager import TokenOracleManager  # noqa: E402
 from sglang.srt.plugins.hook_registry import HookRegistry, HookType  # noqa: E402
 
 LAUNCHERS = {
@@ -155,8 +157,8 @@ class Engine:
     """Builds batches, runs SGLang's canary brackets around a toy forward, records what happens."""
 
     def __init__(self, *, config: CanaryConfig, perturb: PerturbConfig, swa_window: int = 0, num_slots: int = 96,
-                 max_reqs: int = 6, max_ctx: int = 40):
-        self.config = config
+                 max_reqs: int = 6, max_ctx: int = 40, oracle=None):
+        self.config, self.oracle = config, oracle
         self.pool = SwaPool(num_slots) if swa_window else Pool(num_slots)
         self.req_to_token_pool = SimpleNamespace(
             req_to_token=torch.zeros(max_reqs, max_ctx, dtype=torch.int32, device=DEVICE),
@@ -170,7 +172,8 @@ class Engine:
             launch_capacities=CanaryLaunchCapacities(per_forward_verify_capacity=num_slots * 3,
                                                      per_forward_write_req_capacity=max_reqs,
                                                      per_forward_write_entry_capacity=max_reqs * max_ctx),
-            swa_window_size=swa_window)
+            swa_window_size=swa_window,
+            token_oracle_manager=None if oracle is None else TokenOracleManager(oracle=oracle))
         self.manager.mark_init_finished()
         self.next_slot, self.next_row, self.step_no = 1, 1, 0
         self.requests: dict[str, Request] = {}
@@ -213,7 +216,8 @@ class Engine:
         ids, pos, locs, reqs = [], [], [], []
         for name in names:
             req = self.requests[name]
-            token = 1000 + 7 * len(req.slots) + req.row          # what the "model" sampled last step
+            token = self.sampled(req, len(req.slots))
+
             req.output_ids.append(token)
             p = len(req.slots)
             locs += self._alloc(req, 1)
@@ -221,6 +225,13 @@ class Engine:
             pos.append(p)
             reqs.append(req)
         self._forward(sglang_cpu.DECODE, reqs, ids, pos, locs, None, None)
+
+    def sampled(self, req: Request, position: int) -> int:
+        """What the "model" sampled for `position` (the token oracle's choice when there is one)."""
+        if self.oracle is None:
+            return 1000 + 7 * position + req.row
+        as_t = lambda x: torch.tensor([x], dtype=torch.int64)  # noqa: E731
+        return int(self.oracle.expected_tokens(generalized_req_ids=as_t(req.row), positions=as_t(position))[0])
 
     def _forward(self, mode, reqs, ids, pos, locs, prefix_lens, extend_lens) -> None:
         as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=DEVICE)  # noqa: E731
@@ -233,7 +244,7 @@ class Engine:
             extend_prefix_lens_cpu=prefix_lens, extend_seq_lens=None if extend_lens is None else as_t(extend_lens),
             extend_seq_lens_cpu=extend_lens, spec_info=None, input_ids=as_t(ids).to(torch.int32),
             positions=as_t(pos), out_cache_loc=as_t(locs), global_num_token_non_padded_cpu=len(ids),
-            req_all_ids_flat=flat, req_all_ids_lens=lens)
+            req_all_ids_flat=flat, req_all_ids_lens=lens, rids_int=rows, bootstrap_room_ids_int=None)
         m = self.manager
         try:
             # ModelRunner.forward's bracket, then api._patch_model_forward's pre/post around model.forward
@@ -282,9 +293,10 @@ class Engine:
         return self.record
 
 
-def make_config(*, mode=CanaryMode.LOG, real=RealKvHashMode.NONE, sweep=0, token_assert=False, stats=3):
+def make_config(*, mode=CanaryMode.LOG, real=RealKvHashMode.NONE, sweep=0, token_assert=False, stats=3,
+                input_assert=False):
     return CanaryConfig(mode=mode, ring_capacity=1024, sweep_interval=sweep, real_kv_hash_mode=real,
-                        enable_write_input_assert=False, enable_verify_token_assert=token_assert,
+                        enable_write_input_assert=input_assert, enable_verify_token_assert=token_assert,
                         stats_print_every_n_steps=stats)
 
 
@@ -424,6 +436,15 @@ def sc_verify_token_assert(run):
     e.decode(["A", "B", "C", "D"], written_token=lambda name, token: token + 1 if name == "D" else token)
     for _ in range(2):   # the next forward verifies the token, the one after reports it
         e.decode(["A", "B", "C", "D"])
+    return e
+
+
+def sc_write_input_assert(run):
+    """The write's input check against SGLang's token oracle: one decode writes another token."""
+    e = run(make_config(input_assert=True), oracle=HashOracle(vocab_size=5000))
+    workload(e)
+    e.decode(["A", "B", "C", "D"], written_token=lambda name, token: token + 1 if name == "B" else token)
+    e.decode(["A", "B", "C", "D"])
     return e
 
 

@@ -81,7 +81,7 @@ def differences(ours: dict, theirs: dict) -> list[str]:
 
 SCENARIOS = ("clean", "redirected_req_to_token", "kv_bytes_changed", "mha_v", "raise", "perturb_req_to_token",
              "perturb_real_kv_used", "perturb_real_kv_post_forward", "perturb_real_kv_unused_cache",
-             "stalled_sweep", "verify_token_assert", "swa")
+             "stalled_sweep", "verify_token_assert", "write_input_assert", "swa")
 
 
 def test_every_scenario_runs_on_both_providers(runs):
@@ -117,7 +117,7 @@ def test_the_scenarios_see_what_they_are_about(runs):
                          ("perturb_real_kv_used", "verify_real_kv_hash"),
                          ("perturb_real_kv_post_forward", "verify_real_kv_hash"),
                          ("perturb_real_kv_unused_cache", "verify_real_kv_hash"), ("swa", "verify_chain_hash"),
-                         ("verify_token_assert", "verify_token")):
+                         ("verify_token_assert", "verify_token"), ("write_input_assert", "write_token")):
         assert any(f"fail_reason={reason}" in m or f"+{reason}" in m for m in warnings(name)), name
     assert any("launch_tag=TAIL_V_FULL" in m for m in warnings("mha_v"))
     assert any("launch_tag=SWEEP_K_FULL" in m for m in warnings("perturb_real_kv_unused_cache"))
