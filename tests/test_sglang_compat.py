@@ -221,6 +221,18 @@ def test_plan_takes_more_than_4096_requests(backend):
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_scatter_takes_more_than_511_requests(backend):
+    """[extension] SGLang 0.5.23's scatter refuses bs + 1 > 512 (one Triton tile scans the offsets)."""
+    bs = 600
+    pool = torch.full((bs + 1, 3), -7, dtype=torch.int32)
+    kv_canary.launch_scatter_req_token_ids_kernel(
+        flat_in=torch.arange(2 * bs, dtype=torch.int64), offsets=torch.arange(0, 2 * bs + 1, 2, dtype=torch.int64),
+        req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64), pool_out=pool, backend=backend)
+    assert pool[0].tolist() == [-7, -7, -7]
+    assert pool[1:].tolist() == [[2 * r, 2 * r + 1, -7] for r in range(bs)]
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
 def test_scatter_into_a_pool_with_padded_rows(backend):
     """SGLang's scatter steps pool rows by stride(0): a view of the first columns of a wider tensor works."""
     base = torch.full((3, 10), -7, dtype=torch.int32)
