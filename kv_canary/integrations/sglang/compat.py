@@ -53,9 +53,10 @@ def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
 
 def check_layer(layout=None):
     """The layer whose launchers replace SGLang's (the default, kv_canary.generated) must write SGLang's bytes."""
-    import kv_canary
     from sglang.kernels.ops.kv_canary import consts
     from sglang.kernels.ops.kv_canary.verify import CanaryLaunchTag
+
+    import kv_canary
 
     layout = kv_canary.generated.layout if layout is None else layout
     diffs = layout_differences(layout, consts, CanaryLaunchTag)
