@@ -549,8 +549,11 @@ def main(argv=None) -> int:
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     out = {"provider": args.provider, "replaced": replaced, "plugin_log": plugin_log,
            "backend": os.environ.get("KV_CANARY_BACKEND", ""), "scenarios": {}}
+    import time
     for name in names:
+        start = time.perf_counter()
         out["scenarios"][name] = run_scenario(name, metrics_port_file=None if args.provider == "sglang" else True)
+        out["scenarios"][name]["seconds"] = time.perf_counter() - start   # not compared: timing only
     if args.provider == "plugin":
         out["layer_checks"] = layer_checks()
     Path(args.out).write_text(json.dumps(out))
