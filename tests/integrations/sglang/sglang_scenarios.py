@@ -505,14 +505,18 @@ class _ListHandler(logging.Handler):
         self.out.append([record.name, record.levelname, record.getMessage()])
 
 
+BROKEN = {"on": False}
+
+
 def break_write() -> None:
-    """A kv-canary write launcher with a bug: it drops every request's chain seed."""
+    """A kv-canary write launcher with a bug, once BROKEN["on"]: it drops every request's chain seed."""
     from kv_canary.integrations.sglang import hooks
 
     correct = hooks.REPLACEMENTS["write"]
 
     def broken(*, plan, **kwargs):
-        plan.write_seed_slot_indices.fill_(-1)
+        if BROKEN["on"]:
+            plan.write_seed_slot_indices.fill_(-1)
         correct(plan=plan, **kwargs)
     hooks.REPLACEMENTS["write"] = broken
 
@@ -536,14 +540,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", choices=("sglang", "plugin"), required=True)
     parser.add_argument("--scenarios", default="all")
-    parser.add_argument("--break-write", action="store_true",
-                        help="break kv-canary's write launcher on purpose (every chain restarts at HEAD)")
+    parser.add_argument("--broken", default="",
+                        help="scenarios to run once more with kv-canary's write launcher broken on purpose")
     parser.add_argument("out")
     args = parser.parse_args(argv)
     plugin_log: list = []
     logging.getLogger("kv_canary").addHandler(_ListHandler(plugin_log))
     logging.getLogger("kv_canary").setLevel(logging.INFO)
-    if args.break_write:
+    if args.broken:
         break_write()
     replaced = load_provider(args.provider)
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
@@ -554,6 +558,8 @@ def main(argv=None) -> int:
         start = time.perf_counter()
         out["scenarios"][name] = run_scenario(name, metrics_port_file=None if args.provider == "sglang" else True)
         out["scenarios"][name]["seconds"] = time.perf_counter() - start   # not compared: timing only
+    BROKEN["on"] = True
+    out["broken"] = {name: run_scenario(name, metrics_port_file=None) for name in filter(None, args.broken.split(","))}
     if args.provider == "plugin":
         out["layer_checks"] = layer_checks()
     Path(args.out).write_text(json.dumps(out))
