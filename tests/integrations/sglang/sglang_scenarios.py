@@ -211,13 +211,15 @@ class Engine:
             reqs.append(req)
         self._forward(sglang_cpu.EXTEND, reqs, ids, pos, locs, prefix_lens, extend_lens)
 
-    def decode(self, names: list[str], *, written_token=None) -> None:
-        """One decode step: each request's last output token (or its last prompt token) is appended."""
+    def decode(self, names: list[str], *, written_token=None, sampler=None) -> None:
+        """One decode step: each request's last sampled token is appended (`sampler` post-processes the
+        batch's sampled tokens, as SGLang's sampler backends do)."""
         ids, pos, locs, reqs = [], [], [], []
-        for name in names:
+        sampled = [self.sampled(self.requests[name], len(self.requests[name].slots)) for name in names]
+        if sampler is not None:
+            sampled = sampler(torch.tensor(sampled, dtype=torch.int64)).tolist()
+        for name, token in zip(names, sampled):
             req = self.requests[name]
-            token = self.sampled(req, len(req.slots))
-
             req.output_ids.append(token)
             p = len(req.slots)
             locs += self._alloc(req, 1)
@@ -445,6 +447,20 @@ def sc_write_input_assert(run):
     workload(e)
     e.decode(["A", "B", "C", "D"], written_token=lambda name, token: token + 1 if name == "B" else token)
     e.decode(["A", "B", "C", "D"])
+    return e
+
+
+def sc_perturb_next_token_swap(run):
+    """SGLang's next-token-swap perturb in the oracle sampler's place; the write-input assert sees it."""
+    from sglang.srt.kv_canary.perturb import next_token_swap
+
+    with env(SGLANG_KV_CANARY_PERTURB_NEXT_TOKEN_SWAP_PROB=0.5, SGLANG_KV_CANARY_PERTURB_WARMUP_STEPS=1):
+        next_token_swap._config, next_token_swap._step_counter = None, 0   # its config is read once per process
+        e = run(make_config(input_assert=True), oracle=HashOracle(vocab_size=5000))
+        e.prefill([("A", [11, 12, 13], {}), ("B", [21, 22], {}), ("C", [31, 32, 33, 34], {})])
+        for _ in range(6):
+            e.decode(["A", "B", "C"], sampler=next_token_swap.maybe_perturb_swap_next_tokens)
+        next_token_swap._config = None
     return e
 
 

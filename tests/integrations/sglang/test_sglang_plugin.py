@@ -82,6 +82,7 @@ def differences(ours: dict, theirs: dict) -> list[str]:
 
 SCENARIOS = ("clean", "redirected_req_to_token", "kv_bytes_changed", "mha_v", "raise", "perturb_req_to_token",
              "perturb_real_kv_used", "perturb_real_kv_post_forward", "perturb_real_kv_unused_cache",
+             "perturb_next_token_swap",
              "stalled_sweep", "verify_token_assert", "write_input_assert", "swa")
 
 
@@ -118,7 +119,8 @@ def test_the_scenarios_see_what_they_are_about(runs):
                          ("perturb_real_kv_used", "verify_real_kv_hash"),
                          ("perturb_real_kv_post_forward", "verify_real_kv_hash"),
                          ("perturb_real_kv_unused_cache", "verify_real_kv_hash"), ("swa", "verify_chain_hash"),
-                         ("verify_token_assert", "verify_token"), ("write_input_assert", "write_token")):
+                         ("verify_token_assert", "verify_token"), ("write_input_assert", "write_token"),
+                         ("perturb_next_token_swap", "write_token")):
         assert any(f"fail_reason={reason}" in m or f"+{reason}" in m for m in warnings(name)), name
     assert any("launch_tag=TAIL_V_FULL" in m for m in warnings("mha_v"))
     assert any("launch_tag=SWEEP_K_FULL" in m for m in warnings("perturb_real_kv_unused_cache"))
@@ -212,3 +214,40 @@ def test_every_stand_in_is_listed_with_its_reason():
     for replaced in ("triton", "sglang.kernels.jit.utils", "sglang.srt.utils", "_phase_check_kernel", "pinned",
                      "UnifiedRadixCache", "ForwardBatch", "ModelRunner", "ServerArgs", "launch_scatter_req_token_ids"):
         assert replaced in names
+
+
+def test_sglangs_data_classes_are_rewrapped_over_the_same_tensors():
+    """The plugin hands kv-canary SGLang's own tensors (no copy): what a launch writes, SGLang sees."""
+    import enum
+    from types import SimpleNamespace
+
+    import torch
+
+    from kv_canary.integrations.sglang import hooks
+
+    class Tag(enum.IntEnum):      # SGLang's enums are its own classes; the values are what cross over
+        TAIL_V_SWA = 9
+
+    source = SimpleNamespace(tensor=torch.zeros(8, 32, dtype=torch.uint8), page_size=1, num_bytes_per_token=32,
+                             read_bytes=16)
+    counters = torch.zeros(12, dtype=torch.int64)
+    context = SimpleNamespace(canary_buf=torch.zeros(8, 32, dtype=torch.uint8), kernel_kind=Tag.TAIL_V_SWA,
+                              violation_ring=torch.zeros(4, 8, dtype=torch.int64),
+                              violation_write_index=torch.zeros(1, dtype=torch.int32),
+                              slot_run_counter=counters[9:10], kernel_run_counter=counters[3:4],
+                              real_kv_sources=(source,), real_kv_hash_mode=2,
+                              enable_chain_position_assert=torch.ones(1, dtype=torch.int32))
+    ours = hooks.as_context(context)
+    assert type(ours) is kv_canary.VerifyOrWriteContext
+    assert ours.kernel_kind is kv_canary.CanaryLaunchTag.TAIL_V_SWA
+    assert ours.real_kv_hash_mode is kv_canary.RealKvHashMode.ALL
+    for name in ("canary_buf", "violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter",
+                 "enable_chain_position_assert"):
+        assert getattr(ours, name) is getattr(context, name), name
+    assert type(ours.real_kv_sources[0]) is kv_canary.RealKvSource
+    assert ours.real_kv_sources[0].tensor is source.tensor
+    plan = kv_canary.VerifyPlan.allocate(verify_capacity=4, device="cpu")
+    mirror = hooks.as_verify_plan(SimpleNamespace(**{f: getattr(plan, f) for f in plan.__dataclass_fields__}))
+    assert all(getattr(mirror, f) is getattr(plan, f) for f in plan.__dataclass_fields__)
+    kv_canary.launch_canary_verify_kernel(context=ours, plan=mirror, check_verify_expected_token=False)
+    assert counters.tolist()[3] == 1       # SGLang's counter view, advanced in place
