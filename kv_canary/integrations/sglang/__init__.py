@@ -44,10 +44,14 @@ def load() -> None:
 
     version = compat.check_sglang_version()
     layout = compat.check_layer()
+    port = compat.metrics_port(os.environ[ENV_METRICS_PORT]) if os.environ.get(ENV_METRICS_PORT) else None
+    if port is not None:
+        from kv_canary.metrics import _prometheus
+        _prometheus()    # prometheus_client missing: refuse now, before any launcher is replaced
     backend = hooks.register()
-    if os.environ.get(ENV_METRICS_PORT):
+    if port is not None:
         from . import exporter
-        exporter.register(compat.metrics_port(os.environ[ENV_METRICS_PORT]))
+        exporter.register(port)
     import kv_canary
 
     _loaded.update(version=version, backend=backend)

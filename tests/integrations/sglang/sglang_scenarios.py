@@ -500,7 +500,8 @@ def run_scenario(name: str, metrics_port_file: Path | None) -> dict:
     result = engines[0].finish()
     result["logs"] = records
     result["calls"] = list(CALLS)
-    if scrapes:
+    if metrics_port_file:
+        scrapes.append(scrape())       # after the last step
         result["scrapes"] = scrapes
     return result
 

@@ -181,6 +181,25 @@ def test_a_prometheus_scrape_during_a_perturb_scenario_shows_the_violations(runs
     assert samples["kv_canary_protected_tokens_total", ()] == sum(at["slot"])
 
 
+def metric_samples(text: str) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, s.labels.get("launch_tag")): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if "fail_reason" not in s.labels}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_counters_follow_sglangs_canary_state(runs, scenario):
+    """After the last step, every scenario's scrape holds SGLang's device counters and ring totals."""
+    record = runs["plugin"]["scenarios"][scenario]
+    samples, last = metric_samples(record["scrapes"][-1]), record["counters"][-1]
+    assert samples["kv_canary_violation_rows_total", None] == last["write_index"] == record["write_index"]
+    assert samples["kv_canary_ring_rows_lost_total", None] == 0
+    assert samples["kv_canary_protected_tokens_total", None] == sum(last["slot"])
+    assert [samples["kv_canary_kernel_runs_total", t.name] for t in kv_canary.CanaryLaunchTag] == last["kernel"]
+    assert samples["kv_canary_healthy", None] == (0 if scenario == "stalled_sweep" else 1)
+
+
 def test_the_plugin_refuses_a_layer_that_is_not_sglangs_bytes(runs):
     checks = runs["plugin"]["layer_checks"]
     assert checks["default"] == "accepted"
