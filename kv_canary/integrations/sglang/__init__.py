@@ -46,8 +46,11 @@ def load() -> None:
     layout = compat.check_layer()
     port = compat.metrics_port(os.environ[ENV_METRICS_PORT]) if os.environ.get(ENV_METRICS_PORT) else None
     if port is not None:
-        from kv_canary.metrics import _prometheus
-        _prometheus()    # prometheus_client missing: refuse now, before any launcher is replaced
+        try:             # prometheus_client missing: refuse now, before any launcher is replaced
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            from kv_canary.metrics import INSTALL_HINT
+            raise ImportError(f"kv-canary: {ENV_METRICS_PORT} needs prometheus_client: {INSTALL_HINT}") from None
     backend = hooks.register()
     if port is not None:
         from . import exporter
