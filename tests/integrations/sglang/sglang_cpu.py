@@ -18,7 +18,7 @@ import torch
 SGLANG_VERSION = "0.5.23"
 
 # module (or module attribute) -> why it is replaced; tests/integrations/sglang/test_sglang_plugin.py
-# checks that this list names exactly what install() replaces.
+# checks that each stand-in install() makes is named here.
 STUBS = {
     "sglang (package __init__)": "imports the whole server (engine, HTTP API, model registry); the canary "
                                  "runtime needs none of it, so the package is entered without running it",

@@ -105,8 +105,16 @@ def load_provider(provider: str) -> dict:
     else:
         os.environ["KV_CANARY_SGLANG"] = "1"
         os.environ.setdefault("KV_CANARY_SGLANG_METRICS_PORT", "0")   # 0: any free port
+        if not has_entry_point():   # a checkout on PYTHONPATH (make gpu-check), kv-canary not installed
+            from kv_canary.integrations.sglang import load
+            load()                  # what SGLang's loader calls through the entry point
     load_plugins()
     return {name: _resolve(target).__wrapped__ is not before[name] for name, target in LAUNCHERS.items()}
+
+
+def has_entry_point() -> bool:
+    from importlib.metadata import entry_points
+    return any(ep.name == "kv_canary" for ep in entry_points(group="sglang.srt.plugins"))
 
 
 def _resolve(target: str):
@@ -568,7 +576,7 @@ def main(argv=None) -> int:
         break_write()
     replaced = load_provider(args.provider)
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
-    out = {"provider": args.provider, "replaced": replaced, "plugin_log": plugin_log,
+    out = {"provider": args.provider, "replaced": replaced, "plugin_log": plugin_log, "entry_point": has_entry_point(),
            "backend": os.environ.get("KV_CANARY_BACKEND", ""), "scenarios": {}}
     import time
     for name in names:

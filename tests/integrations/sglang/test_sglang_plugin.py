@@ -150,7 +150,8 @@ def test_unset_changes_nothing_and_set_replaces_every_launcher(runs):
     # (scatter: the harness's own stand-in for SGLang's Triton kernel, see sglang_cpu.STUBS).
     assert runs["sglang"]["replaced"] == {"verify": False, "write": False, "plan": False, "scatter": True}
     assert runs["sglang"]["plugin_log"] == []
-    assert runs["plugin"]["replaced"] == {"verify": True, "write": True, "plan": True, "scatter": True}
+    assert runs["plugin"]["entry_point"] and runs["plugin"]["replaced"] == {"verify": True, "write": True, "plan": True,
+                                                                            "scatter": True}
     (line,) = [m for name, _, m in runs["plugin"]["plugin_log"] if name == "kv_canary.integrations.sglang"]
     assert line.startswith(f"kv-canary {importlib.metadata.version('kv-canary')} active inside SGLang 0.5.23: "
                            f"backend=torch schema=abi_version {kv_canary.ABI_VERSION}, layout "
