@@ -10,7 +10,11 @@ Each scenario builds a fresh CanaryManager over a small MHA (or SWA) pool, runs 
 decode batches of several requests, and records: every log record of SGLang's canary loggers
 (violation reports, stats lines, sweep and perturb lines), every exception the runtime raised
 (mode raise, the health check), the kernel- and slot-run counters after each step, the canary
-buffers' bytes after each step, the violation ring, and the arguments of every launcher call.
+buffers' bytes after each step, the violation ring, and the arguments of every launcher call. With
+the plugin it also scrapes the Prometheus endpoint (mid-run in one perturb scenario, and after the
+last step of each). SGLang's five perturb modules all run here: req_to_token, real_kv_used,
+real_kv_unused_cache (over a stand-in radix cache), real_kv_post_forward, and next_token_swap (in the
+place of SGLang's oracle sampler, which needs the model server's sampler layer).
 """
 from __future__ import annotations
 
@@ -483,7 +487,7 @@ SCRAPE_HOOK = None
 EMULATED_SCENARIOS = ("redirected_req_to_token",)
 
 
-def run_scenario(name: str, metrics_port_file: Path | None) -> dict:
+def run_scenario(name: str, scrape_metrics: bool) -> dict:
     global SCRAPE_HOOK
     random.seed(1234)
     torch.manual_seed(1234)
@@ -495,7 +499,7 @@ def run_scenario(name: str, metrics_port_file: Path | None) -> dict:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     scrapes: list = []
-    SCRAPE_HOOK = (lambda step: scrapes.append(scrape()) if step == 5 else None) if metrics_port_file else None
+    SCRAPE_HOOK = (lambda step: scrapes.append(scrape()) if step == 5 else None) if scrape_metrics else None
     engines: list = []
 
     def run(config, perturb=None, **kw):
@@ -508,7 +512,7 @@ def run_scenario(name: str, metrics_port_file: Path | None) -> dict:
     result = engines[0].finish()
     result["logs"] = records
     result["calls"] = list(CALLS)
-    if metrics_port_file:
+    if scrape_metrics:
         scrapes.append(scrape())       # after the last step
         result["scrapes"] = scrapes
     return result
@@ -581,10 +585,10 @@ def main(argv=None) -> int:
     import time
     for name in names:
         start = time.perf_counter()
-        out["scenarios"][name] = run_scenario(name, metrics_port_file=None if args.provider == "sglang" else True)
+        out["scenarios"][name] = run_scenario(name, scrape_metrics=args.provider == "plugin")
         out["scenarios"][name]["seconds"] = time.perf_counter() - start   # not compared: timing only
     BROKEN["on"] = True
-    out["broken"] = {name: run_scenario(name, metrics_port_file=None) for name in filter(None, args.broken.split(","))}
+    out["broken"] = {name: run_scenario(name, scrape_metrics=False) for name in filter(None, args.broken.split(","))}
     if args.provider == "plugin":
         out["layer_checks"] = layer_checks()
     Path(args.out).write_text(json.dumps(out))
