@@ -51,6 +51,25 @@ def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
     return diffs
 
 
+# kv-canary's launch data classes and the SGLang classes the plugin rewraps into them, field by field.
+_DATA_CLASSES = {"RealKvSource": "verify", "VerifyOrWriteContext": "verify", "VerifyPlan": "verify",
+                 "WritePlan": "write"}
+_OURS_ONLY = {"violation_reason_counts"}   # kv-canary's extension (None: counts nothing)
+
+
+def data_class_differences(ours, theirs) -> list[str]:
+    """Fields of kv-canary's launch data classes (`ours`: name -> class) that SGLang's lack."""
+    import dataclasses
+
+    diffs = []
+    for name, cls in ours.items():
+        missing = {f.name for f in dataclasses.fields(cls)} - _OURS_ONLY - {
+            f.name for f in dataclasses.fields(theirs[name])}
+        if missing:
+            diffs.append(f"SGLang's {name} lacks {', '.join(sorted(missing))}")
+    return diffs
+
+
 def check_layer(layout=None):
     """The layer whose launchers replace SGLang's (the default, kv_canary.generated) must write SGLang's bytes."""
     from sglang.kernels.ops.kv_canary import consts
@@ -60,6 +79,11 @@ def check_layer(layout=None):
 
     layout = kv_canary.generated.layout if layout is None else layout
     diffs = layout_differences(layout, consts, CanaryLaunchTag)
+    if layout is kv_canary.generated.layout:   # the classes the plugin rewraps SGLang's into
+        import importlib
+        theirs = {name: getattr(importlib.import_module(f"sglang.kernels.ops.kv_canary.{module}"), name)
+                  for name, module in _DATA_CLASSES.items()}
+        diffs += data_class_differences({name: getattr(kv_canary, name) for name in _DATA_CLASSES}, theirs)
     if diffs:
         raise ValueError("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte canary "
                          "records, so SGLang's runtime cannot run on it: " + "; ".join(diffs)

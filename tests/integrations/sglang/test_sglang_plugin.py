@@ -210,6 +210,19 @@ def test_the_plugin_refuses_a_layer_that_is_not_sglangs_bytes(runs):
     assert "input fields (SEMANTICS.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
 
 
+def test_the_plugin_refuses_sglang_data_classes_without_kv_canarys_fields():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class WritePlan:            # an SGLang whose WritePlan lost a field
+        write_offsets: object
+        write_num_valid_reqs: object
+
+    ours = {"WritePlan": kv_canary.WritePlan, "VerifyOrWriteContext": kv_canary.VerifyOrWriteContext}
+    assert compat.data_class_differences(ours, {"WritePlan": WritePlan, "VerifyOrWriteContext": ours[
+        "VerifyOrWriteContext"]}) == ["SGLang's WritePlan lacks write_seed_slot_indices"]
+
+
 def test_the_plugin_refuses_an_untested_sglang():
     assert compat.check_sglang_version("0.5.23") == "0.5.23"
     with pytest.raises(ValueError, match=r"^kv-canary: the SGLang plugin is tested with sglang 0\.5\.23, got sglang "
