@@ -1,0 +1,1 @@
+"""Adapters that attach kv-canary to serving engines (one subpackage per engine)."""
