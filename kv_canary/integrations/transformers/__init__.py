@@ -95,9 +95,10 @@ def check_hook_points() -> str:
 class TransformersCanary:
     """What `attach` returns: the manager, the current run's engine, and the hooks (`detach`).
 
-    `hooks`: objects with any of `before_head(engine, batch)`, `before_forward(engine, batch)`,
-    `after_update(engine)`, called in the generation thread at those points of every step (fault
-    injection in tests and the demo, or an engine's own instrumentation)."""
+    `hooks`: objects with any of `before_step(engine)` (the engine prepared the step's inputs; the
+    canary has not read them yet), `before_forward(engine, batch)` (after HEAD) and
+    `after_update(engine)` (the engine sampled and released finished requests), called in the
+    generation thread (fault injection in tests and the demo, or an engine's own instrumentation)."""
 
     def __init__(self, model, manager: CanaryManager, *, max_requests: Optional[int], max_context: Optional[int],
                  hooks=()):
@@ -172,8 +173,9 @@ class TransformersCanary:
             engine, manager = self.engine, self.manager
             if not manager.enabled:
                 return original(model)
+            engine.step = self.steps
+            self._call("before_step", engine)
             batch = self._guarded(lambda: engine.batch(self.steps))
-            self._call("before_head", engine, batch)
             self._guarded(lambda: manager.head(batch))
             self._call("before_forward", engine, batch)
             original(model)

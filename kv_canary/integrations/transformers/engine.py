@@ -138,6 +138,8 @@ class TransformersEngine:
         self._next_rid = 1
         self._meta: dict[int, _BlockMeta] = {}
         self.canary = None
+        self.step = 0                 # the step being run (or, after it, the last one run)
+        self.last_batch: Optional[Batch] = None
 
     # -- the contract -------------------------------------------------------------------------
     def canary_pools(self) -> dict:
