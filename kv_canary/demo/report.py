@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from ..violations import format_group
 
@@ -31,14 +32,31 @@ def table_rows(results) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_table(results) -> str:
-    rows = [COLUMNS, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
+CONSOLE_WIDTH = 120  # the console table's width; the report's table keeps every full row
+
+
+def _fit(widths: list[int], total: int) -> list[int]:
+    """Shrink the widest columns one character at a time until the row fits `total`."""
+    widths = list(widths)
+    while sum(widths) + 2 * (len(widths) - 1) > total and max(widths) > 8:
+        widths[widths.index(max(widths))] -= 1
+    return widths
+
+
+def _cell(text: str, width: int) -> str:
+    return text.ljust(width) if len(text) <= width else text[:width - 1] + "~"
+
+
+def format_table(results, width: int = CONSOLE_WIDTH) -> str:
+    """The console table: every column but the decoded line (that is in the report), cut to `width`."""
+    cols = len(COLUMNS) - 1
+    rows = [COLUMNS[:cols], *(row[:cols] for row in table_rows(results))]
+    widths = _fit([max(len(row[i]) for row in rows) for i in range(cols)], width)
     lines = []
     for k, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+        lines.append("  ".join(_cell(cell, w) for cell, w in zip(row, widths)).rstrip())
         if k == 0:
-            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
+            lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
@@ -70,18 +88,16 @@ def write_chart(results, path: Path) -> Path:
     return path
 
 
-def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
-    out = ["# kv-canary demo report", ""]
-    out += ["## Clean run", "",
-            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
-            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
-            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
-            f"violations: **{clean['violations']}**", ""]
-    out += ["## Scenarios", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def _table_md(results) -> list[str]:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in table_rows(results):
         out.append("| " + " | ".join(cell.replace("|", "\\|") if i < len(COLUMNS) - 1 else f"`{cell}`" for i, cell in
                                      enumerate(row)) + " |")
-    out += ["", f"![violations per step]({chart_name})", "", "## Details", ""]
+    return out
+
+
+def _details_md(results) -> list[str]:
+    out = []
     for r in results:
         sc = r.scenario
         out += [f"### {sc.name}", "", f"{sc.title}.", "",
@@ -97,13 +113,44 @@ def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
                 out.append(f"... {len(r.groups) - 5} more group(s)")
             out += ["```"]
         out.append("")
+    return out
+
+
+def write_markdown(results, clean: dict, path: Path, chart_name: Optional[str], real: Optional[dict] = None,
+                   no_chart: str = "") -> Path:
+    out = ["# kv-canary demo report", ""]
+    out += ["## Clean run", "",
+            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
+            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
+            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
+            f"violations: **{clean['violations']}**", ""]
+    out += ["## Scenarios", "", *_table_md(results)]
+    real = real or {}
+    if real.get("skipped"):
+        out += ["", "## Real engine: HF transformers", "", f"Skipped: {real['skipped']}"]
+    elif real:
+        c = real["clean"]
+        out += ["", "## Real engine: HF transformers", "",
+                f"A tiny random Llama ({c['model']}) generating with continuous batching (paged KV cache, "
+                f"transformers {c['version']}), guarded by kv_canary.integrations.transformers.", "",
+                f"- clean run: {c['requests']} requests, {c['steps']} engine steps, kernel launches: "
+                f"{c['kernel_runs']}, sweeps: {c['sweeps']}, violations: **{c['violations']}**, output tokens "
+                f"unchanged by the canary: {c['unchanged']}", "", *_table_md(real["results"])]
+    chart_line = f"![violations per step]({chart_name})" if chart_name else f"(no chart: {no_chart})"
+    out += ["", chart_line, "", "## Details", "", *_details_md(results), *_details_md(real.get("results", []))]
     path.write_text("\n".join(out), encoding="utf-8")
     return path
 
 
-def write_report(results, clean: dict, out_dir: Path) -> tuple[Path, Path]:
+def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = None) -> tuple[Path, Optional[Path], str]:
+    """report.md and the chart of every scenario (simulation and real engine); without matplotlib the
+    report is written without the chart and the third value says why."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    chart = write_chart(results, out_dir / "violations_per_step.png")
-    md = write_markdown(results, clean, out_dir / "report.md", chart.name)
-    return md, chart
+    chart, why = None, ""
+    try:
+        chart = write_chart(results + list((real or {}).get("results", [])), out_dir / "violations_per_step.png")
+    except ImportError:
+        why = "matplotlib is not installed: pip install 'kv-canary[demo]'"
+    md = write_markdown(results, clean, out_dir / "report.md", chart.name if chart else None, real, why)
+    return md, chart, why

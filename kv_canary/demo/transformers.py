@@ -331,12 +331,31 @@ def scenarios() -> list[TransformersScenario]:
     ]
 
 
-def run_scenario(sc: TransformersScenario, *, backend: Optional[str] = None, **manager_kwargs) -> ScenarioResult:
+class _Metrics:
+    """Starts a CanaryMetrics for the manager once the run attached it (the first step's hook)."""
+
+    def __init__(self, manager, registry, scenario: str):
+        self.args, self.metrics = (manager, registry, scenario), None
+
+    def before_step(self, engine) -> None:
+        if self.metrics is None and self.args[1] is not None:
+            from .faults import _scenario_metrics
+            self.metrics = _scenario_metrics(*self.args)
+
+    def close(self) -> None:
+        if self.metrics is not None:
+            self.metrics.refresh()
+
+
+def run_scenario(sc: TransformersScenario, *, backend: Optional[str] = None, metrics_registry=None,
+                 **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation."""
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(backend=backend, **kwargs)
     fault = sc.make_fault()
-    canary, _ = run(manager, sc.workload, hooks=[fault])
+    metrics = _Metrics(manager, metrics_registry, sc.name)
+    canary, _ = run(manager, sc.workload, hooks=[metrics, fault])
+    metrics.close()
     canary.check()
     vs = manager.violations
     first = vs[0] if vs else None
@@ -367,11 +386,7 @@ def run_clean(*, backend: Optional[str] = None, metrics_registry=None, **manager
     """A fault-free guarded run; returns (canary handle, outputs)."""
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
     manager = CanaryManager(backend=backend, **kwargs)
-    metrics = None
-    if metrics_registry is not None:
-        from ..metrics import CanaryMetrics
-        metrics = CanaryMetrics(manager, registry=metrics_registry, scenario="transformers/clean")
-    canary, outputs = run(manager)
-    if metrics is not None:
-        metrics.refresh()
+    metrics = _Metrics(manager, metrics_registry, PREFIX + "clean")
+    canary, outputs = run(manager, hooks=[metrics])
+    metrics.close()
     return canary, outputs

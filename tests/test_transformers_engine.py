@@ -1,0 +1,111 @@
+"""kv-canary on HF transformers' continuous batching (kv_canary.integrations.transformers): a clean
+run of concurrent requests through chunked prefill and decode is silent and changes no output
+token, every fault injected through the engine's own objects is caught at its documented step with
+its documented reason and every control stays silent, on the torch reference and the emulated
+kernels; the adapter meets the engine contract; a missing hook point fails attach naming the version."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from kv_canary.demo import transformers as tf  # noqa: E402
+from kv_canary.engine import contract  # noqa: E402
+from kv_canary.integrations import transformers as kt  # noqa: E402
+from kv_canary.manager import CanaryManager  # noqa: E402
+
+BACKENDS = ["torch", "emulated"]
+
+
+@pytest.fixture(scope="module")
+def unguarded_tokens():
+    m = tf.model()
+    gen, cb = tf.WORKLOAD.configs()
+    out = m.generate_batch(tf.WORKLOAD.prompts(), generation_config=gen, continuous_batching_config=cb)
+    return {k: list(v.generated_tokens) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_clean_run_is_silent_and_changes_no_token(backend, unguarded_tokens):
+    canary, out = tf.run_clean(backend=backend)
+    m = canary.manager
+    assert canary.errors == [] and m.stats.total == 0 and m.violations == []
+    assert {k: list(v.generated_tokens) for k, v in out.items()} == unguarded_tokens
+    assert len(out) == tf.WORKLOAD.num_requests and all(v.error is None for v in out.values())
+    # Every request went through (chunked) prefill and decode, several at once, and the sweep ran.
+    assert canary.steps > tf.WORKLOAD.max_new_tokens and m.sweep_passes == canary.steps // tf.SWEEP
+    assert m.kernel_runs > 0 and int(m.slot_run_counter[0]) > 0
+    assert max(m.stats.by_step, default=0) == 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sc", tf.scenarios(), ids=lambda s: s.name.split("/", 1)[1])
+def test_every_fault_is_caught_where_documented_and_every_control_is_silent(sc, backend):
+    r = tf.run_scenario(sc, backend=backend)
+    assert r.damage_step is not None, f"{sc.name}: the fault never fired"
+    assert r.ok, f"{sc.name}: {r.why}"
+    if sc.expect.launch is None:
+        assert r.violations == 0
+    else:
+        assert r.first.step == r.damage_step + sc.expect.delay and sc.expect.reason in r.first_launch_reasons
+
+
+def test_the_adapter_meets_the_engine_contract():
+    canary, _ = tf.run(CanaryManager(mode="none"))
+    engine = canary.engine
+    assert isinstance(engine, contract.BlockTableEngine) and contract.slot_table_kind(engine) == "blocks"
+    contract.check_engine(engine)
+    pool = engine.canary_pools()["full"]
+    assert isinstance(pool.storage, contract.KvStorage)
+    # A slot's K bytes in the canary's view are the allocator's own K row of that token.
+    alloc = engine.alloc
+    physical = 5 * alloc.block_physical_stride + 3
+    slot = int(engine.slot_of_physical(__import__("torch").tensor([physical]))[0])
+    assert slot == 5 * alloc.tokens_per_page + 3
+    k_view = alloc._kv_token_views[alloc.layer_indices[1]][0][physical]   # the allocator's update() target
+    row = pool.storage.k[1][slot // pool.storage.row_slots]
+    off = (slot % pool.storage.row_slots) * pool.storage.bytes_per_token
+    assert row[off:off + pool.storage.bytes_per_token].data_ptr() == k_view.data_ptr()
+
+
+def test_a_missing_hook_point_fails_attach_naming_the_version(monkeypatch):
+    from transformers.generation.continuous_batching import continuous_api
+    monkeypatch.delattr(continuous_api.ContinuousBatchProcessor, "update_batch")
+    with pytest.raises(RuntimeError) as e:
+        kt.attach(tf.model())
+    import transformers
+    assert f"transformers {transformers.__version__} lacks what the canary hooks into " \
+           f"(ContinuousBatchProcessor.update_batch)" in str(e.value)
+    assert kt.TESTED_VERSIONS in str(e.value)
+
+
+def test_unsupported_settings_fail_at_run_start():
+    canary = kt.attach(tf.model())
+    try:
+        gen, cb = tf.WORKLOAD.configs()
+        cb.cpu_offload_space = 1.0
+        with pytest.raises(ValueError, match="cpu_offload_space=1.0"):
+            tf.model().init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    finally:
+        canary.detach()
+
+
+def test_mode_raise_surfaces_through_check():
+    fault = tf.KvBytesChanged()
+    canary, out = tf.run(CanaryManager(mode="raise"), hooks=[fault])
+    assert fault.fired
+    with pytest.raises(Exception, match="verify_real_kv_hash"):
+        canary.check()
+
+
+def test_demo_shows_the_transformers_section(tmp_path, capsys):
+    from kv_canary import demo
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "transformers/kv_bytes_changed", "--only", "transformers/kv_bytes_changed/control"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "real engine: HF transformers" in out and "[ok] transformers/kv_bytes_changed" in out
+    table = [line for line in out.splitlines() if line.startswith(("[ok]", "[FAIL]", "scenario", "---"))]
+    assert max(len(line) for line in table) <= 120
+    report = (tmp_path / "report.md").read_text()
+    assert "## Real engine: HF transformers" in report and "transformers/kv_bytes_changed/control" in report
