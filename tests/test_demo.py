@@ -11,11 +11,13 @@ def test_demo_writes_table_and_report(tmp_path, capsys):
                     "--only", "stale_transfer/default_schema"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "scenario" in out and "expected detection" in out and "first decoded line" not in out
-    table = [line for line in out.splitlines() if line.startswith(("[ok]", "[FAIL]", "scenario", "---"))]
-    assert "[ok] out_of_range_slot" in out and table and max(len(line) for line in table) <= 120
-    control = next(line for line in out.splitlines() if line.startswith("[ok] stale_transfer/default_schema"))
-    assert control.split()[:4] == ["[ok]", "stale_transfer/default_schema", "defaults", "not"]
+    assert "scenario" in out and "first detection (damage step)" in out and "first decoded line" not in out
+    lines = out.splitlines()
+    table = lines[lines.index(next(x for x in lines if x.startswith("scenario "))):]
+    assert "[ok] out_of_range_slot" in out and max(len(line) for line in table[:table.index('')]) <= 120
+    i = next(k for k, line in enumerate(lines) if line.startswith("[ok] stale_transfer/default_schema"))
+    assert lines[i].split() == ["[ok]", "stale_transfer/default_schema", "defaults", "0", "-"]
+    assert lines[i + 1].strip() == "expected: not detected (control); detected by: not detected"
     report = (tmp_path / "report.md").read_text()
     assert "## Scenarios" in report and "stale_transfer/default_schema" in report
     assert "first decoded line" in report and "launch_tag=HEAD_K_FULL fail_reason=slot_out_of_range" in report

@@ -124,7 +124,7 @@ def test_the_demo_serves_the_clean_runs_metrics_while_it_runs(tmp_path, monkeypa
     m = seen["manager"]
     assert m.kernel_runs > 0
     assert_scrape_matches(seen["scrape"], expected_samples(m, "kv_canary", {"tp_rank": "0", "pp_rank": "0",
-                                                                           "dp_rank": "0"}))
+                                                                           "dp_rank": "0", "scenario": "clean"}))
     with pytest.raises(OSError):   # stopped with the demo
         scrape(seen["server"].url)
 

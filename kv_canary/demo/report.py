@@ -32,32 +32,26 @@ def table_rows(results) -> list[tuple[str, ...]]:
     return rows
 
 
-CONSOLE_WIDTH = 120  # the console table's width; the report's table keeps every full row
-
-
-def _fit(widths: list[int], total: int) -> list[int]:
-    """Shrink the widest columns one character at a time until the row fits `total`."""
-    widths = list(widths)
-    while sum(widths) + 2 * (len(widths) - 1) > total and max(widths) > 8:
-        widths[widths.index(max(widths))] -= 1
-    return widths
-
-
-def _cell(text: str, width: int) -> str:
-    return text.ljust(width) if len(text) <= width else text[:width - 1] + "~"
+CONSOLE_WIDTH = 120  # the console listing's width; the report's table keeps every full row
 
 
 def format_table(results, width: int = CONSOLE_WIDTH) -> str:
-    """The console table: every column but the decoded line (that is in the report), cut to `width`."""
-    cols = len(COLUMNS) - 1
-    rows = [COLUMNS[:cols], *(row[:cols] for row in table_rows(results))]
-    widths = _fit([max(len(row[i]) for row in rows) for i in range(cols)], width)
-    lines = []
-    for k, row in enumerate(rows):
-        lines.append("  ".join(_cell(cell, w) for cell, w in zip(row, widths)).rstrip())
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    """The console listing: two lines per scenario (name, canary, violations, first detection; then
+    what was expected and what detected it), each cut to `width`; the decoded line is in the report."""
+    rows = table_rows(results)
+    name_w = min(60, max([len("scenario")] + [len(r[0]) for r in rows]))
+    canary_w = min(24, max([len("canary")] + [len(r[1]) for r in rows]))
+    head = f"{'scenario':<{name_w}}  {'canary':<{canary_w}}  {'violations':>10}  first detection (damage step)"
+    lines = [head, "-" * min(width, len(head))]
+    for name, canary, expected, detected, first, violations, _ in rows:
+        lines.append(_cut(f"{_cut(name, name_w):<{name_w}}  {_cut(canary, canary_w):<{canary_w}}  "
+                          f"{violations:>10}  {first}", width))
+        lines.append(_cut(f"    expected: {expected}; detected by: {detected}", width))
     return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def write_chart(results, path: Path) -> Path:
