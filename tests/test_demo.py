@@ -89,3 +89,14 @@ def test_metrics_serve_every_scenario(tmp_path, capsys):
     rows = [line for line in text.splitlines() if line.startswith("kv_canary_violation_rows_total")]
     bad = [line for line in rows if 'scenario="out_of_range_slot"' in line]
     assert bad and float(bad[0].split()[-1]) > 0
+
+
+def test_without_transformers_the_section_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import transformers -> ImportError
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "transformers/clean"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "skipped: HF transformers is not installed: pip install 'kv-canary[transformers]' (or `make setup`)" in out
+    assert "Skipped: HF transformers is not installed" in (tmp_path / "report.md").read_text()

@@ -142,9 +142,13 @@ def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = Non
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     chart, why = None, ""
-    try:
-        chart = write_chart(results + list((real or {}).get("results", [])), out_dir / "violations_per_step.png")
-    except ImportError:
-        why = "matplotlib is not installed: pip install 'kv-canary[demo]'"
+    every = results + list((real or {}).get("results", []))
+    if not every:
+        why = "no fault scenario ran"
+    else:
+        try:
+            chart = write_chart(every, out_dir / "violations_per_step.png")
+        except ImportError:
+            why = "matplotlib is not installed: pip install 'kv-canary[demo]'"
     md = write_markdown(results, clean, out_dir / "report.md", chart.name if chart else None, real, why)
     return md, chart, why
