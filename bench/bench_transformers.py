@@ -32,12 +32,9 @@ def main() -> int:
     from kv_canary.manager import CanaryManager
     torch.set_num_threads(1)
     model = tf.model()
-    gen, cb = tf.WORKLOAD.configs()
-    prompts = tf.WORKLOAD.prompts()
-
     def plain() -> float:
         t = time.perf_counter()
-        model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb)
+        tf.generate(model)
         return time.perf_counter() - t
 
     plain()  # warm-up

@@ -19,9 +19,7 @@ BACKENDS = ["torch", "emulated"]
 
 @pytest.fixture(scope="module")
 def unguarded_tokens():
-    m = tf.model()
-    gen, cb = tf.WORKLOAD.configs()
-    out = m.generate_batch(tf.WORKLOAD.prompts(), generation_config=gen, continuous_batching_config=cb)
+    out = tf.generate(tf.model())
     return {k: list(v.generated_tokens) for k, v in out.items()}
 
 

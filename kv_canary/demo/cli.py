@@ -184,8 +184,7 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
             handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **canary.manager_options())
         logging.getLogger("kv_canary").setLevel(logging.ERROR)
         m = handle.manager
-        gen, cb = tf.WORKLOAD.configs()
-        plain = tf.model().generate_batch(tf.WORKLOAD.prompts(), generation_config=gen, continuous_batching_config=cb)
+        plain = tf.generate(tf.model())
         unchanged = all(list(plain[k].generated_tokens) == list(v.generated_tokens) for k, v in outputs.items())
         cfg = tf.model().config
         section["clean"] = {"requests": len(outputs), "steps": handle.steps, "kernel_runs": m.kernel_runs,
