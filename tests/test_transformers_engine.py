@@ -98,11 +98,17 @@ def test_mode_raise_surfaces_through_check():
 
 def test_demo_shows_the_transformers_section(tmp_path, capsys):
     from kv_canary import demo
-    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot",
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot", "--only", "transformers/clean",
                     "--only", "transformers/kv_bytes_changed", "--only", "transformers/kv_bytes_changed/control"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "real engine: HF transformers" in out and "[ok] transformers/kv_bytes_changed" in out
+    assert "violations: 0, output tokens unchanged: yes" in out
+    stats = [line.split()[1] for line in out.splitlines() if line.strip().startswith("[canary] step=")]
+    assert stats[:2] == ["step=10", "step=20"]   # the stats line on the real engine, every 10 of its steps
+    # The first detection's report, as SGLang's runtime logs it (SEMANTICS.md §9).
+    assert "    kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_real_kv_hash" in out
+    assert "    canary_kind:       per_forward_head_k_full" in out
     lines = out.splitlines()
     start = lines.index(next(x for x in lines if x.startswith("scenario ")))
     table = lines[start:]

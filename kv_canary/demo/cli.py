@@ -180,8 +180,11 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
     logging.getLogger("kv_canary").setLevel(logging.INFO if run_clean else logging.ERROR)
     section = {"results": [], "ok": True}
     if run_clean:
+        options = canary.manager_options()
+        # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
+        options["stats_print_every_n_steps"] = options["stats_print_every_n_steps"] or tf.STATS_EVERY
         with _canary_log_shown(out):
-            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **canary.manager_options())
+            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **options)
         logging.getLogger("kv_canary").setLevel(logging.ERROR)
         m = handle.manager
         plain = tf.generate(tf.model())
@@ -204,6 +207,15 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         section["results"].append(tf.run_scenario(sc, backend=args.backend, metrics_registry=registry))
     if chosen:
         out.write("\n\n" + report.format_table(section["results"]) + "\n\n")
+        first = next((r for r in section["results"] if r.first is not None), None)
+        if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
+            from .. import generated
+            from ..reporting import ViolationReporter
+            text = ViolationReporter(generated.layout).message(
+                first.first, total_violations=first.violations, ring_overflow=first.lost > 0,
+                step_when_pumped=first.first.step)
+            out.write(f"  {first.scenario.name}: its first violation as the canary logs it:\n")
+            out.write("".join(f"    {line}\n" for line in text.splitlines()) + "\n")
     section["ok"] = section["ok"] and all(r.ok for r in section["results"])
     return section
 
