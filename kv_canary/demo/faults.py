@@ -443,6 +443,12 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
     manager.drain()
     if metrics is not None:
         metrics.refresh()
+    return judge(sc, manager, fault)
+
+
+def judge(sc, manager: CanaryManager, fault) -> ScenarioResult:
+    """A finished scenario run against its expectation (any engine's scenario: `name`, `expect`,
+    `layer`; a fault with `damage_step` and `detail`)."""
     vs = manager.violations
     first = vs[0] if vs else None
     launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from ..manager import CanaryManager
-from .faults import Expect, ScenarioResult
+from .faults import Expect, ScenarioResult, judge
 
 INSTALL_HINT = "pip install 'kv-canary[transformers]'"
 PAGE_SIZE = 4
@@ -370,29 +370,7 @@ def run_scenario(sc: TransformersScenario, *, backend: Optional[str] = None, met
     canary, _ = run(manager, sc.workload, hooks=[metrics, fault])
     metrics.close()
     canary.check()
-    vs = manager.violations
-    first = vs[0] if vs else None
-    launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]
-    reasons = tuple(sorted({r for v in launch for r in v.reasons}))
-    e = sc.expect
-    want_tag = e.tag(manager.L)
-    if fault.damage_step is None:
-        ok, why = False, "the fault never fired (no matching state in this run)"
-    elif want_tag is None:
-        ok = manager.stats.total == 0
-        why = "silent, as documented" if ok else f"{manager.stats.total} unexpected violation(s)"
-    elif first is None:
-        ok, why = False, "not detected"
-    else:
-        want_step = fault.damage_step + e.delay
-        ok = first.launch_tag == want_tag and e.reason in reasons and first.step == want_step
-        why = "as expected" if ok else (f"expected {want_tag} {e.reason} at step {want_step}, got {first.launch_tag} "
-                                        f"{'+'.join(reasons)} at step {first.step}")
-    settings = {"schema": "kernels.yaml", "check_verify_expected_token": manager.check_verify_expected_token,
-                "real_kv_hash_mode": manager.real_kv_hash_mode.name, "sweep_interval": manager.sweep_interval}
-    return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,
-                          reasons, dict(manager.stats.by_step), manager.grouped(vs[:200]), ok, why, settings, fault,
-                          e.describe(manager.L), want_tag)
+    return judge(sc, manager, fault)
 
 
 def run_clean(*, backend: Optional[str] = None, metrics_registry=None, **manager_kwargs):
