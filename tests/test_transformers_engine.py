@@ -34,6 +34,10 @@ def test_clean_run_is_silent_and_changes_no_token(backend, unguarded_tokens):
     assert canary.steps > tf.WORKLOAD.max_new_tokens and m.sweep_passes == canary.steps // tf.SWEEP
     assert m.kernel_runs > 0 and int(m.slot_run_counter[0]) > 0
     assert max(m.stats.by_step, default=0) == 0
+    # What the sweep walks: the blocks the ledger keeps for reuse once their requests finished.
+    slots, positions, tokens, prevs = canary.engine.cached_entries()
+    assert slots and len(slots) == len(positions) == len(tokens) == len(prevs)
+    assert len(slots) == len(canary.engine.alloc.ledger.cached_blocks) * canary.engine.block_size
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -115,3 +119,16 @@ def test_demo_shows_the_transformers_section(tmp_path, capsys):
     assert max(len(line) for line in table[:table.index('')]) <= 120
     report = (tmp_path / "report.md").read_text()
     assert "## Real engine: HF transformers" in report and "transformers/kv_bytes_changed/control" in report
+
+
+def test_layers_past_what_a_launch_reads_get_the_coverage_warning():
+    from kv_canary.manager import CanaryCoverageWarning
+    deep = kt.tiny_llama(num_layers=6)
+    canary = kt.attach(deep, CanaryManager())
+    try:
+        with pytest.warns(CanaryCoverageWarning, match="does not cover 2 of 6 full layers"):
+            tf.generate(deep, tf.Workload(num_requests=2, max_new_tokens=3))
+    finally:
+        canary.detach()
+    canary.check()
+    assert canary.manager.fingerprinted == {"full": (0, 1, 2, 3)} and canary.manager.stats.total == 0
