@@ -132,3 +132,22 @@ def test_layers_past_what_a_launch_reads_get_the_coverage_warning():
         canary.detach()
     canary.check()
     assert canary.manager.fingerprinted == {"full": (0, 1, 2, 3)} and canary.manager.stats.total == 0
+
+
+def test_a_persistent_manager_is_guarded_across_sessions_and_detach_removes_every_hook():
+    m = tf.model()
+    canary = kt.attach(m, CanaryManager())
+    gen, cb = tf.WORKLOAD.configs()
+    prompts = tf.WORKLOAD.prompts()[:3]
+    try:
+        for _ in range(2):
+            m.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb, persistent_manager=True)
+        assert canary.runs == 1 and canary.steps > 0 and canary.manager.stats.total == 0
+        canary.check()
+        steps = canary.steps
+    finally:
+        canary.detach()
+    cbm = m._cached_continuous_batching_manager
+    assert "_create_batch_processor" not in vars(cbm) and "_generation_step" not in vars(cbm.batch_processor)
+    m.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb)   # unguarded now
+    assert canary.steps == steps

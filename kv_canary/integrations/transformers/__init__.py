@@ -111,6 +111,7 @@ class TransformersCanary:
         self.runs = 0                 # continuous-batching runs attached so far
         self.steps = 0                # engine steps guarded so far (the manager's step numbers)
         self.errors: list[BaseException] = []   # raised by the canary inside the generation thread
+        self._patched: list = []                 # (object, attribute) of every hook installed, for detach
         self.version = check_hook_points()
 
     # -- the hooks, each wrapping one object of the model's run -----------------------------------
@@ -119,9 +120,9 @@ class TransformersCanary:
             cbm = original(*args, **kwargs)
             self._refuse_unsupported(cbm)
             if not getattr(cbm, _MARK, None):
-                setattr(cbm, _MARK, self)
-                cbm._create_batch_processor = self._wrap_create(cbm._create_batch_processor)
-                cbm._run_generation_loop = self._wrap_loop(cbm._run_generation_loop)
+                self._patch(cbm, _MARK, self)
+                self._patch(cbm, "_create_batch_processor", self._wrap_create(cbm._create_batch_processor))
+                self._patch(cbm, "_run_generation_loop", self._wrap_loop(cbm._run_generation_loop))
             return cbm
         return init_continuous_batching
 
@@ -147,18 +148,22 @@ class TransformersCanary:
             if getattr(processor, _MARK, None) is self and self.engine is not None:
                 self.engine.reset()       # a persistent manager's processor, reset for a new session
                 return processor
-            setattr(processor, _MARK, self)
+            self._patch(processor, _MARK, self)
             engine = TransformersEngine(processor, max_requests=self.max_requests, max_context=self.max_context)
             self.manager.attach(engine)
             engine.canary = self.manager if self.manager.enabled else None
             self.engine = engine
             self.runs += 1
-            processor._generation_step = self._wrap_step(processor._generation_step)
-            processor.update_batch = self._wrap_update(processor.update_batch)
-            cache = processor.cache
-            cache.free_blocks = self._wrap_free(cache.free_blocks)
+            self._patch(processor, "_generation_step", self._wrap_step(processor._generation_step))
+            self._patch(processor, "update_batch", self._wrap_update(processor.update_batch))
+            self._patch(processor.cache, "free_blocks", self._wrap_free(processor.cache.free_blocks))
             return processor
         return _create_batch_processor
+
+    def _patch(self, obj, name: str, value) -> None:
+        """Set an instance attribute of one of the run's objects (its class stays untouched)."""
+        obj.__dict__[name] = value
+        self._patched.append((obj, name))
 
     def _guarded(self, fn):
         """Run a hook body; what it raises is kept for `check()` (the generation thread swallows it)."""
@@ -224,9 +229,13 @@ class TransformersCanary:
             raise self.errors[0]
 
     def detach(self) -> None:
-        """Stop guarding the model's next runs (a run in progress keeps its hooks until it ends)."""
+        """Remove every hook (the model's, and those of a persistent manager it keeps for its next
+        runs); call it between runs, not during one."""
         self.model.__dict__.pop("init_continuous_batching", None)
         self.model.__dict__.pop(_MARK, None)
+        for obj, name in reversed(self._patched):
+            obj.__dict__.pop(name, None)
+        self._patched.clear()
 
 
 def attach(model, manager: Optional[CanaryManager] = None, *, max_requests: Optional[int] = None,
