@@ -21,14 +21,15 @@ owning request's id, checked per request), `allocation_epoch` (the allocator's e
 checked per slot) or `caller_table` (a per-slot table the caller passes as
 `caller_tables={field: {group: tensor}}`, checked per slot).
 
-The engine protocol (kv_canary.demo.sim.Engine implements it): `attach(engine)` calls
-`engine.canary_pools()` -> {group: KvPoolView} (one per KV pool, keyed by the schema's launch-tag
-groups: `full`, and `swa` for sliding-window layers) and reads `engine.device`, `engine.cfg`
-(`max_running`, `max_ctx`), `engine.req_rows`, `engine.req_to_token`, requests' `.rid` / `.row` /
-`.matched`, and `engine.cached_entries()` for the sweep; batches are kv_canary.demo.sim.ForwardBatch
-(`token_rids` gives each token's request id). A launch fingerprints at most MAX_REAL_KV_SOURCES
-layers per group: `fingerprint_layers` chooses which (default: the first ones, with a
-CanaryCoverageWarning naming the layers left uncovered).
+What the manager needs from an engine is the engine contract, kv_canary.engine.contract (Protocol
+classes, checked by `check_engine` at attach): `engine.canary_pools()` -> {group: KvPool} (one per KV
+pool, keyed by the schema's launch-tag groups: `full`, and `swa` for sliding-window layers),
+`engine.device`, `engine.cfg` (`max_running`, `max_ctx`), `engine.req_rows`, the requests' slots as a
+slot table (`req_to_token`) or a block table (`req_to_block` + `block_size`, expanded on the device
+for the batch's rows every step), batches (`ForwardBatch`: requests' `.rid` / `.row` / `.matched`,
+`token_rids` each token's request id) and `engine.cached_entries()` for the sweep. A launch
+fingerprints at most MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which
+(default: the first ones, with a CanaryCoverageWarning naming the layers left uncovered).
 
 SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
 SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
@@ -51,11 +52,12 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from .config import parse_mode
+from .engine.contract import KvPoolView, check_engine, slot_table_kind
 from .monitor import CanaryHealthError, RuntimeMonitor
 from .reporting import SWEEP_PHASE, ViolationReporter
 from .runtime import runtime_for
@@ -81,17 +83,6 @@ class CanaryViolationError(RuntimeError):
     def __init__(self, message: str, violations: list[Violation]):
         super().__init__(message)
         self.violations = violations
-
-
-@dataclass(frozen=True)
-class KvPoolView:
-    """One KV pool as an engine hands it to the manager (engine.canary_pools()[group])."""
-    storage: object               # .k / .v: per-layer tensors; .halves(), .num_slots, .row_slots, .bytes_per_token
-    window: int                   # sliding window in tokens (0: full attention)
-    full_to_pool: Optional[torch.Tensor]   # int64 LUT full-pool slot -> this pool's slot (None: same slots)
-    allocation_epoch: torch.Tensor         # int64 [num_slots]: the allocator's epoch of each slot
-    out_cache_loc: Callable                # batch -> int64 [tokens]: the batch's slots in this pool
-    translate: Optional[Callable[[int], int]] = None  # full-pool slot -> this pool's slot, host side (sweep)
 
 
 @dataclass
@@ -284,6 +275,7 @@ class CanaryManager:
 
     def attach(self, engine) -> None:
         """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
+        check_engine(engine)
         self.engine = engine
         if not self.enabled:
             return
@@ -301,6 +293,8 @@ class CanaryManager:
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
         self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
         self._valid_len = [0] * engine.req_rows
+        self._block_table = slot_table_kind(engine) == "blocks"
+        self._slot_table = self._allocate_slot_table(engine, cfg)
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
@@ -314,6 +308,22 @@ class CanaryManager:
             self._pinned_idx = [torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(SNAPSHOT_DEPTH)]
             self._next_pin = 0
         self.monitor = self._make_monitor()
+
+    def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
+        """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
+        if not self._block_table:
+            return engine.req_to_token
+        cols = torch.arange(cfg.max_ctx, dtype=torch.int64, device=self.device)
+        self._block_col = cols // engine.block_size   # the block-table column of each position
+        self._block_off = cols % engine.block_size    # the position's offset in its block
+        return torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=self.device)
+
+    def _expand_block_table(self, batch) -> None:
+        """Slots of the batch's rows from the engine's block table, on the device (capturable)."""
+        e = self.engine
+        blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
+        slots = blocks * e.block_size + self._block_off
+        self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
 
     def _make_monitor(self) -> RuntimeMonitor:
         """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
@@ -436,6 +446,8 @@ class CanaryManager:
         """Device side of HEAD: plan, HEAD verify and write. No host sync, so a CUDA graph can
         capture it (and `tail`); `prepare` must have refilled the inputs for this batch."""
         if self.enabled:
+            if self._block_table:
+                self._expand_block_table(batch)
             self._plan(batch)
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
@@ -472,14 +484,14 @@ class CanaryManager:
             self.fleet.after_step(step)
 
     def _plan(self, batch) -> None:
-        e, bs = self.engine, batch.bs
+        bs = batch.bs
         valid = self._valid_lens[:bs]
         extra = {n: self._owners[:bs] for n in self._per_request}
         for g in self.groups:
             self.rt.launch_canary_plan_kernels(
                 verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
                 req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
-                extend_seq_lens=batch.extend_seq_lens, req_to_token=e.req_to_token,
+                extend_seq_lens=batch.extend_seq_lens, req_to_token=self._slot_table,
                 swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
                 verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
                 req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=valid,

@@ -68,7 +68,8 @@ print(json.dumps({
     "files": [kv_canary.__file__, kv_canary.codegen.__file__],
     "modules": [u.find_spec(name).origin for name in ("kv_canary.distributed", "kv_canary.distributed.fleet",
                                                       "kv_canary.distributed.local", "kv_canary.metrics",
-                                                      "kv_canary.demo.fleet")],
+                                                      "kv_canary.demo.fleet", "kv_canary.engine.contract",
+                                                      "kv_canary.integrations.transformers.engine")],
     "signer": native.status(), "signer_source": str(native.SOURCE),
 }))
 """
@@ -96,7 +97,7 @@ def test_the_native_signer_ships_and_loads_from_the_wheel(probe):
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):
-    assert len(probe["modules"]) == 5 and all("site-packages" in p and str(ROOT) not in p for p in probe["modules"])
+    assert len(probe["modules"]) == 7 and all("site-packages" in p and str(ROOT) not in p for p in probe["modules"])
 
 
 def test_describe_outside_a_checkout_prints_the_installed_layout(installed):

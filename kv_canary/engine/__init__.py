@@ -1,0 +1,1 @@
+"""What the canary runtime needs from a serving engine (`contract`)."""
