@@ -45,7 +45,12 @@ def _tell_waiting(lock: Path) -> None:
 
 def provenance(tree: Tree) -> Provenance:
     """What the tree's generated headers and messages name."""
-    return Provenance(schema=tree.schema_name, edit=tree.edit_hint, regenerate=tree.regenerate())
+    return Provenance(schema=tree.file_schema_name, edit=tree.edit_hint, regenerate=tree.file_regenerate)
+
+
+def provenance_for(schema: Path, out: Path) -> Provenance:
+    """What `generate --schema SCHEMA --out OUT` writes into the headers (from the current directory)."""
+    return provenance(resolve_trees(schema, out, Path.cwd())[0])
 
 
 def hints(tree: Tree) -> Hints:
@@ -166,7 +171,8 @@ def cmd_diff(args) -> int:
         trees = resolve_trees(None, None, Path.cwd(), args.config)
         new_spec = _display(trees[0].schema) if len(trees) == 1 else "kernels.yaml"
     try:
-        old_name, old_raw = read_source(args.old, root, default_path=new_spec)
+        default_path = new_spec if (root / new_spec).is_file() else new_spec.partition(":")[2] or "kernels.yaml"
+        old_name, old_raw = read_source(args.old, root, default_path=default_path)
     except SourceUnavailable as exc:
         if args.missing_base_ok and exc.no_base:
             print(f"kv-canary diff: nothing to compare: {exc}. Passing: there is no base schema to break.")

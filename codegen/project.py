@@ -65,9 +65,22 @@ class Tree:
                 f"--out {shlex.quote(_relative(self.out, base))}")
 
     @property
+    def file_schema_name(self) -> str:
+        """The schema as generated files name it: its path in the project when kv-canary.yaml lists the
+        tree, else its file name (so the files do not depend on where the tree was generated from)."""
+        return self.schema_name if self.configured or self.own_checkout else self.schema.name
+
+    @property
+    def file_regenerate(self) -> str:
+        """The regenerate command as generated files name it (independent of the current directory)."""
+        if self.own_checkout or self.configured:
+            return self.regenerate()
+        return f"kv-canary generate --schema {shlex.quote(self.schema.name)} --out <this tree>"
+
+    @property
     def edit_hint(self) -> str:
         """What to edit instead of a generated file."""
-        return "kernels.yaml (or codegen/)" if self.own_checkout else self.schema_name
+        return "kernels.yaml (or codegen/)" if self.own_checkout else self.file_schema_name
 
 
 def _relative(path: Path, base: Path) -> str:
@@ -178,7 +191,6 @@ def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path:
     config = load_config(found, _relative(found.resolve(), cwd.resolve())) if found else None
     if schema is None and out is None and config is not None:
         return list(config.trees)
-    root = config.root if config is not None else git_toplevel(cwd) or cwd.resolve()
     schema_path = (cwd / schema).resolve() if schema is not None else None
     out_path = (cwd / out).resolve() if out is not None else None
     for tree in (config.trees if config else ()):
@@ -186,9 +198,18 @@ def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path:
             return [tree]
     schema_path = schema_path or (cwd / "kernels.yaml").resolve()
     out_path = out_path or (cwd / "generated").resolve()
-    if not (schema_path.is_relative_to(root) and out_path.is_relative_to(root)):
-        root = cwd.resolve()
-    return [Tree(schema_path, out_path, root, False)]
+    return [Tree(schema_path, out_path, project_root(schema_path, out_path, config), False)]
+
+
+def project_root(schema: Path, out: Path, config: Config | None) -> Path:
+    """What a tree's header names its paths against, whatever the current directory: the config's
+    directory, else the git top level holding both, else the deepest directory holding both."""
+    for root in (config.root if config else None, git_toplevel(schema.parent) if schema.parent.is_dir() else None):
+        if root is not None and schema.is_relative_to(root) and out.is_relative_to(root):
+            return root
+    import os
+    common = Path(os.path.commonpath([schema.parent, out]))
+    return common if common.parent != common else Path("/nonexistent-root")  # "/": absolute paths read better
 
 
 def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
