@@ -48,7 +48,7 @@ def resolve_base(base: str | None, trees: list[Tree]) -> tuple[str | None, str]:
     default branch). A named base that does not exist raises BaseError."""
     cwd = Path.cwd()
     if base:
-        return base, f"`{base}`"
+        return base, "given as --base"
     ref = os.environ.get("GITHUB_BASE_REF")
     if ref:  # a pull_request run: merge base with the target branch, fetched by actions/checkout
         for name in (f"origin/{ref}", ref):
