@@ -107,19 +107,32 @@ def git(repo: Path, *args: str) -> str:
                           capture_output=True, text=True).stdout
 
 
-@pytest.fixture
-def engine(tmp_path, monkeypatch, capsys):
-    """An engine repository after `kv-canary init --package myengine/_canary`, committed on main."""
-    repo = tmp_path / "engine"
+@pytest.fixture(scope="module")
+def engine_template(tmp_path_factory):
+    """An engine repository after `kv-canary init --package myengine/_canary`, committed on main, on a
+    branch `feature` (made once; each test gets a copy)."""
+    repo = tmp_path_factory.mktemp("engine") / "engine"
     (repo / "myengine").mkdir(parents=True)
     (repo / "myengine" / "__init__.py").write_text("")
     git(repo, "init", "-q", "-b", "main")
-    monkeypatch.chdir(repo)
-    assert kv_main(["init", "--package", "myengine/_canary"]) == 0
-    capsys.readouterr()
+    cwd = os.getcwd()
+    os.chdir(repo)
+    try:
+        assert kv_main(["init", "--package", "myengine/_canary"]) == 0
+    finally:
+        os.chdir(cwd)
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "kv-canary init")
     git(repo, "checkout", "-q", "-b", "feature")
+    return repo
+
+
+@pytest.fixture
+def engine(engine_template, tmp_path, monkeypatch, capsys):
+    repo = tmp_path / "engine"
+    shutil.copytree(engine_template, repo, symlinks=True)
+    monkeypatch.chdir(repo)
+    capsys.readouterr()
     return repo
 
 
