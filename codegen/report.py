@@ -152,8 +152,9 @@ def _tree_section(r: TreeResult, hint) -> list[str]:
     table = format_markdown(r.report, hint).splitlines()[2:]  # without its own title
     lines += [f"ABI diff: `{r.report.old_name}` → `{r.report.new_name}`", "", *table, ""]
     if r.layout_diff:
-        lines += ["<details><summary>LAYOUT.md diff</summary>", "", "````diff", *r.layout_diff.splitlines(),
-                  "````", "", "</details>", ""]
+        # A tilde fence: LAYOUT.md's own ``` fences cannot close it.
+        lines += ["<details><summary>LAYOUT.md diff</summary>", "", "~~~diff", *r.layout_diff.splitlines(),
+                  "~~~", "", "</details>", ""]
     return lines
 
 

@@ -307,7 +307,7 @@ def test_pr_report_writes_summary_comment_and_outputs(engine, tmp_path, monkeypa
     assert out["verdict"] == verdict and out["breaking"] == ("true" if change in ("breaking", "bumped") else "false")
     if change == "compatible":
         assert "| compatible | message text changed | `messages.not_contiguous` |" in comment
-        assert "LAYOUT.md diff" not in comment or "````diff" in comment
+        assert "LAYOUT.md diff" not in comment or "~~~diff" in comment
     if change in ("breaking", "bumped"):
         assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in comment
         assert "<details><summary>LAYOUT.md diff</summary>" in comment
@@ -371,3 +371,35 @@ def test_the_actions_report_step_runs_as_written(engine, tmp_path, monkeypatch):
     env["BASE"] = "HEAD"  # the input `base`: compared with the branch's own HEAD the tree is the same change
     proc = subprocess.run(["bash", "-c", step["run"]], cwd=engine, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Base: `HEAD` (given as --base)." in proc.stdout
+
+
+# -- docs/schema-change.md shows real output ------------------------------------------------------
+def _doc() -> str:
+    return (ROOT / "docs" / "schema-change.md").read_text(encoding="utf-8")
+
+
+def test_the_documented_job_summary_is_what_pr_report_writes(engine, tmp_path, monkeypatch, capsys):
+    import re
+
+    from test_diff import EPOCH_EDIT
+    doc = _doc()
+    shown = doc.split("<!-- job-summary:begin -->\n", 1)[1].split("<!-- job-summary:end -->", 1)[0]
+    for k, v in pr_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
+    (engine / "canary.yaml").write_text(edit(*EPOCH_EDIT, text=(engine / "canary.yaml").read_text()))
+    assert kv_main(["generate"]) == 0
+    capsys.readouterr()
+    assert kv_main(["pr-report"]) == 2
+    written = capsys.readouterr().out
+    sha = re.compile(r"(?<=[`\- ])[0-9a-f]{12}(?=[`:])")  # the merge base's commit id
+    assert sha.sub("SHA", written) == sha.sub("SHA", shown) and sha.sub("SHA", written) != written
+
+
+def test_the_documented_json_is_what_diff_prints(engine, capsys):
+    block = _doc().split("```json\n", 1)[1].split("```", 1)[0]
+    documented = json.loads(block)
+    validate(documented, DIFF_SHAPE)
+    (engine / "canary.yaml").write_text((engine / "canary.yaml").read_text().replace("slot_stride_bytes: 32",
+                                                                                     "slot_stride_bytes: 64"))
+    assert kv_main(["diff", "main", "--format", "json"]) == 2
+    assert json.loads(capsys.readouterr().out) == documented
