@@ -34,8 +34,9 @@ def _display(path: Path) -> str:
 
 
 def _load(schema_path: Path):
-    """(schema, the normalised text it was parsed from): the file is read once."""
-    return read_schema(schema_path, display_name=_display(schema_path))
+    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by)."""
+    shown = _display(schema_path)
+    return read_schema(Path(shown), display_name=shown)
 
 
 def _tell_waiting(lock: Path) -> None:
