@@ -76,8 +76,8 @@ def cmd_init(args) -> int:
               f"imported as {package.replace('/', '.')} once it has one")
     args.schema, args.out, args.tree, args.config = None, None, None, None
     status = cmd_generate(args)
-    print(f"next: import {package.replace('/', '.')} in your engine (see kv_canary.load_generated), commit "
-          f"{args_files(s)}, and `pre-commit install`")
+    print(f"next: import {package.replace('/', '.')} in your engine, commit {args_files(s)}, and run "
+          f"`pre-commit install`")
     return status
 
 

@@ -156,7 +156,7 @@ caught = step(4, 2, [11, 12])
 decoder = ViolationDecoder(canary.layout)
 rows = [decoder.decode_row(r).log_line() for r in ctx.violation_ring[:caught].tolist()]
 print(json.dumps({"clean": clean, "caught": caught, "rows": rows, "module": canary.__name__,
-                  "stride": canary.CANARY_SLOT_STRIDE_BYTES}))
+                  "regenerate": canary.REGENERATE_COMMAND}))
 """
 
 
@@ -184,6 +184,11 @@ def test_an_engine_repository_from_the_wheel(installed, tmp_path):
                             env={**env, "PYTHONPATH": str(repo), "KV_CANARY_BACKEND": "torch"}).stdout)
     assert result["module"] == "myengine._canary" and result["clean"] == 0 and result["caught"] >= 1
     assert "fail_reason=verify_chain_hash slot_idx=12" in result["rows"][0]
+    assert result["regenerate"] == "kv-canary generate"
+    site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=repo,
+                    env=env).stdout.strip())
+    assert (site / "kv_canary" / "codegen" / "diff.schema.json").is_file()  # the documented JSON shapes ship
+    assert (site / "kv_canary" / "codegen" / "check.schema.json").is_file()
 
     _git(repo, "checkout", "-q", "-b", "feature")
     summary, output, runner = tmp_path / "summary.md", tmp_path / "output", tmp_path / "runner"
