@@ -180,6 +180,13 @@ def test_an_engine_repository_from_the_wheel(installed, tmp_path):
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "kv-canary init")
     assert "up to date with canary.yaml" in run([kv, "check"], cwd=repo, env=env).stdout
+    layout = repo / "myengine" / "_canary" / "layout.py"
+    layout.write_text(layout.read_text() + "# a hand edit\n")
+    edited = subprocess.run([kv, "check", "--quiet"], cwd=repo, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert edited.returncode == 1 and ("    fix: make the change in canary.yaml, then run `kv-canary generate` (it "
+                                       "overwrites this file)\n") in edited.stderr
+    assert "codegen" not in edited.stderr and "make generate" not in edited.stderr
+    _git(repo, "checkout", "--", "myengine/_canary/layout.py")
     result = json.loads(run([str(python), "-c", ENGINE_STEP], cwd=repo,
                             env={**env, "PYTHONPATH": str(repo), "KV_CANARY_BACKEND": "torch"}).stdout)
     assert result["module"] == "myengine._canary" and result["clean"] == 0 and result["caught"] >= 1
