@@ -197,7 +197,7 @@ def cmd_diff(args) -> int:
 
 def cmd_abi_check(args) -> int:
     from .report import abi_check
-    return abi_check(trees_of(args), args.base, args.format, missing_base_ok=args.missing_base_ok)
+    return abi_check(trees_of(args), args.base, args.format)
 
 
 def cmd_pr_report(args) -> int:
@@ -257,7 +257,6 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     p.add_argument("--base", default=None,
                    help="base git revision (default: the merge base of HEAD with the default branch)")
     p.add_argument("--format", choices=tuple(FORMATS), default="text")
-    p.add_argument("--missing-base-ok", action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_abi_check)
     p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
                                          "write the ABI report to the job summary and a comment file")

@@ -11,6 +11,7 @@ own checkout is told about codegen/templates.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -87,7 +88,6 @@ def _relative(path: Path, base: Path) -> str:
     try:
         return path.relative_to(base).as_posix()
     except ValueError:
-        import os
         try:
             return Path(os.path.relpath(path, base)).as_posix()
         except ValueError:  # another drive
@@ -207,7 +207,6 @@ def project_root(schema: Path, out: Path, config: Config | None) -> Path:
     for root in (config.root if config else None, git_toplevel(schema.parent) if schema.parent.is_dir() else None):
         if root is not None and schema.is_relative_to(root) and out.is_relative_to(root):
             return root
-    import os
     common = Path(os.path.commonpath([schema.parent, out]))
     return common if common.parent != common else Path("/nonexistent-root")  # "/": absolute paths read better
 

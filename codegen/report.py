@@ -105,7 +105,10 @@ def _diff_tree(tree: Tree, base: str, result: TreeResult, want_layout: bool) -> 
                                                           tofile=f"{new_spec} LAYOUT.md", n=1))
 
 
-def abi_check(trees: list[Tree], base: str | None, fmt: str, *, missing_base_ok: bool = False) -> int:
+def abi_check(trees: list[Tree], base: str | None, fmt: str) -> int:
+    """Each tree's schema against `base` (default: the merge base with the default branch). Exit 2 on a
+    breaking change without a bump; a schema the base does not have, or no base at all, passes with a
+    note; a base that does not exist is an error (1)."""
     from .cli import fix_hint
     try:
         rev, how = resolve_base(base, trees)
