@@ -32,7 +32,7 @@ class Tree:
     """One schema and the generated tree rendered from it."""
     schema: Path          # absolute
     out: Path             # absolute
-    root: Path            # the project root the header names paths against (config dir, git top, or cwd)
+    root: Path            # what paths are shown relative to: kv-canary.yaml's directory, else the current one
     configured: bool      # listed in kv-canary.yaml: `kv-canary generate` alone regenerates it
     base_branch: str | None = None  # kv-canary.yaml's base_branch: what the ABI check's merge base is taken with
 
@@ -198,29 +198,11 @@ def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path:
             return [tree]
     schema_path = schema_path or (cwd / "kernels.yaml").resolve()
     out_path = out_path or (cwd / "generated").resolve()
-    return [Tree(schema_path, out_path, project_root(schema_path, out_path, config), False)]
-
-
-def project_root(schema: Path, out: Path, config: Config | None) -> Path:
-    """What a tree's header names its paths against, whatever the current directory: the config's
-    directory, else the git top level holding both, else the deepest directory holding both."""
-    for root in (config.root if config else None, git_toplevel(schema.parent) if schema.parent.is_dir() else None):
-        if root is not None and schema.is_relative_to(root) and out.is_relative_to(root):
-            return root
-    common = Path(os.path.commonpath([schema.parent, out]))
-    return common if common.parent != common else Path("/nonexistent-root")  # "/": absolute paths read better
+    return [Tree(schema_path, out_path, config.root if config is not None else cwd.resolve(), False)]
 
 
 def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-
-
-def git_toplevel(cwd: Path) -> Path | None:
-    try:
-        proc = git(cwd, "rev-parse", "--show-toplevel")
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return Path(proc.stdout.strip()).resolve() if proc.returncode == 0 and proc.stdout.strip() else None
 
 
 def default_base(cwd: Path, branch: str | None = None) -> tuple[str | None, str]:
