@@ -256,7 +256,8 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     _tree_options(p, root)
     p.add_argument("--base", default=None,
                    help="base git revision (default: the merge base of HEAD with the default branch)")
-    p.add_argument("--format", choices=tuple(FORMATS), default="text")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="per schema (machine-readable: `kv-canary diff REV:SCHEMA SCHEMA --format json`)")
     p.set_defaults(func=cmd_abi_check)
     p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
                                          "write the ABI report to the job summary and a comment file")
