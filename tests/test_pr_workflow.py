@@ -163,6 +163,15 @@ def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
     assert ".pre-commit-config.yaml" in out and "myengine/_canary: 13 files" in out
     assert [f.name for f in load_schema_text((engine / "canary.yaml").read_text()).canary.fields][-2:] == \
         ["request_id", "epoch"]
+    # Where the pre-commit config and the workflow exist, init leaves them alone and prints what to add.
+    (engine / "canary.yaml").unlink()
+    (engine / "kv-canary.yaml").unlink()
+    (engine / ".pre-commit-config.yaml").write_text("repos: []\n")
+    assert kv_main(["init", "--package", "myengine/_canary"]) == 0
+    out = capsys.readouterr().out
+    assert ".pre-commit-config.yaml exists; add this to it:\n  # kv-canary" in out and "      - id: kv-canary-abi\n" in out
+    assert ".github/workflows/kv-canary.yml exists; add this to it:" in out
+    assert (engine / ".pre-commit-config.yaml").read_text() == "repos: []\n"
 
 
 def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
