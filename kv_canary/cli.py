@@ -64,8 +64,11 @@ def cmd_init(args) -> int:
     for path, text, required in files:
         shown = path.relative_to(root).as_posix()
         if not required and path.exists() and not args.force:
-            snippet = scaffold.precommit_snippet(s) if path.name == scaffold.PRECOMMIT_PATH else text
-            print(f"{shown} exists; add this to it:\n{snippet}")
+            if path.name == scaffold.PRECOMMIT_PATH:
+                print(f"{shown} exists; add this to it:\n{scaffold.precommit_snippet(s)}")
+            else:
+                print(f"{shown} exists and is left as it is; kv-canary's workflow (for another file in "
+                      f"{path.parent.relative_to(root).as_posix()}/):\n{text}")
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
