@@ -413,3 +413,15 @@ def test_the_documented_json_is_what_diff_prints(engine, capsys):
                                                                                      "slot_stride_bytes: 64"))
     assert kv_main(["diff", "main", "--format", "json"]) == 2
     assert json.loads(capsys.readouterr().out) == documented
+
+
+def test_run_time_messages_about_an_engine_tree_name_its_command(engine):
+    """The layer records what regenerates it; the runtime's messages about its tree use that."""
+    import kv_canary
+    from kv_canary.cuda.sources import read_source
+    layer = kv_canary.load_generated(engine / "myengine" / "_canary")
+    assert layer.REGENERATE_COMMAND == "kv-canary generate"
+    (engine / "myengine" / "_canary" / "cuda" / "canary_write.cu").unlink()
+    with pytest.raises(ValueError, match=r"canary_write\.cu is missing .*; run `kv-canary generate`$"):
+        read_source(layer, "cuda/canary_write.cu")
+    assert kv_canary.generated.REGENERATE_COMMAND == "make generate"  # kv-canary's own checkout
