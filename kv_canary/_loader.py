@@ -61,6 +61,12 @@ def register_codegen() -> None:
         _import_package(path, CODEGEN_PACKAGE)
 
 
+def regenerate_command(layer) -> str:
+    """What regenerates a generated layer's tree, for messages about it (the layer records it:
+    `make generate` in kv-canary's checkout, `kv-canary generate` in an engine's repository)."""
+    return getattr(layer, "REGENERATE_COMMAND", None) or "make generate"
+
+
 def _runtime_of(layer):
     from .runtime import runtime_for  # torch loads with the first launch, not with the layout
     return runtime_for(layer)

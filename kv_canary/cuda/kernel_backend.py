@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .._loader import regenerate_command
 from ..signature import signature
 from .params import KernelParams
 from .sources import kernel_abi
@@ -63,7 +64,7 @@ class KernelBackend:
         if self.abi.LAYOUT_FINGERPRINT != self.layout.LAYOUT_FINGERPRINT or self.abi.ABI_VERSION != self.layout.ABI_VERSION:
             raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
-                             f"run `make generate`")
+                             f"run `{regenerate_command(layer)}`")
         self._kernels = {template: self.abi.kernel_for_template(template)
                          for template in ("write", "verify", "plan_offsets", "plan_entries", "scatter")}
         for kernel in self._kernels.values():
