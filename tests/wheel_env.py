@@ -29,8 +29,10 @@ def session_dir(tmp_path_factory) -> Path:
 
 def build_wheel(shared: Path, env: dict) -> Path:
     """The wheel of this checkout, built once per session: the modules that need it (on any xdist
-    worker) take turns on a lock in `shared` (setuptools builds in the checkout's build/, which two
-    concurrent builds would corrupt) and the later ones reuse the first one's wheel."""
+    worker) take turns on a lock in `shared` and the later ones reuse the first one's wheel. It is
+    built from a copy of the checkout: setuptools writes build/ and kv_canary.egg-info/ into the
+    tree it builds, and a half-written egg-info at the checkout's root (on every test's sys.path)
+    hides the installed kv-canary's metadata (its entry points) from the tests running meanwhile."""
     import fcntl
     dist = shared / "kv-canary-wheel"
     dist.mkdir(parents=True, exist_ok=True)
@@ -38,8 +40,12 @@ def build_wheel(shared: Path, env: dict) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         found = sorted(dist.glob("kv_canary-*.whl"))
         if not found:
+            source = shared / "kv-canary-source"
+            shutil.rmtree(source, ignore_errors=True)
+            shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+                ".git", ".venv", "build", "out", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis"))
             run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-                 "-w", str(dist), str(ROOT)], cwd=ROOT, env=env)
+                 "-w", str(dist), str(source)], cwd=source, env=env)
             found = sorted(dist.glob("kv_canary-*.whl"))
     return found[0]
 
