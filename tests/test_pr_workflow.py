@@ -366,6 +366,21 @@ def test_action_metadata_is_well_formed_and_the_checker_can_fail(tmp_path):
     assert set(workflow["on"]["workflow_call"]["inputs"]) == set(action["inputs"])
 
 
+def test_actionlint_passes_the_shipped_files_and_fails_a_broken_workflow(tmp_path):
+    """`make lint`'s actionlint step: the action's steps and the example workflow pass; an undefined
+    input in a workflow is actionlint's finding, reported with its location."""
+    module = lint_actions()
+    assert module.actionlint(), "actionlint is part of the dev extra (make setup)"
+    assert module.main([]) == 0
+    text = (ROOT / "examples" / "kv-canary-workflow.yml").read_text()
+    bad = tmp_path / "broken-workflow.yml"
+    # one more step at the end of the (only) job's steps
+    bad.write_text(text.rstrip("\n") + "\n      - run: echo ${{ inputs.no_such_input }}\n")
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "lint_actions.py"), str(ROOT / "action.yml"), str(bad)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "broken-workflow.yml:" in proc.stderr and "no_such_input" in proc.stderr, proc.stderr
+
+
 def test_the_actions_report_step_runs_as_written(engine, tmp_path, monkeypatch):
     """The report step's shell line, run by bash with the step's env, against a kv-canary on PATH."""
     action = yaml.safe_load((ROOT / "action.yml").read_text())
