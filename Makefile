@@ -88,7 +88,6 @@ bench: $(STAMP)
 # entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
 SANITIZE_TESTS ?= tests/test_emulation_shim.py tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
-	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py tests/test_native_signer.py \
-	tests/test_launch_cache.py
+	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py
 sanitize: $(STAMP)
 	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

@@ -52,7 +52,7 @@ print(json.dumps(info))
 
 WARM_UP = r"""
 import time, kv_canary
-from kv_canary.runtime import runtime_for
+from kv_canary.launch.runtime import runtime_for
 t = time.perf_counter()
 mods = runtime_for(kv_canary.generated).backend("cuda").warm_up("cuda")
 print(f"compiled+loaded {len(mods.binaries)} modules for sm_{mods.arch} ({'cubin' if mods.cubin else 'ptx'}) "

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kv_canary import layers
+from kv_canary.layer import schemas as layers
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
@@ -68,14 +68,6 @@ def load_vectors() -> dict:
 def generate_layer(schema_path: Path):
     """Generate `schema_path` into this test session's scratch cache (never checked in) and import it."""
     return layers.generate_layer(schema_path, _gen_root())
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _native_signer_first():
-    """Choose (and, on a fresh machine, build) the launch signer before any test points
-    KV_CANARY_CACHE_DIR elsewhere: one build per machine, not one per worker's first temp cache."""
-    from kv_canary import native
-    native.signer()
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""What each rank of the fleet tests runs (kv_canary.distributed.local pickles these by name, so they
+"""What each rank of the fleet tests runs (kv_canary.demo.local_ranks pickles these by name, so they
 live in a module of their own). Every phase is a real serving simulation with a real CanaryManager
 and FleetMonitor; a phase returns what this rank saw, and the test compares the ranks."""
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch.distributed as dist
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
-from kv_canary.distributed import FleetCollectiveError, FleetMonitor
-from kv_canary.manager import CanaryManager, CanaryViolationError
-from kv_canary.monitor import CanaryHealthError
+from kv_canary.engine.distributed import FleetCollectiveError, FleetMonitor
+from kv_canary.engine.manager import CanaryManager, CanaryViolationError
+from kv_canary.engine.monitor import CanaryHealthError
 
 # Small and cheap: no radix cache, no SWA pool; the fault below fires at FAULT_STEP.
 SIM = SimConfig(seed=4, num_pages=24, page_size=4, max_running=2, chunk_size=6, prompt_len=(4, 10),
@@ -146,7 +146,7 @@ def leave_early(rank: int, *, leaving_rank: int, group) -> dict:
     except FleetCollectiveError as e:
         out["again"] = str(e)
     fleet.close()
-    out["detached"] = m.fleet is None
+    out["detached"] = m.listener(FleetMonitor) is None
     return out
 
 

@@ -418,11 +418,11 @@ def plan_stages(case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
     """A plan case as SGLang's launch_canary_plan_kernels hands it to its two stages: the keywords of
     launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan arrays and
     `scratch` (the verify offsets, at least bs + 1 int64). The mapping is the kernel backends' own
-    (KernelBackend.plan_stage_args); the per-request field keywords only where the schema has such
+    (plan_stage_args); the per-request field keywords only where the schema has such
     fields, as in the public stage signatures (SEMANTICS.md §8)."""
-    from kv_canary.cuda.kernel_backend import KernelBackend
+    from kv_canary.backends.kernels import plan_stage_args
     extra = case.get("extra_request_values") or {}
-    offsets, entries = KernelBackend.plan_stage_args(dict(case, extra_request_values=extra), scratch)
+    offsets, entries = plan_stage_args(dict(case, extra_request_values=extra), scratch)
     if not extra:
         del entries["extra_request_values"], entries["out_extra_verify_expected"]
     return offsets, entries

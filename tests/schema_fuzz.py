@@ -416,8 +416,8 @@ def build_and_run(out: Path, files, seeds: int, *, nvrtc_compile: bool = True) -
     from kv_canary.codegen.writer import write_tree
 
     import kv_canary
-    from kv_canary.cuda import nvrtc
-    from kv_canary.cuda.sources import kernel_abi, read_source
+    from kv_canary.layer import nvrtc
+    from kv_canary.layer.sources import kernel_abi, read_source
 
     write_tree(out, files)
     layer = kv_canary.load_generated(out, f"kv_canary_fuzz_{out.name}_{id(files):x}")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import EXAMPLE_SCHEMAS, generate_layer
 
-from kv_canary.cuda.abi import AbiMismatchError, check_identity
-from kv_canary.cuda.sources import kernel_abi
+from kv_canary.layer.identity import AbiMismatchError, check_identity
+from kv_canary.layer.sources import kernel_abi
 
 pytestmark = pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="g++ not installed")
 
@@ -16,8 +16,8 @@ def _owner_epoch():
 
 
 def test_library_from_another_schema_is_refused(default_layer):
-    from kv_canary.emulation.build import build_library
-    from kv_canary.emulation.library import EmulationLibrary
+    from kv_canary.backends.emulated import EmulationLibrary
+    from kv_canary.layer.emulation_build import build_library
     other = _owner_epoch()
     path = build_library(other)
     EmulationLibrary(other, path)  # its own layer accepts it
@@ -39,7 +39,7 @@ def test_library_from_another_schema_is_refused(default_layer):
 def test_library_exports_the_layers_identity(any_layer):
     import ctypes
 
-    from kv_canary.emulation.build import build_library
+    from kv_canary.layer.emulation_build import build_library
     abi = kernel_abi(any_layer)
     lib = ctypes.CDLL(str(build_library(any_layer)))
     fp = getattr(lib, abi.EMULATION_LAYOUT_FINGERPRINT_FUNCTION)
@@ -49,7 +49,7 @@ def test_library_exports_the_layers_identity(any_layer):
 
 
 def test_generated_header_and_python_agree(any_layer):
-    from kv_canary.cuda.sources import read_source
+    from kv_canary.layer.sources import read_source
     header = read_source(any_layer, kernel_abi(any_layer).HEADER)
     assert f"constexpr int ABI_VERSION = {any_layer.layout.ABI_VERSION};" in header
     assert f"LAYOUT_FINGERPRINT = 0x{any_layer.layout.LAYOUT_FINGERPRINT.upper()}ULL;" in header

@@ -15,7 +15,8 @@ from oracle import Oracle
 
 import kv_canary
 import kv_canary.backends as backends
-import kv_canary.runtime as runtime_module
+import kv_canary.launch.runtime as runtime_module
+from kv_canary.backends import Prepared
 
 # SGLang's keyword-only parameters (issue 3 §1), in SGLang's order.
 SGLANG_PARAMS = {
@@ -124,8 +125,8 @@ class _Recorder:
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls
 
-    def __getattr__(self, op: str):
-        return lambda **kwargs: self.calls.append((self.name, op))
+    def prepare(self, op: str, args: dict):
+        return Prepared(lambda: self.calls.append((self.name, op)), args)
 
 
 @pytest.fixture
@@ -133,8 +134,6 @@ def dispatched(monkeypatch):
     calls: list = []
     monkeypatch.setattr(runtime_module, "get_backend", lambda name, layer: _Recorder(name, calls))
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
-    rt = kv_canary.runtime_for(kv_canary.generated)
-    rt.forget()  # launches cached with the real backends (and, afterwards, with the recorders) are dropped
     cases = {kind: MAKE[kind](random.Random(10 + i), kv_canary.generated, n_reqs=3) for i, kind in enumerate(KIND)}
 
     def run(*, reference: bool = False, **backend) -> list:
@@ -145,7 +144,6 @@ def dispatched(monkeypatch):
         return list(calls)
 
     yield run, monkeypatch
-    rt.forget()
 
 
 def test_dispatch_picks_the_backend(dispatched):

@@ -29,8 +29,8 @@ from kv_canary.codegen.load import load_schema, load_schema_text
 from kv_canary.codegen.render import render_all, split_header
 
 import kv_canary
-from kv_canary.cuda.sources import kernel_abi, read_source, tree_dir
-from kv_canary.emulation.build import SHIM_DIR
+from kv_canary.layer.emulation_build import SHIM_DIR
+from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -201,7 +201,7 @@ def test_a_schema_named_after_c_names_builds_and_runs_like_the_reference(hostile
 
 def test_a_schema_named_after_c_names_compiles_with_nvrtc(hostile_layer):
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC bindings (cupy-cuda13x) not installed")
-    from kv_canary.cuda import nvrtc
+    from kv_canary.layer import nvrtc
     abi = kernel_abi(hostile_layer)
     headers = {"kv_canary_layout.cuh": read_source(hostile_layer, abi.HEADER)}
     for kernel in abi.KERNELS.values():

@@ -14,8 +14,8 @@ from conftest import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS, ROOT, generate_layer
 from kv_canary.codegen.load import load_schema
 
 import kv_canary
-from kv_canary.cuda.sources import tree_dir
-from kv_canary.emulation.build import CXX_FLAGS, SHIM_DIR, compiler
+from kv_canary.layer.emulation_build import CXX_FLAGS, SHIM_DIR, compiler
+from kv_canary.layer.sources import tree_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

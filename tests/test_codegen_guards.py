@@ -123,7 +123,7 @@ def _write_sources(schema) -> tuple[str, str, dict[str, str]]:
 
 def test_the_compiler_agrees_with_the_shared_memory_bound():
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC bindings (cupy-cuda13x) not installed")
-    from kv_canary.cuda import nvrtc
+    from kv_canary.layer import nvrtc
     schema = load_schema_text(_wide_record_text(32, 96))  # the most threads checks.py accepts
     name, source, headers = _write_sources(schema)
     assert nvrtc.cached_binary(source, f"{name}.cu", headers, arch=90).read_bytes()[:4] == b"\x7fELF"  # cached by content

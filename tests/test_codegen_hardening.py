@@ -28,7 +28,7 @@ from kv_canary.codegen.render import make_environment, render_all, sha256_text, 
 from kv_canary.codegen.writer import LOCK_NAME, compare_tree, tree_lock, write_tree
 
 import kv_canary
-from kv_canary.cuda.sources import MixedTreeError, read_source
+from kv_canary.layer.sources import MixedTreeError, read_source
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES_DIR = Path(__file__).resolve().parent / "schema_errors"
@@ -244,7 +244,7 @@ def test_an_unmixed_tree_loads(two_generations):
 @pytest.mark.parametrize("rel", ["cuda/canary_write.cu", "cuda/kv_canary_layout.cuh",
                                  "emulation/kv_canary_launchers.cpp"])
 def test_cuda_sources_of_another_generation_are_refused_before_a_build(tmp_path, two_generations, rel):
-    from kv_canary.emulation.build import library_inputs
+    from kv_canary.layer.emulation_build import library_inputs
 
     out = _mixed(tmp_path, two_generations, rel)
     layer = kv_canary.load_generated(out, f"kv_canary_mixed_src_{rel.replace('/', '_').replace('.', '_')}")

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from kv_canary.config import CanaryConfig
-from kv_canary.manager import CanaryManager
+from kv_canary.engine.config import CanaryConfig
+from kv_canary.engine.manager import CanaryManager
 
 SWEEP_NEEDS_MODE = "--kv-canary-sweep-interval requires --kv-canary in {log, raise}"   # §9, verbatim
 ENV = {"ring": "SGLANG_KV_CANARY_RING_CAPACITY", "stats": "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS",

@@ -14,10 +14,15 @@ import torch
 from kernel_diff import compare
 
 import kv_canary
-from kv_canary._loader import load_generated
-from kv_canary.cuda.sources import kernel_abi, tree_dir
+from kv_canary.layer.loader import load_generated
+from kv_canary.layer.sources import kernel_abi, tree_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+def _kernels_only(backend, operation: str, **args) -> None:
+    """The operation's kernels alone, without the host backend's value checks (as on a GPU)."""
+    backend.prepare(operation, args, host_checks=False).run()
 
 
 def _backend(layer):
@@ -37,7 +42,6 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer, window):
     """An index past the SWA LUT: both host backends raise (§5.3, §7); the kernel itself (what the
     cuda backend launches) cannot, so it stores PLAN_UNREADABLE_INDEX (INT64_MAX, >= every slot
     count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
-    from kv_canary.cuda.kernel_backend import KernelBackend
     layout, alloc = default_layer.layout, default_layer.allocators
     rt = kv_canary.runtime_for(default_layer)
     lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
@@ -50,7 +54,7 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer, window):
                                           write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
                                           backend=backend, **args)
     vplan = alloc.VerifyPlan.allocate(verify_capacity=4, device="cpu")
-    KernelBackend.plan(_backend(default_layer), verify_plan_out=vplan,  # the kernels, without the host checks
+    _kernels_only(_backend(default_layer), "plan", verify_plan_out=vplan,  # the kernels, without the host checks
                        write_plan_out=alloc.WritePlan.allocate(write_req_capacity=1, device="cpu"),
                        req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
                        kv_token_id_vs_position_offset=0, extra_request_values={}, **args)
@@ -67,7 +71,7 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer, window):
 def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
     """Strict warp mode is on: the verify's full-mask warp reduction with 48 threads names lanes
     that do not exist, and the launch fails with the shim's message instead of passing."""
-    from kv_canary.emulation.library import EmulationLaunchError
+    from kv_canary.backends.emulated import EmulationLaunchError
     backend = _backend(default_layer)
     case = scenarios.make_verify_case(random.Random(3), default_layer, n_reqs=4)
     abi = kernel_abi(default_layer)
@@ -75,11 +79,10 @@ def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
     case["plan"].enable.fill_(1)
     args = kernel.bind(context=case["context"], plan=case["plan"], check_verify_expected_token=False,
                        extra_slot_tables={}, kv=abi.real_kv_args(case["context"]))
+    entry = kernel.entry_point(check_verify_expected_token=False)
     with pytest.raises(EmulationLaunchError, match="strict warp check: lane .* does not exist"):
-        backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=48,
-                               args=args)
-    backend.library.launch(kernel, kernel.entry_point(check_verify_expected_token=False), blocks=1, threads=64,
-                           args=args)  # whole warps: fine
+        backend.launcher(kernel, entry, blocks=1, threads=48, values=args, device=None)()
+    backend.launcher(kernel, entry, blocks=1, threads=64, values=args, device=None)()  # whole warps: fine
 
 
 def test_emulated_backend_needs_cpu_tensors(default_layer):
@@ -88,7 +91,7 @@ def test_emulated_backend_needs_cpu_tensors(default_layer):
 
 
 def test_library_is_built_once_per_content(default_layer, tmp_path, monkeypatch):
-    from kv_canary.emulation.build import build_library
+    from kv_canary.layer.emulation_build import build_library
     monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path))
     path = build_library(default_layer)
     assert path.parent == tmp_path / "emulation"
@@ -98,7 +101,7 @@ def test_library_is_built_once_per_content(default_layer, tmp_path, monkeypatch)
 
 def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, monkeypatch):
     """A broken generated source fails the build with g++'s diagnostics naming the template line."""
-    from kv_canary.emulation.build import EmulationBuildError, build_library
+    from kv_canary.layer.emulation_build import EmulationBuildError, build_library
     monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path / "cache"))
     tree = tmp_path / "tree"
     shutil.copytree(tree_dir(default_layer), tree, ignore=shutil.ignore_patterns("__pycache__"))

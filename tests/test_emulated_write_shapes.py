@@ -22,7 +22,7 @@ from kernel_diff import compare
 from write_shapes import write_shape_layer
 
 import kv_canary
-from kv_canary.cuda.sources import kernel_abi, read_source
+from kv_canary.layer.sources import kernel_abi, read_source
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 

@@ -9,7 +9,7 @@ import torch
 from kv_canary import generated
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine
-from kv_canary.manager import CanaryManager
+from kv_canary.engine.manager import CanaryManager
 
 torch.set_num_threads(1)  # tiny tensors: thread fan-out only costs time on 2 cores
 

@@ -1,4 +1,4 @@
-"""The fleet decision and the fleet stats (kv_canary.distributed) on real gloo process groups of 2
+"""The fleet decision and the fleet stats (kv_canary.engine.distributed) on real gloo process groups of 2
 and 4 local ranks, each serving the simulation with its own CanaryManager and FleetMonitor
 (tests/fleet_workers.py); then, in this process, a world without a process group and a one-rank
 group. Every multi-rank run has a hard timeout after which the launcher kills every rank."""
@@ -12,11 +12,11 @@ import torch
 import torch.distributed as dist
 
 from kv_canary.demo import faults
+from kv_canary.demo.local_ranks import run_local_ranks
 from kv_canary.demo.sim import Engine
-from kv_canary.distributed import FleetMonitor, FleetViolationError
-from kv_canary.distributed.local import run_local_ranks
-from kv_canary.manager import CanaryManager, CanaryViolationError
-from kv_canary.violations import sglang_reason_name
+from kv_canary.engine.distributed import FleetMonitor, FleetViolationError
+from kv_canary.engine.manager import CanaryManager, CanaryViolationError
+from kv_canary.engine.violations import sglang_reason_name
 
 torch.set_num_threads(1)
 HARD_TIMEOUT_S = 120   # per multi-rank run (it normally takes a few seconds)
@@ -150,7 +150,7 @@ def _fault_run(mode: str, *, group=None, active=None, steps=8):
 def test_without_a_process_group_the_manager_behaves_as_before():
     assert not dist.is_initialized()
     m, engine, fleet = _fault_run("raise")
-    assert not fleet.active and m.fleet is None
+    assert not fleet.active and m.listener(FleetMonitor) is None
     with pytest.raises(CanaryViolationError) as info:
         engine.run(8)
     assert type(info.value) is CanaryViolationError and m.last_step == fw.FAULT_STEP   # raised at once, locally
@@ -166,13 +166,13 @@ def one_rank_group():
 
 def test_a_one_rank_group_keeps_todays_behaviour_unless_asked(one_rank_group, caplog):
     m, engine, fleet = _fault_run("raise")
-    assert not fleet.active and m.fleet is None
+    assert not fleet.active and m.listener(FleetMonitor) is None
     with pytest.raises(CanaryViolationError):
         engine.run(8)
     assert m.last_step == fw.FAULT_STEP
     # active=True runs the fleet on one rank: the raise moves to the next step, as in a fleet.
     m, engine, fleet = _fault_run("raise", active=True)
-    assert fleet.active and m.fleet is fleet and fleet.device == torch.device("cpu")
+    assert fleet.active and m.listener(FleetMonitor) is fleet and fleet.device == torch.device("cpu")
     with pytest.raises(FleetViolationError) as info:
         engine.run(8)
     assert m.last_step == fw.FAULT_STEP + 1 and len(info.value.violations) == m.stats.total > 0
@@ -182,7 +182,7 @@ def test_a_one_rank_group_keeps_todays_behaviour_unless_asked(one_rank_group, ca
     with caplog.at_level(logging.INFO, logger="kv_canary"):
         engine.run(6)
         fleet.close()
-    assert m.fleet is None and fleet.exchanges == 7   # steps 0..4 read at steps 1..5; close() reads 5 and its own
+    assert m.listener(FleetMonitor) is None and fleet.exchanges == 7   # steps 0..4 read at steps 1..5; close() reads 5 and its own
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(("kv-canary fleet", "[canary fleet"))]
     assert [line.split()[2] for line in lines] == ["step=2", "step=3", "step=4", "step=5"]
     assert lines[1].startswith(f"kv-canary fleet: step={fw.FAULT_STEP} violations on ranks=[0]")

@@ -13,7 +13,7 @@ import torch
 from kernel_diff import compare, run_plan_stages
 
 import kv_canary
-from kv_canary.cuda.sources import kernel_abi
+from kv_canary.layer.sources import kernel_abi
 
 
 def _gpu_available() -> bool:
@@ -134,7 +134,7 @@ def test_plan_stages_match_reference(any_layer):
 
 
 def test_default_backend_for_cuda_tensors_is_cuda(default_layer):
-    from kv_canary.runtime import choose_backend
+    from kv_canary.launch.runtime import choose_backend
     assert choose_backend(None, torch.device("cuda", 0)) in ("cuda", os.environ.get("KV_CANARY_BACKEND"))
 
 
@@ -253,7 +253,7 @@ def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_laye
 
 
 def test_loaded_modules_carry_the_layers_identity(default_layer):
-    from kv_canary.cuda.abi import AbiMismatchError, check_identity
+    from kv_canary.layer.identity import AbiMismatchError, check_identity
     mods = kv_canary.runtime_for(default_layer).backend("cuda").warm_up("cuda")
     assert set(mods.binaries) == set(kernel_abi(default_layer).KERNELS)
     import cupy

@@ -1,5 +1,5 @@
 """The fleet decision and the fleet stats with CUDA tensors: the manager and the simulation on the
-GPU, a one-rank NCCL group (kv_canary.distributed's NCCL path: the row staged through pinned memory,
+GPU, a one-rank NCCL group (kv_canary.engine.distributed's NCCL path: the row staged through pinned memory,
 the all-reduce on the device, the result copied back behind an event and read one step later).
 Needs no prometheus_client. Skipped cleanly where torch sees no CUDA device or has no NCCL, except
 under KV_CANARY_REQUIRE_GPU=1 (scripts/gpu_check.py sets it), where that must fail instead."""
@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine
-from kv_canary.distributed import FleetMonitor, FleetViolationError
-from kv_canary.manager import CanaryManager
+from kv_canary.engine.distributed import FleetMonitor, FleetViolationError
+from kv_canary.engine.manager import CanaryManager
 
 
 def _gpu_with_nccl() -> bool:
@@ -55,7 +55,7 @@ def test_the_fleet_decides_and_reduces_stats_with_cuda_tensors_under_nccl(nccl_g
             rows_after[engine.step_no - 1] = m.stats.total
         m.drain()       # rows still in the ring: close() shares them with the fleet
         fleet.close()
-    assert m.stats.total > 0 and m.fleet is None
+    assert m.stats.total > 0 and m.listener(FleetMonitor) is None
     # The first decision is about the first step whose drain found rows (on CUDA the drain reads an
     # asynchronous copy, so that may be a step after the damage), acted on one step later.
     first = min(s for s, n in rows_after.items() if n)

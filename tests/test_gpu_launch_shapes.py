@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import kv_canary
-from kv_canary.cuda.kernel_backend import blocks_for
-from kv_canary.cuda.module import persistent_grid
-from kv_canary.cuda.sources import kernel_abi
+from kv_canary.backends.cuda import persistent_grid
+from kv_canary.backends.kernels import blocks_for
+from kv_canary.layer.sources import kernel_abi
 
 
 def test_launch_grids_follow_the_schema_and_the_occupancy():

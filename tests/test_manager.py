@@ -10,7 +10,7 @@ import torch
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
-from kv_canary.manager import CanaryManager, CanaryViolationError
+from kv_canary.engine.manager import CanaryManager, CanaryViolationError
 
 torch.set_num_threads(1)
 STEPS = int(os.environ.get("KV_CANARY_SIM_STEPS", "60"))

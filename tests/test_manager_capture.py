@@ -5,23 +5,17 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import types
 
 import pytest
 import torch
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
-from kv_canary.manager import CanaryManager
+from kv_canary.engine.manager import CanaryManager
 
 torch.set_num_threads(1)
 STEPS = int(os.environ.get("KV_CANARY_SIM_STEPS", "60")) // 2
-
-# Batch tensors the engine owns (a graph-mode engine keeps them static itself); every other tensor
-# a launch receives belongs to the manager.
-ENGINE_OWNED = {
-    "launch_canary_plan_kernels": {"req_pool_indices", "prefix_lens", "extend_seq_lens"},
-    "launch_canary_write_kernel": {"input_ids", "positions", "out_cache_loc"},
-}
 
 
 def _gpu_available() -> bool:
@@ -47,67 +41,60 @@ def _tensors(value, path: str):
             yield from _tensors(getattr(value, f.name), f"{path}.{f.name}")
 
 
-class PointerRecorder:
-    """Stands in for the manager's Runtime: records each launch input's data_ptr, then launches.
-
-    It keeps every distinct tensor alive, so a fresh allocation can never reuse an old address and
-    pass for a fixed one.
-    """
+class BindRecorder:
+    """Stands in for the manager's Runtime: records every launch it binds (and the tensors bound,
+    kept alive so that no later allocation can reuse an address), and counts the runs."""
 
     def __init__(self, rt):
         self.rt = rt
-        self.pointers = collections.defaultdict(set)
-        self.calls = collections.Counter()
+        self.bound = []            # (launch name, {path: data_ptr}) in binding order
+        self.runs = collections.Counter()
         self._alive = []
 
-    def __getattr__(self, name):
-        launch = getattr(self.rt, name)
-        if not name.startswith(("launch_", "scatter_")):
-            return launch
+    def bind(self, name, **arguments):
+        prepared = self.rt.bind(name, **arguments)
+        tensors = [(path, t) for arg, value in arguments.items() for path, t in _tensors(value, arg)]
+        self._alive += [t for _, t in tensors]
+        self.bound.append((name, {path: t.data_ptr() for path, t in tensors}))
 
-        def record(**kwargs):
-            ctx = kwargs.get("context")
-            if ctx is not None:
-                where = int(ctx.kernel_kind)
-            elif "full_to_swa_index_mapping" in kwargs:
-                where = "SWA" if kwargs["full_to_swa_index_mapping"] is not None else "FULL"
-            else:
-                where = None
-            self.calls[name] += 1
-            for arg, value in kwargs.items():
-                if arg in ENGINE_OWNED.get(name, ()):
-                    continue
-                for path, t in _tensors(value, arg):
-                    ptrs = self.pointers[(name, where, path)]
-                    if t.data_ptr() not in ptrs:
-                        ptrs.add(t.data_ptr())
-                        self._alive.append(t)
-            return launch(**kwargs)
-        return record
+        def run() -> None:
+            self.runs[name] += 1
+            prepared.run()
+        return types.SimpleNamespace(run=run)
+
+    def __getattr__(self, name):
+        return getattr(self.rt, name)
 
 
 @pytest.mark.parametrize("layer_name", ["default", "owner_epoch"])
-def test_launch_inputs_keep_their_addresses_across_steps(layer_name):
+def test_every_launch_is_bound_once_at_attach_over_manager_buffers(layer_name):
+    """The manager binds its launches when it attaches and only runs them while serving: every
+    tensor a launch reads keeps its address (what CUDA-graph replay needs), the engine's batch
+    tensors among them never (they are staged into the manager's own buffers)."""
     layer = faults.owner_epoch_layer() if layer_name == "owner_epoch" else None
     # The default layer runs with the write input assert on: its expected inputs are fixed too.
     m = CanaryManager(layer=layer, mode="raise", sweep_interval=3, enable_write_input_assert=layer is None)
-    rec = m.rt = PointerRecorder(m.rt)
+    rec = m.rt = BindRecorder(m.rt)
     cfg = SimConfig(seed=5, num_pages=40, chunk_size=6, spec_draft_tokens=1)
     engine = Engine(cfg, canary=m)
+    bound_at_attach = len(rec.bound)
     engine.run(STEPS)
     m.drain()
     assert any(r.matched for r in engine.finished + engine.running)  # prefix sharing (sweeps have entries)
-    assert rec.calls["launch_canary_plan_kernels"] == 2 * STEPS            # FULL and SWA, every step
-    assert rec.calls["scatter_req_token_ids"] > 3 and rec.calls["launch_canary_verify_kernel"] > 8 * STEPS
-    moved = {key: len(p) for key, p in rec.pointers.items() if len(p) > 1}
-    assert not moved, f"launch inputs re-allocated between steps: {moved}"
-    paths = {path for _, _, path in rec.pointers}
+    assert len(rec.bound) == bound_at_attach                             # nothing bound while serving
+    assert rec.runs["launch_canary_plan_kernels"] == 2 * STEPS             # FULL and SWA, every step
+    assert rec.runs["scatter_req_token_ids"] > 3 and rec.runs["launch_canary_verify_kernel"] > 8 * STEPS
+    paths = {path for _, bound in rec.bound for path in bound}
     assert {"req_to_verify_expected_tokens_valid_lens", "flat_in", "offsets", "req_pool_indices",
-            "plan.verify_slot_indices"} <= paths
+            "plan.verify_slot_indices", "input_ids", "positions", "out_cache_loc"} <= paths
     if layer_name == "owner_epoch":
         assert {"extra_request_values.request_id", "extra_inputs.request_id", "extra_inputs.epoch"} <= paths
     else:
         assert {"expected_input_tokens", "expected_input_positions"} <= paths
+    staged = {name: {bound[path] for n, bound in rec.bound if path in bound and n == launch}
+              for name, launch, path in (("input_ids", "launch_canary_write_kernel", "input_ids"),
+                                         ("req_pool_indices", "launch_canary_plan_kernels", "req_pool_indices"))}
+    assert staged == {"input_ids": {m._input_ids.data_ptr()}, "req_pool_indices": {m._req_pool_indices.data_ptr()}}
 
 
 class _Replay:
@@ -211,7 +198,7 @@ def test_a_captured_step_replays_like_an_eager_one(device, layer_name):
 
 
 def test_host_staging_refills_in_place_and_rejects_what_does_not_fit():
-    from kv_canary.staging import HostStaging
+    from kv_canary.engine.staging import HostStaging
 
     stage = HostStaging(6, torch.device("cpu"))
     a, b = torch.full((4,), 7, dtype=torch.int64), torch.full((3,), 7, dtype=torch.int64)

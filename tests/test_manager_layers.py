@@ -9,7 +9,7 @@ import torch
 
 from kv_canary import generated
 from kv_canary.demo.sim import Engine, SimConfig
-from kv_canary.manager import CanaryCoverageWarning, CanaryManager
+from kv_canary.engine.manager import CanaryCoverageWarning, CanaryManager
 
 torch.set_num_threads(1)
 MAX = generated.layout.MAX_REAL_KV_SOURCES

@@ -1,4 +1,4 @@
-"""Prometheus metrics (kv_canary.metrics) through real HTTP scrapes of /metrics on 127.0.0.1, parsed
+"""Prometheus metrics (kv_canary.engine.metrics) through real HTTP scrapes of /metrics on 127.0.0.1, parsed
 with prometheus_client's text parser: the counters equal the manager's own totals, during a run and
 after it, in one process, in the demo, and in multiprocess mode across the fleet demo's ranks."""
 from __future__ import annotations
@@ -13,13 +13,13 @@ pytest.importorskip("prometheus_client")
 from prometheus_client import CollectorRegistry  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from kv_canary import metrics  # noqa: E402
 from kv_canary.demo import cli, faults  # noqa: E402
 from kv_canary.demo import fleet as fleet_demo  # noqa: E402
 from kv_canary.demo.sim import Engine  # noqa: E402
-from kv_canary.manager import CanaryManager  # noqa: E402
-from kv_canary.metrics import CanaryMetrics, serve_metrics  # noqa: E402
-from kv_canary.violations import sglang_reason_name  # noqa: E402
+from kv_canary.engine import metrics  # noqa: E402
+from kv_canary.engine.manager import CanaryManager  # noqa: E402
+from kv_canary.engine.metrics import CanaryMetrics, serve_metrics  # noqa: E402
+from kv_canary.engine.violations import sglang_reason_name  # noqa: E402
 
 torch.set_num_threads(1)
 SCENARIOS = {sc.name: sc for sc in faults.scenarios()}

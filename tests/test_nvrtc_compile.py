@@ -15,8 +15,8 @@ from pathlib import Path
 import budget
 import pytest
 
-from kv_canary.cuda import nvrtc as kv_nvrtc
-from kv_canary.cuda.sources import kernel_abi, read_source, tree_dir
+from kv_canary.layer import nvrtc as kv_nvrtc
+from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
 
 ARCHS = (80, 90, 100)
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -60,7 +60,7 @@ def _headers(layer) -> dict:
 
 def _cubin(source: str, name: str, headers: dict, *, arch: int) -> bytes:
     """NVRTC's CUBIN of `source`, through the project's compile cache as the runtime compiles
-    (kv_canary/cuda/nvrtc.py cached_binary: keyed by NVRTC version, arch, options, source and
+    (kv_canary/layer/nvrtc.py cached_binary: keyed by NVRTC version, arch, options, source and
     headers): a fresh machine compiles every kernel, a repeated run on it reuses what compiled."""
     return kv_nvrtc.cached_binary(source, name, headers, arch=arch).read_bytes()
 

@@ -22,8 +22,8 @@ import torch
 from launch_kwargs import verify_kwargs, write_kwargs
 
 import kv_canary
-from kv_canary.cuda.sources import kernel_abi
-from kv_canary.emulation.build import sanitize_enabled
+from kv_canary.layer.emulation_build import sanitize_enabled
+from kv_canary.layer.sources import kernel_abi
 
 P = "kv-canary: "
 HOST_BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,

@@ -17,7 +17,7 @@ from kv_canary.codegen.diagnostics import SchemaError
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
-from kv_canary.manager import CanaryCoverageWarning, CanaryManager
+from kv_canary.engine.manager import CanaryCoverageWarning, CanaryManager
 
 torch.set_num_threads(1)
 

@@ -22,7 +22,8 @@ from kernel_diff import run_plan_stages
 from oracle import Canary, Oracle
 
 import kv_canary
-import kv_canary.runtime as runtime_module
+import kv_canary.launch.runtime as runtime_module
+from kv_canary.backends import Prepared
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 HOST_BACKENDS = ["torch", pytest.param("emulated", marks=needs_gxx)]
@@ -42,6 +43,11 @@ SGLANG_PARAMS = {
         "out_verify_prev_slot_indices", "kv_token_id_vs_position_offset", "swa_window_size"),
     "launch_scatter_req_token_ids_kernel": ("flat_in", "offsets", "req_pool_indices", "pool_out"),
 }
+
+
+def _kernels_only(backend, operation: str, **args) -> None:
+    """The operation's kernels alone, without the host backend's value checks (as on a GPU)."""
+    backend.prepare(operation, args, host_checks=False).run()
 
 
 def cases_for(layer) -> int:
@@ -208,7 +214,6 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     """What the cuda backend does (it cannot read the scratch to check it): the kernel, without the
     host checks, writes at most min(scratch[bs], capacity) entries and reads nothing out of bounds
     (a scratch claiming entries for an empty batch included)."""
-    from kv_canary.cuda.kernel_backend import KernelBackend
     rt = kv_canary.runtime_for(default_layer)
     emulated = rt.backend("emulated")
     case, scratch = _small_case(default_layer)
@@ -218,7 +223,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     _, entries = scenarios.plan_stages(empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
-    KernelBackend.plan_entries(emulated, **rt.validators.validate_plan_entries(**entries))
+    _kernels_only(emulated, "plan_entries", **rt.validators.validate_plan_entries(**entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
@@ -227,7 +232,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
         before = scenarios.clone_case(entries)
-        KernelBackend.plan_entries(emulated, **rt.validators.validate_plan_entries(**entries))
+        _kernels_only(emulated, "plan_entries", **rt.validators.validate_plan_entries(**entries))
         written = min(claimed, cap)
         for name in ("out_verify_slot_indices", "out_verify_expected_positions", "out_verify_prev_slot_indices"):
             assert torch.equal(entries[name][written:], before[name][written:]), (seed, name)
@@ -394,8 +399,8 @@ class _Recorder:
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls
 
-    def __getattr__(self, op: str):
-        return lambda **kwargs: self.calls.append(self.name)
+    def prepare(self, op: str, args: dict):
+        return Prepared(lambda: self.calls.append(self.name), args)
 
 
 @pytest.mark.parametrize("env", [None, "torch", "emulated"])

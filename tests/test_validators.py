@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -50,13 +51,17 @@ def test_real_kv_source_texts():
 
 def test_source_count_text():
     sources = tuple(src() for _ in range(kv_canary.MAX_REAL_KV_SOURCES + 1))
-    # allocate_context checks its sources before allocating; a context assembled by hand at launch.
+    # allocate_context checks its sources before allocating; a context assembled by hand when it is
+    # built (a frozen VerifyOrWriteContext), another context class at launch.
     with raises(ValueError, P + "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"):
         kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu", real_kv_sources=sources)
-    ctx = dataclasses.replace(kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu"),
-                              real_kv_sources=sources)
+    ctx = kv_canary.allocate_context(num_slots=4, ring_capacity=4, device="cpu")
     with raises(ValueError, P + "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"):
-        kv_canary.launch_canary_verify_kernel(**verify_kwargs(ctx))
+        dataclasses.replace(ctx, real_kv_sources=sources)
+    foreign = SimpleNamespace(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx)})
+    foreign.real_kv_sources = sources
+    with raises(ValueError, P + "at most 4 RealKvSource entries supported by the CUDA ABI, got 5"):
+        kv_canary.launch_canary_verify_kernel(**verify_kwargs(foreign))
 
 
 def test_canary_stride_text():

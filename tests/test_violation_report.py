@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from test_schema_mutations import layer_of, reorder_reasons, sub
 
-from kv_canary.reporting import ViolationReporter
-from kv_canary.violations import ViolationDecoder
+from kv_canary.engine.reporting import ViolationReporter
+from kv_canary.engine.violations import ViolationDecoder
 
 
 def _row(layout, **values):

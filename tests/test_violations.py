@@ -1,11 +1,11 @@
-"""Violation decoding, SGLang's log line and cascade grouping (kv_canary.violations)."""
+"""Violation decoding, SGLang's log line and cascade grouping (kv_canary.engine.violations)."""
 from __future__ import annotations
 
 import random
 
 import pytest
 
-from kv_canary.violations import Violation, ViolationDecoder, ViolationGroup, group_cascades, record_link
+from kv_canary.engine.violations import Violation, ViolationDecoder, ViolationGroup, group_cascades, record_link
 
 STANDARD = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token", "stored_chain_hash",
             "expected_aux", "fail_reason")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import CanaryConfig
+from ..engine.config import CanaryConfig
 from . import faults, fleet, report
 
 # The clean run's canary when no flag or environment variable says otherwise: every check on.
@@ -118,7 +118,7 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
     """A fresh registry served on 127.0.0.1:port until `stack` closes."""
     from prometheus_client import CollectorRegistry
 
-    from ..metrics import serve_metrics
+    from ..engine.metrics import serve_metrics
 
     registry = CollectorRegistry()
     server = serve_metrics(port, registry=registry)

@@ -13,10 +13,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import generated
-from ..layers import example_schema, generate_layer
-from ..manager import CanaryManager
-from ..violations import Violation, sglang_reason_name
+from ..engine.manager import CanaryManager
+from ..engine.violations import Violation, sglang_reason_name
+from ..layer.loader import default_layer
+from ..layer.schemas import example_schema, generate_layer
 from .sim import Engine, SimConfig
 
 
@@ -44,7 +44,7 @@ class Fault:
 
 def _layout(engine):
     """The layout of the layer the engine's canary runs (the default one without a canary)."""
-    return engine.canary.L if engine.canary is not None else generated.layout
+    return engine.canary.L if engine.canary is not None else default_layer().layout
 
 
 def _decoding(engine):
@@ -476,7 +476,7 @@ def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", 
     engine = Engine(config or BASE, canary=manager, device=device)
     metrics = None
     if metrics_registry is not None:
-        from ..metrics import CanaryMetrics
+        from ..engine.metrics import CanaryMetrics
         metrics = CanaryMetrics(manager, registry=metrics_registry)
     engine.run(steps, progress=progress)
     manager.drain()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..violations import format_group
+from ..engine.violations import format_group
 
 COLUMNS = ("scenario", "canary", "expected detection", "detected by", "first step", "violations",
            "first decoded line")

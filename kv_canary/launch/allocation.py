@@ -61,6 +61,10 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         # produces, dropped rows included (None = not counted). Share it like the ring.
         violation_reason_counts: Optional[torch.Tensor] = None
 
+        def __post_init__(self) -> None:
+            # Frozen: what it holds besides tensors is checked once, here; tensors at every launch.
+            v.check_context_fields(self)
+
     # int64 arrays of `cap` entries (the expected values start at -1: unknown), then int32 scalars.
     array_fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
                     "verify_prev_slot_indices", *per_request_arrays)
@@ -206,6 +210,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                                                                       enabled=enable_chain_position_assert),
             violation_reason_counts=allocate_reason_counts(device=device) if count_reasons else None)
 
+    v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
     names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
              "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
              "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")

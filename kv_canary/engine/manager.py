@@ -7,7 +7,7 @@ reads a slot someone else just claimed fails its TAIL verify in the same step; T
 the real K/V fingerprint.
 
 Everything is allocated once at fixed capacity when the manager attaches, and every step refills
-its inputs in place (kv_canary.staging), so the device addresses never change: for CUDA-graph
+its inputs in place (kv_canary.engine.staging), so the device addresses never change: for CUDA-graph
 capture, call `prepare(batch)` (host side) outside the graph and capture `launch_head(batch)` and
 `tail(batch)` (device side only; `head` = prepare + launch_head). Draining never stalls the
 device: the ring's write index is copied asynchronously (pinned memory on CUDA) at the end of every
@@ -21,50 +21,49 @@ owning request's id, checked per request), `allocation_epoch` (the allocator's e
 checked per slot) or `caller_table` (a per-slot table the caller passes as
 `caller_tables={field: {group: tensor}}`, checked per slot).
 
-The engine protocol (kv_canary.demo.sim.Engine implements it): `attach(engine)` calls
-`engine.canary_pools()` -> {group: KvPoolView} (one per KV pool, keyed by the schema's launch-tag
-groups: `full`, and `swa` for sliding-window layers) and reads `engine.device`, `engine.cfg`
-(`max_running`, `max_ctx`), `engine.req_rows`, `engine.req_to_token`, requests' `.rid` / `.row` /
-`.matched`, and `engine.cached_entries()` for the sweep; batches are kv_canary.demo.sim.ForwardBatch
-(`token_rids` gives each token's request id). A launch fingerprints at most MAX_REAL_KV_SOURCES
-layers per group: `fingerprint_layers` chooses which (default: the first ones, with a
-CanaryCoverageWarning naming the layers left uncovered).
+What an engine provides is kv_canary/engine/contract.py (CanaryEngine for `attach`, ForwardBatch
+for the steps; kv_canary.demo.sim.Engine is one implementation). Every launch is bound once, at
+attach, over buffers the manager owns (kv_canary.launch.runtime.PreparedLaunch); a step stages the
+batch's tensors into those buffers (padding rows beyond the batch) and runs the prepared launches,
+so no launch is validated or bound again while serving. A launch fingerprints at most
+MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which (default: the first ones,
+with a CanaryCoverageWarning naming the layers left uncovered).
 
 SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
 SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
 multi-line violation report (WARNING, logger `kv_canary`), in mode `raise` one CanaryViolationError
 carries every new report; every `stats_print_every_n_steps` steps an INFO stats line; from step 100
 on, every 100 steps, the health check raises CanaryHealthError (in every mode) when a launch tag
-that should have run did not advance its kernel-run counter (kv_canary.monitor). The engine calls
+that should have run did not advance its kernel-run counter (kv_canary.engine.monitor). The engine calls
 `after_step(step)` once per engine step with an increasing step number.
 
-Across ranks and into monitoring: a kv_canary.distributed.FleetMonitor attached to the manager runs
-at the end of every `after_step` (one decision for every rank of a torch.distributed group; a local
-raise then waits for it, so no rank raises alone), and a kv_canary.metrics.CanaryMetrics follows
-every drain and counter reading (Prometheus).
+Across ranks and into monitoring, listeners (`add_listener`): each one's `after_step(step)` runs at
+the end of every `after_step` and its `on_drain()` after every drain (kv_canary.engine.metrics.
+CanaryMetrics, Prometheus). A listener whose `takes_errors` is true (kv_canary.engine.distributed.
+FleetMonitor: one decision for every rank of a torch.distributed group) receives the manager's
+raises through `defer(error)` instead, so no rank raises alone, and runs after the others.
 """
 from __future__ import annotations
 
-import collections
 import logging
-import sys
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from .config import parse_mode
+from ..launch.runtime import runtime_for
+from ..layer.loader import default_layer
+from .config import check_count, parse_mode
+from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .monitor import CanaryHealthError, RuntimeMonitor
 from .reporting import SWEEP_PHASE, ViolationReporter
-from .runtime import runtime_for
 from .staging import HostStaging
-from .violations import Violation, ViolationDecoder, ViolationGroup, group_cascades, record_link
+from .violations import Violation, ViolationGroup, group_cascades
 
 logger = logging.getLogger("kv_canary")
 
-SNAPSHOT_DEPTH = 8  # pinned write-index snapshots in flight before a drain waits for the oldest
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
            "CanaryStats")
@@ -72,15 +71,6 @@ __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "Canary
 
 class CanaryCoverageWarning(UserWarning):
     """Some KV layers are not fingerprinted (a launch reads at most MAX_REAL_KV_SOURCES layers)."""
-
-
-class CanaryViolationError(RuntimeError):
-    """Raised in mode 'raise' by a drain that found rows: the text is every new row's report (SEMANTICS.md
-    §9) joined by newlines; `violations` holds those rows."""
-
-    def __init__(self, message: str, violations: list[Violation]):
-        super().__init__(message)
-        self.violations = violations
 
 
 @dataclass(frozen=True)
@@ -105,23 +95,12 @@ class _Group:
     write_plan: object
     sweep_plan: object
     slot_tables: dict             # input field name -> int64 [num_slots] (allocation epochs, caller tables)
+    out_cache_loc: Optional[torch.Tensor] = None   # int64 [token capacity]: the step's slots in this pool
+    launches: Optional[dict] = None  # (phase, half, kind) or "plan" -> its PreparedLaunch (bound at attach)
 
     @property
     def storage(self):
         return self.pool.storage
-
-
-@dataclass
-class CanaryStats:
-    total: int = 0                                   # rows appended, lost ones included
-    lost: int = 0                                    # rows dropped because the ring was full
-    drains: int = 0
-    # Rows per FailReason name, lost ones included: the device's per-reason totals, read at drain time.
-    by_reason: collections.Counter = field(default_factory=collections.Counter)
-    by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
-    by_tag: collections.Counter = field(default_factory=collections.Counter)
-    # Decoded rows per (launch tag name, FailReason name): a row with two reasons counts under both.
-    by_tag_reason: collections.Counter = field(default_factory=collections.Counter)
 
 
 class CanaryManager:
@@ -136,7 +115,7 @@ class CanaryManager:
                  enable_write_input_assert: bool = False, enable_mha_v: bool = True,
                  stats_print_every_n_steps: int = 0):
         mode = parse_mode(mode, "mode")
-        self.layer = layer if layer is not None else sys.modules["kv_canary.generated"]
+        self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
         if isinstance(real_kv_hash_mode, str):
             names = [m.name for m in self.L.RealKvHashMode]
@@ -147,8 +126,7 @@ class CanaryManager:
         for name, value, low in (("ring_capacity", ring_capacity, 1), ("sweep_interval", sweep_interval, 0),
                                  ("keep_violations", keep_violations, 0),
                                  ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"kv-canary: {name} must be an int >= {low}, got {value!r}")
+            check_count(name, value, low)
         self.mode = mode
         self.check_verify_expected_token = bool(check_verify_expected_token)
         self.ring_capacity = ring_capacity
@@ -165,22 +143,19 @@ class CanaryManager:
         self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
         self.rt = runtime_for(self.layer)
         self.alloc = self.rt.allocators
-        self.decoder = ViolationDecoder(self.L)
         self.reporter = ViolationReporter(self.L)
         self.tags = tuple(self.L.CanaryLaunchTag)        # index i: kernel_run_counters[i]
-        self.stats = CanaryStats()
         self.sweep_passes = 0
         self.last_step = 0                               # the step of the latest after_step (step_when_pumped)
         self.monitor: Optional[RuntimeMonitor] = None
-        # Set by kv_canary.metrics.CanaryMetrics / kv_canary.distributed.FleetMonitor when attached.
-        self.metrics = None
-        self.fleet = None
-        self.violations: list[Violation] = []
+        self.ring_drain: Optional[RingDrain] = None
+        self.listeners: list = []                        # add_listener: metrics, the fleet decision
         self.groups: list[_Group] = []
         self.engine = None
         self._per_request = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_request"]
         self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
         self.caller_tables = self._check_caller_tables(caller_tables)
+        self._no_stats = CanaryStats()
 
     @classmethod
     def from_config(cls, config, **engine_options) -> "CanaryManager":
@@ -201,6 +176,34 @@ class CanaryManager:
     @property
     def enabled(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def stats(self) -> CanaryStats:
+        return self.ring_drain.stats if self.ring_drain is not None else self._no_stats
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Every drained row kept so far (at most keep_violations)."""
+        return self.ring_drain.violations if self.ring_drain is not None else []
+
+    # -- listeners ----------------------------------------------------------------------------
+    def add_listener(self, listener) -> None:
+        """`listener.after_step(step)` after every step, `listener.on_drain()` after every drain; with
+        `takes_errors` true it also takes the manager's raises (`defer(error)`; at most one such)."""
+        self.listeners.append(listener)
+
+    def remove_listener(self, listener) -> None:
+        self.listeners = [x for x in self.listeners if x is not listener]
+
+    def listener(self, kind: type):
+        """The attached listener of class `kind` (None when there is none)."""
+        return next((x for x in self.listeners if isinstance(x, kind)), None)
+
+    def _raise(self, error: Exception) -> None:
+        decider = next((x for x in self.listeners if getattr(x, "takes_errors", False)), None)
+        if decider is None:
+            raise error
+        decider.defer(error)  # no rank raises alone: every rank raises at the fleet decision
 
     def _check_caller_tables(self, value) -> dict:
         """{field: {group: tensor}} for the schema's `caller_table` input fields (checked at attach)."""
@@ -307,13 +310,11 @@ class CanaryManager:
         self._allocate_inputs(cfg)
         self._buf_of_tag = {int(ctx.kernel_kind): (g, half) for g in self.groups
                             for (phase, half, kind), ctx in g.contexts.items()}
-        self._links: dict = {}
-        self._snapshots = collections.deque()   # (step, host int32 [1] tensor or int, cuda event or None)
-        self._pinned = dev.type == "cuda"
-        if self._pinned:
-            self._pinned_idx = [torch.zeros(1, dtype=torch.int32, pin_memory=True) for _ in range(SNAPSHOT_DEPTH)]
-            self._next_pin = 0
+        self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
+                                    reason_counts=self.reason_counts, keep_violations=self.keep_violations,
+                                    record_of=self._records_of)
         self.monitor = self._make_monitor()
+        self._bind_launches()
 
     def _make_monitor(self) -> RuntimeMonitor:
         """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
@@ -377,11 +378,56 @@ class CanaryManager:
         # The write's input assert: what each batch token should be (None when the assert is off).
         self._expected_tokens = fixed(self.token_capacity) if self.enable_write_input_assert else None
         self._expected_positions = fixed(self.token_capacity) if self.enable_write_input_assert else None
+        # The batch, staged at every step: request rows beyond the batch are padding (row
+        # REQ_POOL_IDX_PADDING, no prefix, no extend), tokens beyond it are never read.
+        self._req_pool_indices = fixed(self.write_capacity)
+        self._prefix_lens = fixed(self.write_capacity)
+        self._extend_seq_lens = fixed(self.write_capacity)
+        self._input_ids = fixed(self.token_capacity)
+        self._positions = fixed(self.token_capacity)
+        for g in self.groups:
+            g.out_cache_loc = fixed(self.token_capacity)
         self._scatter_flat = fixed(cfg.max_ctx)
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
         sweep_cap = max(g.num_slots for g in self.groups)
         self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), dev)
+
+    def _bind_launches(self) -> None:
+        """Every launch the manager makes, validated and bound once over its fixed buffers."""
+        bind, b = self.rt.bind, self.backend
+        token_inputs = {g.name: {f.name: self._token_inputs[(g.name, f.name)] for f in self.L.INPUT_FIELDS}
+                        for g in self.groups}
+        expected = {}
+        if self.enable_write_input_assert:
+            expected = {"expected_input_tokens": self._expected_tokens,
+                        "expected_input_positions": self._expected_positions}
+        for g in self.groups:
+            g.launches = {"plan": bind(
+                "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
+                req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
+                extend_seq_lens=self._extend_seq_lens, req_to_token=self.engine.req_to_token,
+                swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
+                verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
+                req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
+                kv_token_id_vs_position_offset=0,
+                extra_request_values={n: self._owners for n in self._per_request}, backend=b)}
+            tables = {n: g.slot_tables[n] for n in self._per_slot}
+            for (phase, half, kind), ctx in g.contexts.items():
+                if kind == "verify":
+                    plan = g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan
+                    g.launches[(phase, half, kind)] = bind(
+                        "launch_canary_verify_kernel", context=ctx, plan=plan,
+                        check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables,
+                        backend=b)
+                elif phase != SWEEP_PHASE:
+                    g.launches[(phase, half, kind)] = bind(
+                        "launch_canary_write_kernel", context=ctx, plan=g.write_plan, input_ids=self._input_ids,
+                        positions=self._positions, out_cache_loc=g.out_cache_loc,
+                        enable_write_input_assert=self.enable_write_input_assert,
+                        extra_inputs=token_inputs[g.name], backend=b, **expected)
+        self._scatter = bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
+                             req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=b)
 
     def set_chain_position_assert(self, enabled: bool) -> None:
         """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
@@ -401,9 +447,7 @@ class CanaryManager:
         if start == 0:
             self._stage.upload([(tokens, self._scatter_flat), ([0, n], self._scatter_offsets),
                                 ([row], self._scatter_row)])
-            self.rt.scatter_req_token_ids(flat_in=self._scatter_flat, offsets=self._scatter_offsets,
-                                          req_pool_indices=self._scatter_row, pool_out=self.req_pool,
-                                          backend=self.backend)
+            self._scatter.run()
         else:
             self._stage.upload([(tokens, self._scatter_flat)])
             self.req_pool[row, start:start + n].copy_(self._scatter_flat[:n])
@@ -433,10 +477,13 @@ class CanaryManager:
         self.monitor.on_forward()
 
     def launch_head(self, batch) -> None:
-        """Device side of HEAD: plan, HEAD verify and write. No host sync, so a CUDA graph can
-        capture it (and `tail`); `prepare` must have refilled the inputs for this batch."""
+        """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
+        write. No host sync, so a CUDA graph can capture it (and `tail`); `prepare` must have refilled
+        the host-side inputs for this batch."""
         if self.enabled:
-            self._plan(batch)
+            self._stage_batch(batch)
+            for g in self.groups:
+                g.launches["plan"].run()
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
             self._verify_and_write("head", batch)
@@ -455,54 +502,44 @@ class CanaryManager:
         if self.sweep_interval and step % self.sweep_interval == self.sweep_interval - 1:
             self.monitor.on_sweep_due()
             self.sweep()
-        self._snapshot(step)
-        self._poll()
+        self.ring_drain.snapshot(step)
+        if self.ring_drain.pending():
+            self.drain()
         health = None
         try:
             self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
         except CanaryHealthError as e:
             health = e
-        if self.metrics is not None:
-            self.metrics.after_step(step)
+        for listener in self.listeners:
+            if not getattr(listener, "takes_errors", False):
+                listener.after_step(step)
         if health is not None:
-            if self.fleet is None:
-                raise health
-            self.fleet.defer(health)  # every rank raises it together, at the fleet decision
-        if self.fleet is not None:
-            self.fleet.after_step(step)
+            self._raise(health)  # with a fleet decision: every rank raises it together
+        for listener in self.listeners:
+            if getattr(listener, "takes_errors", False):
+                listener.after_step(step)
 
-    def _plan(self, batch) -> None:
-        e, bs = self.engine, batch.bs
-        valid = self._valid_lens[:bs]
-        extra = {n: self._owners[:bs] for n in self._per_request}
+    def _stage_batch(self, batch) -> None:
+        """The batch's tensors copied into the buffers the launches are bound to (device copies:
+        capturable); request rows past the batch become padding."""
+        bs, n = batch.bs, int(batch.input_ids.shape[0])
+        for buf, src in ((self._req_pool_indices, batch.req_pool_indices), (self._prefix_lens, batch.prefix_lens),
+                         (self._extend_seq_lens, batch.extend_seq_lens)):
+            buf[:bs].copy_(src)
+            buf[bs:].fill_(0 if buf is not self._req_pool_indices else self.L.REQ_POOL_IDX_PADDING)
+        self._input_ids[:n].copy_(batch.input_ids)
+        self._positions[:n].copy_(batch.positions)
         for g in self.groups:
-            self.rt.launch_canary_plan_kernels(
-                verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
-                req_pool_indices=batch.req_pool_indices, prefix_lens=batch.prefix_lens,
-                extend_seq_lens=batch.extend_seq_lens, req_to_token=e.req_to_token,
-                swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
-                verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
-                req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=valid,
-                kv_token_id_vs_position_offset=0, extra_request_values=extra, backend=self.backend)
+            g.out_cache_loc[:n].copy_(g.pool.out_cache_loc(batch))
+            self._write_inputs(g, batch, g.out_cache_loc[:n])
 
     def _verify_and_write(self, phase: str, batch) -> None:
         for g in self.groups:
             for half in self.halves:
-                self._verify(g, phase, half, g.verify_plan)
-        n = int(batch.input_ids.shape[0])
-        expected = {}
-        if self.enable_write_input_assert:
-            expected = {"expected_input_tokens": self._expected_tokens[:n],
-                        "expected_input_positions": self._expected_positions[:n]}
+                g.launches[(phase, half, "verify")].run()
         for g in self.groups:
-            locs = g.pool.out_cache_loc(batch)
-            extra = self._write_inputs(g, batch, locs)
             for half in self.halves:
-                self.rt.launch_canary_write_kernel(
-                    context=g.contexts[(phase, half, "write")], plan=g.write_plan, input_ids=batch.input_ids,
-                    positions=batch.positions, out_cache_loc=locs,
-                    enable_write_input_assert=self.enable_write_input_assert, extra_inputs=extra,
-                    backend=self.backend, **expected)
+                g.launches[(phase, half, "write")].run()
 
     def _fill_expected_inputs(self, batch) -> None:
         """What the write's input assert compares each batch token with, on the device: position =
@@ -522,15 +559,9 @@ class CanaryManager:
         self._expected_tokens[:n].copy_(torch.where(known, tokens, batch.input_ids))
         self._expected_positions[:n].copy_(positions)
 
-    def _verify(self, g: _Group, phase: str, half: str, plan) -> None:
-        self.rt.launch_canary_verify_kernel(
-            context=g.contexts[(phase, half, "verify")], plan=plan,
-            check_verify_expected_token=self.check_verify_expected_token,
-            extra_slot_tables={n: g.slot_tables[n] for n in self._per_slot}, backend=self.backend)
-
-    def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> dict:
+    def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> None:
         """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
-        out, n = {}, int(locs.shape[0])
+        n = int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
             buf = self._token_inputs[(g.name, f.name)][:n]
             if f.source == "request_id":
@@ -538,8 +569,6 @@ class CanaryManager:
             else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots
                 torch.index_select(g.slot_tables[f.name], 0, locs.clamp(0, g.num_slots - 1), out=buf)
                 buf.masked_fill_((locs < 0) | (locs >= g.num_slots), 0)
-            out[f.name] = buf
-        return out
 
     # -- sweep ------------------------------------------------------------------------------
     def sweep(self) -> int:
@@ -563,7 +592,7 @@ class CanaryManager:
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
             for half in self.halves:
-                self._verify(g, SWEEP_PHASE, half, plan)
+                g.launches[(SWEEP_PHASE, half, "verify")].run()
         return len(slots)
 
     # -- host-offload support (records travel with the K/V bytes) ----------------------------
@@ -594,108 +623,50 @@ class CanaryManager:
         return lut[full_slots] if lut is not None else full_slots
 
     # -- draining ---------------------------------------------------------------------------
-    def _snapshot(self, step: int) -> None:
-        if self._pinned:
-            if len(self._snapshots) >= SNAPSHOT_DEPTH:
-                self._snapshots[0][2].synchronize()  # the device is SNAPSHOT_DEPTH steps behind
-                self._poll()
-            host = self._pinned_idx[self._next_pin]
-            self._next_pin = (self._next_pin + 1) % SNAPSHOT_DEPTH
-            host.copy_(self.write_index, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            self._snapshots.append((step, host, event))
-        else:
-            self._snapshots.append((step, int(self.write_index[0]), None))
-
-    def _poll(self) -> list[Violation]:
-        """Drain if a completed snapshot shows rows; never waits for the device otherwise."""
-        hit = False
-        while self._snapshots:
-            step, host, event = self._snapshots[0]
-            if event is not None and not event.query():
-                break
-            if (int(host[0]) if event is not None else host) > 0:
-                hit = True
-                break
-            self._snapshots.popleft()
-        return self.drain() if hit else []
-
     def drain(self) -> list[Violation]:
         """Read every pending row now (waits for the device), decode and record them; then mode `log`
         logs each row's report once (a WARNING each), mode `raise` raises one CanaryViolationError
         with all of them (with a FleetMonitor attached: hands it to the fleet decision, which raises
         on every rank). The write index restarts at 0, so no row is ever reported twice."""
-        if not self.enabled:
+        if not self.enabled or self.ring_drain is None:
             return []
-        count = int(self.write_index[0])  # synchronises: every snapshot copy before it has landed
-        bounds = [(s, int(h[0]) if e is not None else h) for s, h, e in self._snapshots]
-        self._snapshots.clear()
-        if count == 0:
-            return []
-        last_step = bounds[-1][0] if bounds else None
-        rows = self.ring[:min(count, self.ring_capacity)].cpu()
-        steps = [self._step_of(i, bounds, last_step) for i in range(count)]
-        self.write_index.zero_()
-        found = self.decoder.decode(rows, steps[:len(rows)])
-        lost = count - len(rows)
+        found = self.ring_drain.drain()
+        if not found:  # nothing appended since the last drain
+            return found
         st = self.stats
-        st.drains += 1
-        st.total += count
-        st.lost += lost
-        st.by_step.update(steps)
-        # Cumulative device totals: the kernels count dropped rows too (the host cannot decode them).
-        totals = self.reason_counts.cpu().tolist()
-        st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
-        for v in found:
-            st.by_tag[v.launch_tag] += 1
-            st.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
-        self._capture_links(found)
-        room = self.keep_violations - len(self.violations)
-        self.violations += found[:max(0, room)]
         # total_violations: rows appended since attach (SGLang's write index never restarts);
         # ring_overflow: some row was ever dropped for lack of room.
         reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
                                          step_when_pumped=self.last_step) for v in found]
-        if self.metrics is not None:
-            self.metrics.on_drain()
+        for listener in self.listeners:
+            listener.on_drain()
         if self.mode == "log":
             for text in reports:
                 logger.warning(text)
         elif self.mode == "raise":
-            error = CanaryViolationError("\n".join(reports), found)
-            if self.fleet is None:
-                raise error
-            self.fleet.defer(error)  # no rank raises alone: every rank raises at the fleet decision
+            self._raise(CanaryViolationError("\n".join(reports), found))
         return found
 
-    @staticmethod
-    def _step_of(i: int, bounds, last_step) -> Optional[int]:
-        for step, end in bounds:
-            if i < end:
-                return step
-        return last_step
-
     # -- reporting helpers ------------------------------------------------------------------
-    def _capture_links(self, found: list[Violation]) -> None:
-        """Remember, at drain time, the chain link of the record at each verify violation's slot
-        (what cascade grouping compares expected_aux with; later writes may change the record)."""
-        wanted = collections.defaultdict(list)
-        for v in found:
-            if v.is_verify and v.launch_tag_value in self._buf_of_tag:
+    def _records_of(self, violations: list[Violation]) -> list:
+        """The canary record (int64 words) each verify violation's slot holds now (None: no buffer)."""
+        out = [None] * len(violations)
+        wanted: dict = {}
+        for i, v in enumerate(violations):
+            if v.launch_tag_value in self._buf_of_tag:
                 g, half = self._buf_of_tag[v.launch_tag_value]
                 if 0 <= v.slot < g.num_slots:
-                    wanted[(g.name, half)].append(v)
-        for (name, half), vs in wanted.items():
+                    wanted.setdefault((g.name, half), []).append(i)
+        for (name, half), idx in wanted.items():
             g = next(x for x in self.groups if x.name == name)
-            idx = torch.tensor([v.slot for v in vs], dtype=torch.int64, device=self.device)
-            records = g.bufs[half][idx].view(torch.int64).cpu().tolist()
-            for v, words in zip(vs, records):
-                self._links[(v.step, v.launch_tag_value, v.slot)] = record_link(self.L, words)
+            slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
+            for i, words in zip(idx, g.bufs[half][slots].view(torch.int64).cpu().tolist()):
+                out[i] = words
+        return out
 
     def link_of(self, v: Violation) -> Optional[int]:
         """Chain link of the record a violation's slot held when it was drained (None if unknown)."""
-        return self._links.get((v.step, v.launch_tag_value, v.slot))
+        return self.ring_drain.link_of(v) if self.ring_drain is not None else None
 
     def grouped(self, violations: Optional[list[Violation]] = None) -> list[ViolationGroup]:
         """Root-cause groups of `violations` (default: everything drained so far)."""

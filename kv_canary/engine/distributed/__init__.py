@@ -1,5 +1,5 @@
 """Canaries across ranks: the fleet decision and fleet stats over a torch.distributed process group
-(kv_canary.distributed.fleet), and a launcher for local gloo ranks (kv_canary.distributed.local)."""
+(kv_canary.engine.distributed.fleet), and a launcher for local gloo ranks (kv_canary.demo.local_ranks)."""
 from .collective import FleetCollectiveError
 from .fleet import FleetHealthError, FleetMonitor, FleetViolationError
 from .rows import FleetDecision, FleetStats, RankReport, StatsSample

@@ -3,7 +3,7 @@
 Each rank's CanaryManager sees only its own KV pool. Attached to it, a FleetMonitor makes the ranks
 act together: at the end of every step (the manager's `after_step` calls it) each rank starts an
 asynchronous MAX all-reduce of its row (new violation rows per fail reason, a failed health check
-and its stalled tags; kv_canary.distributed.rows), and reads the result one step later, so no step
+and its stalled tags; kv_canary.engine.distributed.rows), and reads the result one step later, so no step
 waits on the network and nothing runs inside a captured CUDA graph. At that later step every rank
 holds the same decision and acts on it:
 - violations somewhere, mode `raise`: every rank raises FleetViolationError (a CanaryViolationError)
@@ -30,7 +30,8 @@ import torch.distributed as dist
 
 from ..config import MODES
 from ..counters import CounterSnapshot
-from ..manager import CanaryManager, CanaryViolationError
+from ..drain import CanaryViolationError
+from ..manager import CanaryManager
 from ..monitor import CanaryHealthError
 from .collective import FleetCollectiveError, RowReducer, collective_device, group_timeout
 from .rows import FleetDecision, FleetRows, FleetStats, StatsSample
@@ -76,6 +77,8 @@ class FleetMonitor:
     something, `last_stats` the latest fleet stats.
     """
 
+    takes_errors = True  # the manager's listener that raises for it: every rank at the same step
+
     def __init__(self, manager, group=None, *, stats_every: Optional[int] = None, timeout=None,
                  active: Optional[bool] = None):
         if not isinstance(manager, CanaryManager):
@@ -83,7 +86,7 @@ class FleetMonitor:
         if manager.engine is None:
             raise ValueError("kv-canary: FleetMonitor needs a CanaryManager attached to its engine "
                              "(manager.attach(engine) first); this one is not attached")
-        if manager.fleet is not None:
+        if manager.listener(FleetMonitor) is not None:
             raise ValueError("kv-canary: this CanaryManager already has a FleetMonitor; close() it first")
         stats_every = manager.stats_print_every_n_steps if stats_every is None else stats_every
         if isinstance(stats_every, bool) or not isinstance(stats_every, int) or stats_every < 0:
@@ -126,7 +129,7 @@ class FleetMonitor:
         if not manager.enabled:   # mode none on every rank (checked): no canary, nothing to decide
             self.active = False
             return
-        manager.fleet = self
+        manager.add_listener(self)
 
     # -- setup --------------------------------------------------------------------------------
     def _manager_device(self) -> Optional[torch.device]:
@@ -165,6 +168,9 @@ class FleetMonitor:
             raise TypeError(f"kv-canary: FleetMonitor.defer takes a CanaryViolationError or CanaryHealthError, "
                             f"got {type(error).__name__}")
 
+    def on_drain(self) -> None:
+        """Nothing to do at a drain: the rows reach the fleet through the manager's stats, each step."""
+
     def after_step(self, step: int) -> None:
         """End of step `step` (the manager calls this): act on the previous step's exchange, start
         this step's."""
@@ -193,7 +199,7 @@ class FleetMonitor:
                     self._collect(step)
         finally:
             self._closed = True
-            self.manager.fleet = None
+            self.manager.remove_listener(self)
 
     @contextlib.contextmanager
     def _failing(self):

@@ -22,6 +22,7 @@ import torch
 _INT64 = torch.int64
 _INT32 = torch.int32
 _UINT8 = torch.uint8
+WRITE_PLAN_ARRAYS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -45,16 +46,17 @@ class Validators:
         self.layout = layout
         self.abi = abi if abi is not None else importlib.import_module(layout.__name__.rpartition(".")[0] + ".kernel_abi")
         self.prefix = layout.MESSAGE_PREFIX
+        # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
+        # besides tensors is checked when they are built, not again at every launch.
+        self.frozen_context = self.frozen_source = None
         self.messages = layout.MESSAGES
         fields = layout.INPUT_FIELDS
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
         self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
-        # The largest alignment any check reads of an address: a tensor's element (at most 16 bytes)
-        # or the schema's real-KV load width. A power of two, or 0 where that width is not one (the
-        # launch cache then keys launches by full signatures only).
-        widest = max(16, int(layout.REAL_KV_LOAD_ALIGN_BYTES))
-        self.pointer_class_bytes = widest if widest & (widest - 1) == 0 else 0
+        self.verify_plan_arrays = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                                   "verify_prev_slot_indices", "verify_num_valid", "enable",
+                                   *("verify_expected_" + n for n in self.per_request_fields))
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
@@ -65,47 +67,83 @@ class Validators:
 
     def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
                      device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
-        """Type, dtype, rank, shape (None entries match anything), device and contiguity of one tensor."""
+        """Type, dtype, rank, shape (None entries match anything), device, contiguity, alignment and
+        storage extent of one tensor. Runs at every launch: a tensor can change all of these in place."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype:
             raise TypeError(f"{self.prefix}{name} must have dtype {dtype}, got {t.dtype}")
+        size = t.shape
         want_ndim = len(shape) if shape is not None else ndim
-        if want_ndim is not None and t.dim() != want_ndim:
+        if want_ndim is not None and len(size) != want_ndim:
             raise ValueError(f"{self.prefix}{name} must be {want_ndim}-D, got shape {_shape(t)}")
-        if shape is not None and any(w is not None and w != g for w, g in zip(shape, _shape(t))):
-            want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
-            raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
+        if shape is not None:
+            for w, g in zip(shape, size):
+                if w is not None and w != g:
+                    want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+                    raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
         if device is not None and t.device != device:
             raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
         self.check_has_data(name, t)
         if contiguous and not t.is_contiguous():
             raise self.fail("not_contiguous", name=name)
         self.check_aligned(name, t, t.element_size(), f"its {t.dtype} elements")
+        self.check_storage(name, t)
         return t
 
     def check_has_data(self, name: str, t: torch.Tensor) -> None:
         """A meta tensor has a shape but no memory: no backend can read or write it."""
-        if t.device.type == "meta":
+        if t.is_meta:
             raise ValueError(f"{self.prefix}{name} is on the meta device, which holds no data; kv-canary launches "
                              f"need tensors with memory (e.g. on cpu or cuda)")
-
-    def address_misaligned(self, t: torch.Tensor, align: int) -> bool:
-        """Whether `t`'s data address is not a multiple of `align`: the only thing any check here reads
-        of an address (outside error messages; tests/test_launch_cache.py holds this file to it). The
-        launch cache reuses a validation for tensors whose addresses agree modulo
-        `pointer_class_bytes` (kv_canary/launch_cache.py), so `align` must divide it."""
-        if self.pointer_class_bytes and self.pointer_class_bytes % align:
-            raise AssertionError(f"kv-canary: an alignment check of {align} bytes does not divide the pointer class "
-                                 f"({self.pointer_class_bytes} bytes): see Validators.pointer_class_bytes")
-        return t.data_ptr() % align != 0
 
     def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str) -> None:
         """The kernels read `t` as `align`-byte words: a misaligned address faults on a GPU and is
         undefined behaviour on the host (e.g. a uint8 view at an odd offset, an unaligned numpy buffer)."""
-        if self.address_misaligned(t, align):
+        if t.data_ptr() % align:
             raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned (the kernels read it as {words}), "
                              f"got address {t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
+
+    def check_storage(self, name: str, t: torch.Tensor) -> None:
+        """Every element the shape and strides reach lies inside the tensor's storage (a storage
+        resized under a tensor keeps the tensor's shape, and a kernel would run past the memory)."""
+        have, need = t.untyped_storage().nbytes(), self.extent(t)
+        if need and t.storage_offset() * t.element_size() + need > have:
+            raise ValueError(f"{self.prefix}{name} reaches {t.storage_offset() * t.element_size() + need} bytes into its "
+                             f"storage (shape {_shape(t)}, strides {tuple(t.stride())}, storage offset "
+                             f"{t.storage_offset()}), but the storage holds {have} bytes: was it resized under the "
+                             f"tensor?")
+
+    @staticmethod
+    def extent(t: torch.Tensor) -> int:
+        """Bytes from the tensor's first element to one past its last (0 for an empty tensor)."""
+        if t.is_contiguous():
+            return t.numel() * t.element_size()
+        if t.numel() == 0:
+            return 0
+        return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+    def check_disjoint(self, inputs: dict, outputs: dict) -> None:
+        """No input shares memory with an output of the same launch: a kernel reading what it writes
+        gives different results on different backends (thread order, copies), so it is refused."""
+        spans = []
+        for name, t in outputs.items():
+            n = self.extent(t)
+            if n:
+                start = t.data_ptr()
+                spans.append((start, start + n, name))
+        for name, t in inputs.items():
+            if t is None:
+                continue
+            n = self.extent(t)
+            if not n:
+                continue
+            start = t.data_ptr()
+            end = start + n
+            for lo, hi, out in spans:
+                if start < hi and lo < end:
+                    raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
+                                     f"outputs must not share memory (pass a copy of {name})")
 
     # -- integers that reach the kernels as C integers -----------------------------------------------
     def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
@@ -146,12 +184,12 @@ class Validators:
 
     def check_enum(self, name: str, value: Any, enum_type):
         """A member of one of the schema's enums, given as the member or its int value."""
-        members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
         if not isinstance(value, bool):
             try:
                 return enum_type(operator.index(value))
             except (TypeError, ValueError):
                 pass
+        members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
         raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}")
 
     def parse_device(self, name: str, device: Any) -> torch.device:
@@ -184,6 +222,11 @@ class Validators:
     # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
     def check_real_kv_source(self, *, tensor: Any, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
         """The §4 rules, in SGLang's order; plus the 16-byte alignment that vector loads need."""
+        self.check_real_kv_params(page_size=page_size, num_bytes_per_token=num_bytes_per_token, read_bytes=read_bytes)
+        self.check_real_kv_tensor(tensor, page_size=page_size, num_bytes_per_token=num_bytes_per_token)
+
+    def check_real_kv_params(self, *, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
+        """A source's integers (fixed once a RealKvSource is built)."""
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         page_size = self.as_int("RealKvSource.page_size", page_size)
         num_bytes_per_token = self.as_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
@@ -199,40 +242,53 @@ class Validators:
         for field, value in (("page_size", page_size), ("num_bytes_per_token", num_bytes_per_token),
                              ("read_bytes", read_bytes)):
             self.check_fits("RealKvSource." + field, value)
+
+    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> None:
+        """A source's tensor (checked at every launch: a tensor can change in place)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
         self.check_has_data("RealKvSource.tensor", tensor)
         if tensor.dim() < 2:
             raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         es = tensor.element_size()
-        row_stride = int(tensor.stride(0)) * es
+        strides = tensor.stride()
+        row_stride = strides[0] * es
         if row_stride % align:
-            raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(tensor.stride()), dtype=tensor.dtype)
+            raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(strides), dtype=tensor.dtype)
         # A row's bytes are read as one flat run starting at the row's first element.
-        if not tensor[0:1].is_contiguous() and tensor.shape[0] > 0:
-            raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
-                             f"got shape={_shape(tensor)}, strides={tuple(tensor.stride())}")
-        row_bytes = es
-        for d in tensor.shape[1:]:
-            row_bytes *= int(d)
+        size = tensor.shape
+        row_bytes, packed = es, 1
+        for d in range(len(size) - 1, 0, -1):
+            if size[d] != 1 and strides[d] != packed and size[0] > 0:
+                raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
+                                 f"got shape={_shape(tensor)}, strides={tuple(strides)}")
+            packed *= size[d]
+        row_bytes *= packed
         needed = page_size * num_bytes_per_token
         if row_bytes < needed:
             raise self.fail("real_kv_row_width", b=row_bytes, p=page_size, n=num_bytes_per_token, m=needed)
-        if self.address_misaligned(tensor, align):
+        if tensor.data_ptr() % align:
             raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
                              f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
+        self.check_storage("RealKvSource.tensor", tensor)
 
-    def check_real_kv_sources(self, sources: Any, *, device: torch.device) -> tuple:
-        if not isinstance(sources, (tuple, list)):
-            raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
-        if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
-            raise self.fail("real_kv_source_count", n=len(sources))
+    def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False) -> tuple:
+        """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
+        when they were built; only their tensors are checked again."""
+        if not frozen:
+            if not isinstance(sources, (tuple, list)):
+                raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
+            if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
+                raise self.fail("real_kv_source_count", n=len(sources))
         for i, src in enumerate(sources):
-            for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
-                if not hasattr(src, attr):
-                    raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
-            self.check_real_kv_source(tensor=src.tensor, page_size=src.page_size,
-                                      num_bytes_per_token=src.num_bytes_per_token, read_bytes=src.read_bytes)
+            if not frozen or type(src) is not self.frozen_source:
+                for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
+                    if not hasattr(src, attr):
+                        raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
+                self.check_real_kv_params(page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
+                                          read_bytes=src.read_bytes)
+            self.check_real_kv_tensor(src.tensor, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token)
             if src.tensor.device != device:
                 raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
                                  f"got {src.tensor.device}")
@@ -275,12 +331,30 @@ class Validators:
         """>= 0; the ring's write index is a C int, so rows past 2**31-1 could never be written."""
         return self.check_fits("ring_capacity", self.check_int("ring_capacity", ring_capacity, minimum=0))
 
-    def check_context(self, context: Any) -> int:
-        """Every tensor of a VerifyOrWriteContext; returns num_slots."""
-        for attr in ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
-                     "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert"):
+    CONTEXT_FIELDS = ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
+                      "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert")
+
+    def check_context_fields(self, context: Any) -> None:
+        """What a context holds besides its tensors: its fields, launch tag, hash mode and real-KV
+        sources (checked once when this layer's frozen VerifyOrWriteContext is built, else at every launch)."""
+        for attr in self.CONTEXT_FIELDS:
             if not hasattr(context, attr):
                 raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
+        self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
+        self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
+        sources = context.real_kv_sources
+        if not isinstance(sources, (tuple, list)):
+            raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
+        if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
+            raise self.fail("real_kv_source_count", n=len(sources))
+
+    def check_context(self, context: Any) -> int:
+        """Every tensor of a VerifyOrWriteContext; returns num_slots."""
+        frozen = type(context) is self.frozen_context
+        if not frozen:
+            for attr in self.CONTEXT_FIELDS:
+                if not hasattr(context, attr):
+                    raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
         num_slots = self.check_canary_buf(context.canary_buf)
         dev = context.canary_buf.device
         self.check_tensor("violation_ring", context.violation_ring, dtype=_INT64, shape=(None, self.layout.VIOLATION_FIELDS), device=dev)
@@ -294,10 +368,27 @@ class Validators:
         if counts is not None:
             self.check_tensor("violation_reason_counts", counts, dtype=_INT64, shape=(self.layout.VIOLATION_REASON_COUNT_COLUMNS,),
                               device=dev)
-        self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
-        self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
-        self.check_real_kv_sources(context.real_kv_sources, device=dev)
+        if not frozen:
+            self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
+            self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
+        self.check_real_kv_sources(context.real_kv_sources, device=dev, frozen=frozen)
         return num_slots
+
+    def context_outputs(self, context: Any) -> dict:
+        """The tensors every verify and write launch writes."""
+        out = {"violation_ring": context.violation_ring, "violation_write_index": context.violation_write_index,
+               "slot_run_counter": context.slot_run_counter, "kernel_run_counter": context.kernel_run_counter}
+        counts = getattr(context, "violation_reason_counts", None)
+        if counts is not None:
+            out["violation_reason_counts"] = counts
+        return out
+
+    def context_inputs(self, context: Any) -> dict:
+        """The tensors of a context a launch only reads (the canary buffer is the write's output)."""
+        out = {"enable_chain_position_assert": context.enable_chain_position_assert}
+        for i, src in enumerate(context.real_kv_sources):
+            out[f"real_kv_sources[{i}].tensor"] = src.tensor
+        return out
 
     def check_verify_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
         """Every array of a VerifyPlan; returns its capacity."""
@@ -367,6 +458,14 @@ class Validators:
             raise self.fail("expected_inputs_forbidden")
         extra = self._check_extra("extra_inputs", extra_inputs, self.input_fields, length=n, length_of="input_ids",
                                   device=dev, device_of="canary_buf")
+        self.check_disjoint({"plan.write_offsets": plan.write_offsets,
+                             "plan.write_seed_slot_indices": plan.write_seed_slot_indices,
+                             "plan.write_num_valid_reqs": plan.write_num_valid_reqs, "input_ids": input_ids,
+                             "positions": positions, "out_cache_loc": out_cache_loc,
+                             "expected_input_tokens": expected_input_tokens,
+                             "expected_input_positions": expected_input_positions,
+                             **{f"extra_inputs[{k!r}]": t for k, t in extra.items()}, **self.context_inputs(context)},
+                            {"canary_buf": context.canary_buf, **self.context_outputs(context)})
         return dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                     enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
                     expected_input_positions=expected_input_positions, extra_inputs=extra)
@@ -378,6 +477,9 @@ class Validators:
         self.check_bool("check_verify_expected_token", check_verify_expected_token)
         extra = self._check_extra("extra_slot_tables", extra_slot_tables, self.per_slot_fields, length=num_slots,
                                   length_of="canary_buf", device=dev, device_of="canary_buf")
+        self.check_disjoint({"canary_buf": context.canary_buf, **{"plan." + k: getattr(plan, k) for k in self.verify_plan_arrays},
+                             **{f"extra_slot_tables[{k!r}]": t for k, t in extra.items()}, **self.context_inputs(context)},
+                            self.context_outputs(context))
         return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
                     extra_slot_tables=extra)
 
@@ -461,6 +563,14 @@ class Validators:
                         self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
         extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
                                   length_of="req_pool_indices", device=dev, **on)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
+             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping,
+             "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
+             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
+             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
+            {**{"verify_plan_out." + k: getattr(verify_plan_out, k) for k in self.verify_plan_arrays},
+             **{"write_plan_out." + k: getattr(write_plan_out, k) for k in WRITE_PLAN_ARRAYS}})
         return dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
                     prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
                     swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
@@ -490,6 +600,12 @@ class Validators:
                                   write_capacity_of="the write request capacity (out_write_seed_slot_indices length)")
         self._check_offsets_scratch("out_verify_offsets_scratch", out_verify_offsets_scratch, bs=bs, device=dev)
         self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
+             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping},
+            {"out_verify_offsets_scratch": out_verify_offsets_scratch, "out_write_offsets": out_write_offsets,
+             "out_write_seed_slot_indices": out_write_seed_slot_indices, "out_verify_num_valid": out_verify_num_valid,
+             "out_verify_enable": out_verify_enable, "out_write_num_valid_reqs": out_write_num_valid_reqs})
         return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
                     req_to_token=req_to_token, full_to_swa_index_mapping=full_to_swa_index_mapping,
                     out_verify_offsets_scratch=out_verify_offsets_scratch, out_write_offsets=out_write_offsets,
@@ -529,6 +645,16 @@ class Validators:
                                   length_of="req_pool_indices", device=dev, **on)
         out_extra = self._check_extra("out_extra_verify_expected", out_extra_verify_expected, self.per_request_fields,
                                       length=cap, length_of="out_verify_slot_indices", device=dev, **on)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "req_to_token": req_to_token,
+             "full_to_swa_index_mapping": full_to_swa_index_mapping, "verify_offsets_scratch": verify_offsets_scratch,
+             "verify_enable": verify_enable, "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
+             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
+             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
+            {"out_verify_slot_indices": out_verify_slot_indices, "out_verify_expected_tokens": out_verify_expected_tokens,
+             "out_verify_expected_positions": out_verify_expected_positions,
+             "out_verify_prev_slot_indices": out_verify_prev_slot_indices,
+             **{f"out_extra_verify_expected[{k!r}]": t for k, t in out_extra.items()}})
         return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
                     full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets_scratch=verify_offsets_scratch,
                     verify_enable=verify_enable, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
@@ -552,6 +678,8 @@ class Validators:
         self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
         bs = int(req_pool_indices.shape[0])
         self.check_tensor("offsets", offsets, dtype=_INT64, shape=(bs + 1,), device=dev, device_of="pool_out")
+        self.check_disjoint({"flat_in": flat_in, "offsets": offsets, "req_pool_indices": req_pool_indices},
+                            {"pool_out": pool_out})
         return dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:

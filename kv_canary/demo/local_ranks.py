@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 HOST = "127.0.0.1"
 # What the ranks import before forking from the forkserver (once per parent process).
-PRELOAD = ["torch", "torch.distributed", "kv_canary.manager", "kv_canary.distributed", "kv_canary.demo.sim",
+PRELOAD = ["torch", "torch.distributed", "kv_canary.engine.manager", "kv_canary.engine.distributed", "kv_canary.demo.sim",
            "kv_canary.demo.faults"]
 
 

@@ -1,7 +1,7 @@
 """Import a generated tree (generated/) as a Python package, and find the generator.
 
-The default tree is `kv_canary.generated`; tests and tools load trees generated from other
-schemas (kv_canary.layers.generate_layer) side by side under unique module names.
+The default tree is `kv_canary.generated` (`default_layer()`); tests and tools load trees generated from other
+schemas (kv_canary.layer.schemas.generate_layer) side by side under unique module names.
 
 Installed wheels carry `kv_canary/generated` and `kv_canary/codegen` inside the package; a source
 checkout keeps them at its root (`generated/`, `codegen/`), so that the schema, the generator and
@@ -15,8 +15,9 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Callable, Optional
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kv_canary/
 CODEGEN_PACKAGE = "kv_canary.codegen"
 
 
@@ -61,9 +62,21 @@ def register_codegen() -> None:
         _import_package(path, CODEGEN_PACKAGE)
 
 
+# How a loaded layer gets its runtime (validation, backends, allocators): set once by the package
+# root (kv_canary/__init__.py), which sits above every layer, so this one never imports upward.
+_runtime_factory: Optional[Callable] = None
+
+
+def set_runtime_factory(factory: Callable) -> None:
+    """`factory(layer)` -> the layer's runtime; called lazily, at a layer's first launch."""
+    global _runtime_factory
+    _runtime_factory = factory
+
+
 def _runtime_of(layer):
-    from .runtime import runtime_for  # torch loads with the first launch, not with the layout
-    return runtime_for(layer)
+    if _runtime_factory is None:
+        raise RuntimeError(f"kv-canary: no runtime for {layer.__name__}; import kv_canary first")
+    return _runtime_factory(layer)
 
 
 def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
@@ -78,3 +91,11 @@ def load_generated(path: Path | str, module_name: str | None = None) -> ModuleTy
     layer = _import_package(path, module_name)
     layer.runtime_factory = functools.partial(_runtime_of, layer)
     return layer
+
+
+DEFAULT_MODULE = "kv_canary.generated"
+
+
+def default_layer() -> ModuleType:
+    """The default generated layer, `kv_canary.generated` (kernels.yaml's tree)."""
+    return sys.modules.get(DEFAULT_MODULE) or load_generated(default_generated_dir(), DEFAULT_MODULE)

@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from . import generated as _generated
+from ..layer.loader import default_layer
 
 MODES = ("none", "log", "raise")
 MODE_SYNONYMS = {"off": "none"}   # SGLang's older spelling of "none"
 # --kv-canary-real-data values: the RealKvHashMode members lower-cased (partial reads the first
 # REAL_KV_PARTIAL_READ_BYTES bytes of a slot, all the whole slot).
-REAL_KV_DATA = tuple(m.name.lower() for m in _generated.layout.RealKvHashMode)
+REAL_KV_DATA = tuple(m.name.lower() for m in default_layer().layout.RealKvHashMode)
 
 FLAG_MODE = "--kv-canary"
 FLAG_REAL_KV_DATA = "--kv-canary-real-data"
@@ -55,9 +55,7 @@ class CanaryConfig:
         set_(self, "mode", parse_mode(self.mode, "CanaryConfig.mode"))
         set_(self, "real_kv_data", parse_real_kv_data(self.real_kv_data, "CanaryConfig.real_kv_data"))
         for name, low in (("sweep_interval", 0), ("ring_capacity", 1), ("stats_print_every_n_steps", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"kv-canary: CanaryConfig.{name} must be an int >= {low}, got {value!r}")
+            check_count(f"CanaryConfig.{name}", getattr(self, name), low)
         for name in ("enable_write_input_assert", "enable_verify_token_assert", "enable_mha_v"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"kv-canary: CanaryConfig.{name} must be a bool, got {getattr(self, name)!r}")
@@ -100,7 +98,7 @@ class CanaryConfig:
         group.add_argument(FLAG_REAL_KV_DATA, type=_cli(parse_real_kv_data, FLAG_REAL_KV_DATA), choices=REAL_KV_DATA,
                            default=d.real_kv_data, metavar="{" + ",".join(REAL_KV_DATA) + "}",
                            help=f"fingerprint the real K/V bytes: none, partial (the first "
-                                f"{_generated.layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
+                                f"{default_layer().layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
                                 f"(default: %(default)s)")
         group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_sweep_interval, FLAG_SWEEP_INTERVAL),
                            default=d.sweep_interval, metavar="N",
@@ -127,6 +125,13 @@ class CanaryConfig:
 
 
 # -- value parsers, each naming where the value came from -------------------------------------------
+def check_count(name: str, value, low: int) -> int:
+    """An int option >= `low` (a bool is not one): the config's and the manager's counts."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"kv-canary: {name} must be an int >= {low}, got {value!r}")
+    return value
+
+
 def parse_mode(value, where: str) -> str:
     word = value.strip().lower() if isinstance(value, str) else value
     word = MODE_SYNONYMS.get(word, word)

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import cache
-from ._loader import PACKAGE_DIR, load_generated, register_codegen
+from .loader import PACKAGE_DIR, load_generated, register_codegen
 
 SCHEMAS_DIR = PACKAGE_DIR / "schemas"  # the example schemas, shipped as package data
 
@@ -40,9 +40,9 @@ def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> M
     and generator, so layers of several schemas (or versions of one) live side by side.
     """
     register_codegen()
-    from .codegen.load import load_schema_bytes
-    from .codegen.render import generator_sha256, render_all
-    from .codegen.writer import write_tree
+    from ..codegen.load import load_schema_bytes
+    from ..codegen.render import generator_sha256, render_all
+    from ..codegen.writer import write_tree
 
     schema = Path(schema)
     raw = schema.read_bytes()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from ..cache import cache_dir, content_key, entry
+from .cache import cache_dir, content_key, entry
 
 DEFAULT_OPTIONS = ("-std=c++17", "-lineinfo")
 

@@ -17,10 +17,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..cache import cache_dir, content_key, entry
-from ..cuda.sources import kernel_abi, read_source, tree_dir
+from .cache import cache_dir, content_key, entry
+from .sources import kernel_abi, read_source, tree_dir
 
-SHIM_DIR = Path(__file__).resolve().parent
+SHIM_DIR = Path(__file__).resolve().parent.parent / "emulation"  # the hand-written shim (package data)
 SHIM_HEADER = SHIM_DIR / "cuda_host_shim.h"
 CXX_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
              "-Wno-unknown-pragmas", "-Werror")

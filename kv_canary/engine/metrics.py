@@ -60,7 +60,7 @@ class CanaryMetrics:
         if manager.enabled and manager.engine is None:
             raise ValueError("kv-canary: CanaryMetrics needs a CanaryManager attached to its engine "
                              "(manager.attach(engine) first); this one is not attached")
-        if manager.metrics is not None:
+        if manager.listener(CanaryMetrics) is not None:
             raise ValueError("kv-canary: this CanaryManager already has a CanaryMetrics; close() it first")
         self.manager = manager
         self.read_every = read_every
@@ -91,7 +91,7 @@ class CanaryMetrics:
         self._seen_runs = [0] * len(self.tags)
         self._seen_tokens = 0
         self._pending: list[CounterSnapshot] = []
-        manager.metrics = self
+        manager.add_listener(self)
         self.on_drain()
 
     # -- what the manager calls -----------------------------------------------------------------
@@ -132,8 +132,7 @@ class CanaryMetrics:
 
     def close(self) -> None:
         """Stop updating (the metrics stay registered with their last values)."""
-        if self.manager.metrics is self:
-            self.manager.metrics = None
+        self.manager.remove_listener(self)
 
     # -- device counters ----------------------------------------------------------------------
     def _snapshot(self) -> CounterSnapshot:
