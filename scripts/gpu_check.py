@@ -67,7 +67,7 @@ for symbol, fn in mods.functions.items():
 """
 
 # The GPU test files: the backend's parity suite, and the fleet on a one-rank NCCL group.
-GPU_TESTS = ("tests/test_gpu_backend.py", "tests/test_gpu_fleet.py")
+GPU_TESTS = ("tests/gpu/test_gpu_backend.py", "tests/gpu/test_gpu_fleet.py")
 
 # (name, limit in seconds); each gets at most what is left of BUDGET_S.
 STEPS = (("environment", 30), ("warm_up", 75), ("gpu_bench", 135), ("gpu_tests", 210))

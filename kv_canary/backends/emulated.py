@@ -50,6 +50,13 @@ def _packer(kinds: tuple) -> struct.Struct:
     return struct.Struct("<" + "".join(SLOT_FORMATS[k] for k in kinds))
 
 
+@functools.lru_cache(maxsize=None)
+def _lanes(n: int) -> tuple[int, int]:
+    """(sum of 1 << 64 i, sum of 8 i << 64 i) for i < n: base * ones + steps holds base + 8 i in its
+    i-th 64-bit lane (no lane carries into the next: every address is below 2**64)."""
+    return sum(1 << (64 * i) for i in range(n)), sum((SLOT_BYTES * i) << (64 * i) for i in range(n))
+
+
 class PackedArgs:
     """One launch's values in slots, and the pointer array to them (`address`: the `void**`)."""
 
@@ -57,8 +64,9 @@ class PackedArgs:
         n = max(1, len(kinds))
         self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(kinds).pack(*values) if kinds
                                                              else bytes(SLOT_BYTES))
-        base = ctypes.addressof(self._slots)
-        self._pointers = (ctypes.c_void_p * n)(*(base + SLOT_BYTES * i for i in range(n)))
+        ones, steps = _lanes(n)  # slot i's address: base + 8 i, all n as one integer's 8-byte lanes
+        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(
+            (ctypes.addressof(self._slots) * ones + steps).to_bytes(SLOT_BYTES * n, "little"))
         self.address = ctypes.addressof(self._pointers)
 
 

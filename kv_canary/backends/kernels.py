@@ -36,6 +36,7 @@ class KernelBackend:
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
                              f"run `make generate`")
         self.kernels = {template: self.abi.kernel_for_template(template) for template in TEMPLATES}
+        self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
 
     # -- hooks ----------------------------------------------------------------------------------
     def check_device(self, device: torch.device) -> None:
@@ -56,6 +57,13 @@ class KernelBackend:
 
     # -- binding --------------------------------------------------------------------------------
     def entry_point(self, kernel, **flags) -> str:
+        key = (kernel.name, *flags.items())
+        entry = self._entry_points.get(key)
+        if entry is None:
+            entry = self._entry_points[key] = self._entry_point(kernel, **flags)
+        return entry
+
+    def _entry_point(self, kernel, **flags) -> str:
         declared = {name for _, variant in kernel.variants for name, _ in variant}
         for flag, value in flags.items():
             if flag not in declared and value:

@@ -64,6 +64,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         def __post_init__(self) -> None:
             # Frozen: what it holds besides tensors is checked once, here; tensors at every launch.
             v.check_context_fields(self)
+            v.check_context_disjoint(self)
 
     # int64 arrays of `cap` entries (the expected values start at -1: unknown), then int32 scalars.
     array_fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",

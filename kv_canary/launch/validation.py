@@ -22,6 +22,7 @@ import torch
 _INT64 = torch.int64
 _INT32 = torch.int32
 _UINT8 = torch.uint8
+_TENSOR = torch.Tensor
 WRITE_PLAN_ARRAYS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
 
@@ -68,7 +69,14 @@ class Validators:
     def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
                      device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
         """Type, dtype, rank, shape (None entries match anything), device, contiguity, alignment and
-        storage extent of one tensor. Runs at every launch: a tensor can change all of these in place."""
+        storage extent of one tensor. Runs at every launch (a tensor can change all of these in
+        place): a valid plain tensor takes the first branch; anything else the checks one by one."""
+        if (type(t) is _TENSOR and t.dtype is dtype
+                and (t.shape == shape if shape is not None else ndim is None or t.dim() == ndim)
+                and (device is None or t.device == device) and not t.is_meta and t.is_contiguous()):
+            es = t.element_size()
+            if not t.data_ptr() % es and (t.storage_offset() + t.numel()) * es <= t.untyped_storage().nbytes():
+                return t
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype:
@@ -84,11 +92,19 @@ class Validators:
                     raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
         if device is not None and t.device != device:
             raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
-        self.check_has_data(name, t)
-        if contiguous and not t.is_contiguous():
+        if t.is_meta:
+            self.check_has_data(name, t)
+        packed = t.is_contiguous()
+        if contiguous and not packed:
             raise self.fail("not_contiguous", name=name)
-        self.check_aligned(name, t, t.element_size(), f"its {t.dtype} elements")
-        self.check_storage(name, t)
+        es = t.element_size()
+        if t.data_ptr() % es:
+            self.check_aligned(name, t, es, f"its {t.dtype} elements")
+        if packed:
+            if (t.storage_offset() + t.numel()) * es > t.untyped_storage().nbytes():
+                self.check_storage(name, t)
+        else:
+            self.check_storage(name, t)
         return t
 
     def check_has_data(self, name: str, t: torch.Tensor) -> None:
@@ -118,7 +134,7 @@ class Validators:
     def extent(t: torch.Tensor) -> int:
         """Bytes from the tensor's first element to one past its last (0 for an empty tensor)."""
         if t.is_contiguous():
-            return t.numel() * t.element_size()
+            return t.nbytes
         if t.numel() == 0:
             return 0
         return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
@@ -126,22 +142,19 @@ class Validators:
     def check_disjoint(self, inputs: dict, outputs: dict) -> None:
         """No input shares memory with an output of the same launch: a kernel reading what it writes
         gives different results on different backends (thread order, copies), so it is refused."""
-        spans = []
-        for name, t in outputs.items():
-            n = self.extent(t)
-            if n:
-                start = t.data_ptr()
-                spans.append((start, start + n, name))
+        extent = self.extent
+        spans = [(t.data_ptr(), extent(t), name) for name, t in outputs.items()
+                 if isinstance(t, torch.Tensor) and t.data_ptr()]
+        lo = min((start for start, n, _ in spans if n), default=0)
+        hi = max((start + n for start, n, _ in spans if n), default=0)
         for name, t in inputs.items():
-            if t is None:
+            if not isinstance(t, torch.Tensor):
                 continue
-            n = self.extent(t)
-            if not n:
+            start, n = t.data_ptr(), extent(t)
+            if not n or not start or start >= hi or start + n <= lo:  # outside every output: the usual case
                 continue
-            start = t.data_ptr()
-            end = start + n
-            for lo, hi, out in spans:
-                if start < hi and lo < end:
+            for out_start, out_n, out in spans:
+                if out_n and start < out_start + out_n and out_start < start + n:
                     raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
                                      f"outputs must not share memory (pass a copy of {name})")
 
@@ -247,27 +260,26 @@ class Validators:
         """A source's tensor (checked at every launch: a tensor can change in place)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        self.check_has_data("RealKvSource.tensor", tensor)
-        if tensor.dim() < 2:
+        if tensor.is_meta:
+            self.check_has_data("RealKvSource.tensor", tensor)
+        size, strides = tensor.shape, tensor.stride()
+        if len(size) < 2:
             raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         es = tensor.element_size()
-        strides = tensor.stride()
         row_stride = strides[0] * es
         if row_stride % align:
             raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(strides), dtype=tensor.dtype)
         # A row's bytes are read as one flat run starting at the row's first element.
-        size = tensor.shape
-        row_bytes, packed = es, 1
+        packed = 1
         for d in range(len(size) - 1, 0, -1):
             if size[d] != 1 and strides[d] != packed and size[0] > 0:
                 raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
                                  f"got shape={_shape(tensor)}, strides={tuple(strides)}")
             packed *= size[d]
-        row_bytes *= packed
         needed = page_size * num_bytes_per_token
-        if row_bytes < needed:
-            raise self.fail("real_kv_row_width", b=row_bytes, p=page_size, n=num_bytes_per_token, m=needed)
+        if packed * es < needed:
+            raise self.fail("real_kv_row_width", b=packed * es, p=page_size, n=num_bytes_per_token, m=needed)
         if tensor.data_ptr() % align:
             raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
                              f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
@@ -306,9 +318,7 @@ class Validators:
     def check_canary_buf(self, canary_buf: Any) -> int:
         """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record, 8-byte
         aligned (records are read as int64 words); returns num_slots."""
-        self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2, contiguous=False)
-        if not canary_buf.is_contiguous():
-            raise self.fail("not_contiguous", name="canary_buf")
+        self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2)
         self.check_slot_stride(int(canary_buf.shape[1]), _shape(canary_buf))
         word = self.layout.CANARY_WORD_BYTES
         self.check_aligned("canary_buf", canary_buf, word, f"{word}-byte record words")
@@ -387,8 +397,15 @@ class Validators:
         """The tensors of a context a launch only reads (the canary buffer is the write's output)."""
         out = {"enable_chain_position_assert": context.enable_chain_position_assert}
         for i, src in enumerate(context.real_kv_sources):
-            out[f"real_kv_sources[{i}].tensor"] = src.tensor
+            out[f"real_kv_sources[{i}].tensor"] = getattr(src, "tensor", None)
         return out
+
+    def check_context_disjoint(self, context: Any) -> None:
+        """No two of a context's tensors share memory: what a launch reads of it (real-KV bytes, the
+        flag, for a verify the canary buffer) is never what it writes (for a write the canary buffer)."""
+        inputs = self.context_inputs(context)
+        self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, self.context_outputs(context))
+        self.check_disjoint(inputs, {"canary_buf": context.canary_buf})
 
     def check_verify_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
         """Every array of a VerifyPlan; returns its capacity."""
@@ -458,13 +475,15 @@ class Validators:
             raise self.fail("expected_inputs_forbidden")
         extra = self._check_extra("extra_inputs", extra_inputs, self.input_fields, length=n, length_of="input_ids",
                                   device=dev, device_of="canary_buf")
+        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
+            self.check_context_disjoint(context)
         self.check_disjoint({"plan.write_offsets": plan.write_offsets,
                              "plan.write_seed_slot_indices": plan.write_seed_slot_indices,
                              "plan.write_num_valid_reqs": plan.write_num_valid_reqs, "input_ids": input_ids,
                              "positions": positions, "out_cache_loc": out_cache_loc,
                              "expected_input_tokens": expected_input_tokens,
                              "expected_input_positions": expected_input_positions,
-                             **{f"extra_inputs[{k!r}]": t for k, t in extra.items()}, **self.context_inputs(context)},
+                             **{f"extra_inputs[{k!r}]": t for k, t in extra.items()}},
                             {"canary_buf": context.canary_buf, **self.context_outputs(context)})
         return dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
                     enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
@@ -477,8 +496,10 @@ class Validators:
         self.check_bool("check_verify_expected_token", check_verify_expected_token)
         extra = self._check_extra("extra_slot_tables", extra_slot_tables, self.per_slot_fields, length=num_slots,
                                   length_of="canary_buf", device=dev, device_of="canary_buf")
-        self.check_disjoint({"canary_buf": context.canary_buf, **{"plan." + k: getattr(plan, k) for k in self.verify_plan_arrays},
-                             **{f"extra_slot_tables[{k!r}]": t for k, t in extra.items()}, **self.context_inputs(context)},
+        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
+            self.check_context_disjoint(context)
+        self.check_disjoint({**{"plan." + k: getattr(plan, k) for k in self.verify_plan_arrays},
+                             **{f"extra_slot_tables[{k!r}]": t for k, t in extra.items()}},
                             self.context_outputs(context))
         return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
                     extra_slot_tables=extra)
