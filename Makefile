@@ -53,8 +53,10 @@ fuzz: $(STAMP)
 	KV_CANARY_FUZZ=full KV_CANARY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KV_CANARY_FUZZ_TREES=$(FUZZ_TREES) \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/codegen/test_schema_fuzz.py tests/codegen/test_codegen_robustness.py
 
+# ruff, then the import contracts of pyproject.toml (layers: imports only go down; no cycles).
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
+	$(VENV)/bin/lint-imports
 
 # Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
 # abi_version bump. Only a base before this clone's history (the parent of a first commit, beyond a
