@@ -6,8 +6,7 @@ The emulation library is built with -fsanitize=address,undefined -fno-sanitize-r
 cache entry: kv_canary/layer/emulation_build.py, KV_CANARY_EMULATION_SANITIZE=1) and loaded into a python
 that has the sanitizer runtimes preloaded, so any out-of-bounds access, use-after-free or undefined
 behaviour (signed overflow, misaligned access, bad shift, ...) in the generated kernels or the shim
-aborts the run with the sanitizer's report. The native launch signer (kv_canary/native/signing.cpp)
-is built with the same flags, also as its own cache entry. Before the tests, a positive control proves that this
+aborts the run with the sanitizer's report. Before the tests, a positive control proves that this
 setup does catch a signed overflow in a ctypes-loaded library. The differential tests run at a small
 budget (KV_CANARY_CASES, default 0.1). Prints the number of findings; exits non-zero on any finding
 or test failure.

@@ -1,4 +1,4 @@
-"""The write kernel's two launch shapes (issue 4 §1) against the torch reference, in emulation.
+"""The write kernel's two launch shapes against the torch reference, in emulation.
 
 `block_per_request` (kernels.yaml's default) takes a request's entries in double-buffered chunks:
 thread 0 walks chunk k's chain while the other warps check and store chunk k-1 and stage chunk k+1;

@@ -1,4 +1,4 @@
-"""[extension] Per-reason violation totals (issue 6 §1): `violation_reason_counts` counts every row a
+"""[extension] Per-reason violation totals: `violation_reason_counts` counts every row a
 launch produces, in the column of each FailReason bit, also the rows dropped past the ring's
 capacity. Checked on every host backend; the random differential suites compare the counts too.
 """

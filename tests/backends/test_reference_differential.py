@@ -1,4 +1,4 @@
-"""The generated torch reference against the scalar oracle over random batches (issue 3 §3).
+"""The generated torch reference against the scalar oracle over random batches.
 
 Cases per kernel: 100 on the default schema and 30 on each example schema, times the
 KV_CANARY_CASES multiplier (tests/support/budget.py; `make test-full`: 4x). Hypothesis draws the seeds

@@ -1,4 +1,4 @@
-"""Generated C/C++ names cannot collide with anything (issue 12).
+"""Generated C/C++ names cannot collide with anything.
 
 Every identifier the generator derives from a schema name reaches C/C++ behind a prefix of its kind
 (kvc_const_, kvc_field_, kvc_set_, kvc_member_, extra_input_, ..., and kvcanary_ for entry points),

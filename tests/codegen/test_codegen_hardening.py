@@ -1,4 +1,4 @@
-"""Regression tests of the generator hardening (issue 12): what the schema fuzzer and its reproducers
+"""Regression tests of the generator hardening: what the schema fuzzer and its reproducers
 found, beyond the located diagnostics of tests/codegen/schema_errors/ (alias bombs, nesting, control and
 bidirectional characters, limits), which test_schema_errors.py checks.
 

@@ -1,6 +1,6 @@
 """The schema is the only truth: every mutation either fails generation with a located error, or the
 generated layer runs the manager (a clean serving run and a detected fault) without the runtime
-assuming anything the schema does not state (issue 11).
+assuming anything the schema does not state.
 
 Each mutation edits kernels.yaml's text; layers are generated into this session's scratch cache.
 """

@@ -1,6 +1,6 @@
 """scripts/gpu_check.py and bench/bench_gpu.py on a machine without a GPU: the script must run end
 to end (environment probe, report files, clear exit status) so that the one run on a GPU machine
-is not wasted on a script error; and its summary must carry the figures issue 4 §4 asks for."""
+is not wasted on a script error; and its summary must carry every figure of the GPU benchmarks."""
 from __future__ import annotations
 
 import importlib.util

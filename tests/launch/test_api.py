@@ -18,7 +18,7 @@ import kv_canary.backends as backends
 import kv_canary.launch.runtime as runtime_module
 from kv_canary.backends import Prepared
 
-# SGLang's keyword-only parameters (issue 3 §1), in SGLang's order.
+# SGLang's keyword-only parameters, in SGLang's order.
 SGLANG_PARAMS = {
     "launch_canary_write_kernel": ("context", "plan", "input_ids", "positions", "out_cache_loc",
                                    "enable_write_input_assert", "expected_input_tokens", "expected_input_positions"),

@@ -1,6 +1,6 @@
 """Bad runtime inputs get a clear error before any launch, identically on every backend, and edge
 values that are valid (int64 extremes, a write index near 2**31) run free of undefined behaviour
-with the same bytes on the emulated backend as in the torch reference (issue 12, runtime part).
+with the same bytes on the emulated backend as in the torch reference.
 
 `make sanitize` runs this file (and the other bad-input tests) against an ASan+UBSan build of the
 emulation library, where any out-of-bounds access or signed overflow aborts the run.

@@ -53,7 +53,7 @@ def writes(wp, bs: int) -> dict:
             "reqs": int(wp.write_num_valid_reqs[0])}
 
 
-# -- a LUT without a window (issue 9 item 1, SEMANTICS.md §5.3) ---------------------------------------------
+# -- a LUT without a window (SEMANTICS.md §5.3) ---------------------------------------------
 # Row 0 is the padding row; full-pool slots in rows 1 and 2 (-1 passes through any translation).
 R2T = [[0, 0, 0, 0], [3, 5, 7, 9], [2, -1, 6, 8]]
 LUT = torch.tensor([0, 90, 81, 72, 63, 54, 45, 36, 27, 18], dtype=torch.int64)   # full slot s -> LUT[s]
@@ -120,35 +120,9 @@ def test_numpy_integer_capacities_and_window():
         kv_canary.VerifyPlan.allocate(verify_capacity=True, device="cpu")
 
 
-# -- names SGLang exposes ------------------------------------------------------------------------------------
-def test_scatter_answers_to_sglangs_name():
-    launches = kv_canary.generated.api.LAUNCHES
-    assert launches["launch_scatter_req_token_ids_kernel"] == launches["scatter_req_token_ids"]  # one operation
-    pool = torch.zeros((3, 4), dtype=torch.int32)
-    kv_canary.launch_scatter_req_token_ids_kernel(flat_in=torch.tensor([7, 8, 9]), offsets=torch.tensor([0, 1, 3]),
-                                                  req_pool_indices=torch.tensor([2, 1]), pool_out=pool)
-    assert pool.tolist() == [[0, 0, 0, 0], [8, 9, 0, 0], [7, 0, 0, 0]]
-
-
+# -- names SGLang exposes (its launch and helper names: tests/launch/test_sglang_names.py) ----------------------
 def test_canary_slot_bytes_is_sglangs_record_size():
     assert kv_canary.CANARY_SLOT_BYTES == kv_canary.CANARY_FIELDS_PER_SLOT * 8   # SGLang: fields x 8 bytes
-
-
-def test_plans_have_sglangs_zero_for_testing():
-    vp = kv_canary.VerifyPlan.allocate(verify_capacity=3, device="cpu")
-    for name in vp.ARRAY_FIELDS:
-        getattr(vp, name).fill_(7)
-    vp.verify_num_valid.fill_(5)
-    assert vp.zero_for_testing_() is vp
-    # SGLang: entries 0, expected tokens -1 (the verify's "skip" sentinel), num_valid 0, enable 0.
-    assert [vp.verify_slot_indices.tolist(), vp.verify_expected_tokens.tolist(), vp.verify_expected_positions.tolist(),
-            vp.verify_prev_slot_indices.tolist()] == [[0] * 3, [-1] * 3, [0] * 3, [0] * 3]
-    assert vp.verify_num_valid.item() == 0 and vp.enable.item() == 0
-    wp = kv_canary.WritePlan.allocate(write_req_capacity=2, device="cpu")
-    wp.write_num_valid_reqs.fill_(2)
-    assert wp.zero_for_testing_() is wp
-    assert wp.write_offsets.tolist() == [0, 0, 0] and wp.write_seed_slot_indices.tolist() == [0, 0]
-    assert wp.write_num_valid_reqs.item() == 0
 
 
 def test_allocation_bytes_follow_sglangs_formulas():

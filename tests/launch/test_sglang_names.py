@@ -1,4 +1,4 @@
-"""SGLang's public names beyond the four launches (issue 13; docs/sglang-compat.md, "Names"):
+"""SGLang's public names beyond the four launches (docs/sglang-compat.md, "Names"):
 the plan's two stages callable one by one, the scatter's launcher name, compute_slot_hash,
 use_torch_reference and the plans' zero_for_testing_(), each through the public API.
 

@@ -1,4 +1,4 @@
-"""ABI identity at load time (issue 5 §3): a kernel module built from another schema's tree is
+"""ABI identity at load time: a kernel module built from another schema's tree is
 refused by the Python layer with an error that says what differs and how to regenerate."""
 from __future__ import annotations
 

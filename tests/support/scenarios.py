@@ -5,7 +5,7 @@
 two backends get identical inputs; `case_to(case, device)` moves one; `compare_state(a, b, ...)`
 asserts that two cases ended in the same state. `rng` is a `random.Random`.
 
-Shapes follow issue 3 §3: 0-16 requests, prefixes 0-64, extends 0-32, page sizes 1/4/16, 0-4
+Shapes: 0-16 requests, prefixes 0-64, extends 0-32, page sizes 1/4/16, 0-4
 real-KV sources of 16-256 read bytes, every hash mode, SWA on/off (and a LUT without a window),
 expected-token pools on/off, small rings that overflow, and corruptions (flipped bits in any field,
 swapped slots, shifted positions, flipped real-KV bytes). Write cases keep slots distinct across requests and seeds
