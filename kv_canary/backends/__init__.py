@@ -22,7 +22,7 @@ class BackendUnavailable(Exception):
     """Raised by a backend's `create(layer)` when it cannot run here; the message says why."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Prepared:
     """One operation bound to one set of validated arguments: `run()` launches it, without looking
     at the arguments again (only what the backend reads of their values: the host backends' index

@@ -142,21 +142,26 @@ class Validators:
     def check_disjoint(self, inputs: dict, outputs: dict) -> None:
         """No input shares memory with an output of the same launch: a kernel reading what it writes
         gives different results on different backends (thread order, copies), so it is refused."""
-        extent = self.extent
-        spans = [(t.data_ptr(), extent(t), name) for name, t in outputs.items()
-                 if isinstance(t, torch.Tensor) and t.data_ptr()]
-        lo = min((start for start, n, _ in spans if n), default=0)
-        hi = max((start + n for start, n, _ in spans if n), default=0)
+        spans = [(span, name) for name, t in outputs.items() if (span := self._span(t))]
+        if not spans:
+            return
+        lo, hi = min(s[0] for s, _ in spans), max(s[1] for s, _ in spans)
         for name, t in inputs.items():
-            if not isinstance(t, torch.Tensor):
+            span = self._span(t)
+            if not span or span[0] >= hi or span[1] <= lo:  # outside every output: the usual case
                 continue
-            start, n = t.data_ptr(), extent(t)
-            if not n or not start or start >= hi or start + n <= lo:  # outside every output: the usual case
-                continue
-            for out_start, out_n, out in spans:
-                if out_n and start < out_start + out_n and out_start < start + n:
+            for (start, end), out in spans:
+                if span[0] < end and start < span[1]:
                     raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
                                      f"outputs must not share memory (pass a copy of {name})")
+
+    def _span(self, t) -> tuple:
+        """(first byte, one past the last) of a tensor with memory; () for anything else."""
+        if not isinstance(t, torch.Tensor):
+            return ()
+        start = t.data_ptr()
+        n = t.nbytes if t.is_contiguous() else self.extent(t)
+        return (start, start + n) if start and n else ()
 
     # -- integers that reach the kernels as C integers -----------------------------------------------
     def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
