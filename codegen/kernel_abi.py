@@ -2,7 +2,7 @@
 
 This is the one description of each kernel's parameters. The CUDA signatures
 (templates/cuda/*.cu.j2), the host-emulation launchers (templates/emulation/launchers.cpp.j2) and
-the Python argument binding (templates/cuda/kernel_abi.py.j2 -> generated/kernel_abi.py) are all
+the Python argument binding (templates/python/kernel_abi.py.j2 -> generated/kernel_abi.py) are all
 rendered from it, so they cannot disagree; a parameter that is added here reaches all three at
 `make generate`.
 
