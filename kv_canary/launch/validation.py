@@ -72,7 +72,7 @@ class Validators:
         storage extent of one tensor. Runs at every launch (a tensor can change all of these in
         place): a valid plain tensor takes the first branch; anything else the checks one by one."""
         if (type(t) is _TENSOR and t.dtype is dtype
-                and (t.shape == shape if shape is not None else ndim is None or t.dim() == ndim)
+                and (t.shape == shape if shape is not None else ndim is None or len(t.shape) == ndim)
                 and (device is None or t.device == device) and not t.is_meta and t.is_contiguous()):
             es = t.element_size()
             if not t.data_ptr() % es and (t.storage_offset() + t.numel()) * es <= t.untyped_storage().nbytes():
@@ -142,10 +142,15 @@ class Validators:
     def check_disjoint(self, inputs: dict, outputs: dict) -> None:
         """No input shares memory with an output of the same launch: a kernel reading what it writes
         gives different results on different backends (thread order, copies), so it is refused."""
-        spans = [(span, name) for name, t in outputs.items() if (span := self._span(t))]
-        if not spans:
+        spans, lo, hi = [], None, 0
+        for name, t in outputs.items():
+            span = self._span(t)
+            if span:
+                spans.append((span, name))
+                lo = span[0] if lo is None or span[0] < lo else lo
+                hi = span[1] if span[1] > hi else hi
+        if lo is None:
             return
-        lo, hi = min(s[0] for s, _ in spans), max(s[1] for s, _ in spans)
         for name, t in inputs.items():
             span = self._span(t)
             if not span or span[0] >= hi or span[1] <= lo:  # outside every output: the usual case
@@ -157,10 +162,11 @@ class Validators:
 
     def _span(self, t) -> tuple:
         """(first byte, one past the last) of a tensor with memory; () for anything else."""
-        if not isinstance(t, torch.Tensor):
+        if type(t) is not _TENSOR and not isinstance(t, torch.Tensor):
             return ()
-        start = t.data_ptr()
-        n = t.nbytes if t.is_contiguous() else self.extent(t)
+        start, n = t.data_ptr(), t.nbytes
+        if n and not t.is_contiguous():
+            n = self.extent(t)
         return (start, start + n) if start and n else ()
 
     # -- integers that reach the kernels as C integers -----------------------------------------------
