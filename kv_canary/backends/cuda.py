@@ -98,13 +98,13 @@ class DeviceModules:
         of its C type, converted once here) on torch's current stream of this device; it returns
         without waiting."""
         import cupy
-        fn, index, device = self.functions[entry_point], self.device_index, cupy.cuda.Device(self.device_index)
+        fn, index, device = self.functions[entry_point], self.device_index, cupy.cuda.Device
         grid, block = (blocks,), (threads,)
         args = tuple(_NUMPY[kind](value) for kind, value in zip(kinds, values))
         current_stream, stream_of = torch.cuda.current_stream, self.stream
 
-        def launch() -> None:
-            with device, stream_of(current_stream(index)):
+        def launch() -> None:  # a Device per launch: its context manager keeps per-object state
+            with device(index), stream_of(current_stream(index)):
                 fn(grid, block, args)
         return launch
 
