@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Optional
 
@@ -192,3 +192,45 @@ def _cli(parse, flag: str):
             raise argparse.ArgumentTypeError(str(e)) from None
     convert.__name__ = flag  # argparse names the type in some messages
     return convert
+
+
+# -- the CanaryManager's own options (engine side, not SGLang's) -------------------------------------
+def parse_hash_mode(layout, value):
+    """A RealKvHashMode of `layout`, given as the member, its value or its name (any case)."""
+    if isinstance(value, str):
+        names = [m.name for m in layout.RealKvHashMode]
+        if value.upper() not in names:
+            raise ValueError(f"kv-canary: real_kv_hash_mode must be one of {', '.join(names)}, got {value!r}")
+        value = layout.RealKvHashMode[value.upper()]
+    return layout.RealKvHashMode(value)
+
+
+def check_caller_tables(layout, value) -> dict:
+    """{field: {group: tensor}} for the schema's `caller_table` input fields (checked at attach)."""
+    wanted = [f.name for f in layout.INPUT_FIELDS if f.source == "caller_table"]
+    value = {} if value is None else value
+    if not isinstance(value, Mapping) or set(value) != set(wanted) or \
+            not all(isinstance(v, Mapping) for v in value.values()):
+        want = ", ".join(wanted) if wanted else "none (the schema declares no caller_table field)"
+        raise ValueError(f"kv-canary: caller_tables must map exactly the schema's caller_table input fields "
+                         f"({want}) to {{group: int64 [num_slots] tensor}}, got {value!r}")
+    return {name: dict(tables) for name, tables in value.items()}
+
+
+def check_fingerprint_layers(layout, value) -> dict:
+    """{group: layer indices} as given (groups left out get the default: the first layers)."""
+    if value is None:
+        return {}
+    cap = layout.MAX_REAL_KV_SOURCES
+    want = f"a mapping of group ({', '.join(layout.LAUNCH_GROUPS)}) to 1..{cap} distinct layer indices >= 0"
+    if not isinstance(value, Mapping):
+        raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {value!r}")
+    out = {}
+    for name, layers in value.items():
+        ok = isinstance(layers, Sequence) and not isinstance(layers, (str, bytes)) and 1 <= len(layers) <= cap \
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) \
+            and len(set(layers)) == len(layers)
+        if name not in layout.LAUNCH_GROUPS or not ok:
+            raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {name!r}: {layers!r}")
+        out[name] = tuple(layers)
+    return out

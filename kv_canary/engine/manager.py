@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -55,7 +55,7 @@ import torch
 
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
-from .config import check_count, parse_mode
+from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .monitor import CanaryHealthError, RuntimeMonitor
 from .reporting import SWEEP_PHASE, ViolationReporter
@@ -117,12 +117,7 @@ class CanaryManager:
         mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
-        if isinstance(real_kv_hash_mode, str):
-            names = [m.name for m in self.L.RealKvHashMode]
-            if real_kv_hash_mode.upper() not in names:
-                raise ValueError(f"kv-canary: real_kv_hash_mode must be one of {', '.join(names)}, got {real_kv_hash_mode!r}")
-            real_kv_hash_mode = self.L.RealKvHashMode[real_kv_hash_mode.upper()]
-        self.real_kv_hash_mode = self.L.RealKvHashMode(real_kv_hash_mode)
+        self.real_kv_hash_mode = parse_hash_mode(self.L, real_kv_hash_mode)
         for name, value, low in (("ring_capacity", ring_capacity, 1), ("sweep_interval", sweep_interval, 0),
                                  ("keep_violations", keep_violations, 0),
                                  ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
@@ -139,7 +134,7 @@ class CanaryManager:
         self.stats_print_every_n_steps = stats_print_every_n_steps
         self.backend = backend
         self.keep_violations = keep_violations
-        self.fingerprint_layers = self._check_fingerprint_layers(fingerprint_layers)
+        self.fingerprint_layers = check_fingerprint_layers(self.L, fingerprint_layers)
         self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
         self.rt = runtime_for(self.layer)
         self.alloc = self.rt.allocators
@@ -154,7 +149,7 @@ class CanaryManager:
         self.engine = None
         self._per_request = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_request"]
         self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
-        self.caller_tables = self._check_caller_tables(caller_tables)
+        self.caller_tables = check_caller_tables(self.L, caller_tables)
         self._no_stats = CanaryStats()
 
     @classmethod
@@ -204,35 +199,6 @@ class CanaryManager:
         if decider is None:
             raise error
         decider.defer(error)  # no rank raises alone: every rank raises at the fleet decision
-
-    def _check_caller_tables(self, value) -> dict:
-        """{field: {group: tensor}} for the schema's `caller_table` input fields (checked at attach)."""
-        wanted = [f.name for f in self.L.INPUT_FIELDS if f.source == "caller_table"]
-        value = {} if value is None else value
-        if not isinstance(value, Mapping) or set(value) != set(wanted) or \
-                not all(isinstance(v, Mapping) for v in value.values()):
-            want = ", ".join(wanted) if wanted else "none (the schema declares no caller_table field)"
-            raise ValueError(f"kv-canary: caller_tables must map exactly the schema's caller_table input fields "
-                             f"({want}) to {{group: int64 [num_slots] tensor}}, got {value!r}")
-        return {name: dict(tables) for name, tables in value.items()}
-
-    def _check_fingerprint_layers(self, value) -> dict:
-        """{group: layer indices} as given (groups left out get the default: the first layers)."""
-        if value is None:
-            return {}
-        cap = self.L.MAX_REAL_KV_SOURCES
-        want = f"a mapping of group ({', '.join(self.L.LAUNCH_GROUPS)}) to 1..{cap} distinct layer indices >= 0"
-        if not isinstance(value, Mapping):
-            raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {value!r}")
-        out = {}
-        for name, layers in value.items():
-            ok = isinstance(layers, Sequence) and not isinstance(layers, (str, bytes)) and 1 <= len(layers) <= cap \
-                and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers) \
-                and len(set(layers)) == len(layers)
-            if name not in self.L.LAUNCH_GROUPS or not ok:
-                raise ValueError(f"kv-canary: fingerprint_layers must be {want}, got {name!r}: {layers!r}")
-            out[name] = tuple(layers)
-        return out
 
     def _choose_layers(self, pools: dict) -> dict:
         """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""

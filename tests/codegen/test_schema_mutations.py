@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from kv_canary.codegen.diagnostics import SchemaError
-from support.layers import default_schema_text, generate_layer, scratch_dir
+from support.mutations import REASON_LINE, layer_of, reorder_reasons, sub
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
@@ -22,15 +22,8 @@ from kv_canary.engine.manager import CanaryCoverageWarning, CanaryManager
 torch.set_num_threads(1)
 
 TAG_LINE = re.compile(r"^  ([A-Z_]+): \{value: (\d+), phase: (\w+), half: (\w), group: (\w+)\}$", re.M)
-REASON_LINE = re.compile(r"^    ([A-Z_]+): \{value: (\d+), kind: (\w+)\}$", re.M)
 SIM = SimConfig(seed=3, num_pages=40, page_size=4, max_running=4, chunk_size=8, prompt_len=(6, 20),
                 output_len=(4, 12), num_system_prompts=2, system_prompt_len=8, swa_window=8)
-
-
-def sub(pattern: str, repl, text: str, count: int = 0) -> str:
-    new, n = re.subn(pattern, repl, text, count=count, flags=re.M)
-    assert n, f"mutation pattern not found: {pattern}"
-    return new
 
 
 def add_fields(text: str, fields: list[str], reasons: list[str]) -> str:
@@ -67,13 +60,6 @@ def renumber_tags(text):
     block = "".join(f"  {n}: {{value: {40 - int(v) * 3}, phase: {p}, half: {h}, group: {g}}}\n"
                     for n, v, p, h, g in reversed(tags))
     return sub(r"(^  [A-Z_]+: \{value: \d+, phase: [^\n]*\n)+", lambda m: block, text, count=1)
-
-
-def reorder_reasons(text):
-    """FailReason members renumbered (other bits) and listed in another order."""
-    members = REASON_LINE.findall(text)
-    block = "".join(f"    {n}: {{value: {1 << (20 - i)}, kind: {k}}}\n" for i, (n, _, k) in enumerate(reversed(members)))
-    return sub(r"(^    [A-Z_]+: \{value: \d+, kind: \w+\}\n)+", lambda m: block, text, count=1)
 
 
 def rename_fields(text):
@@ -137,12 +123,6 @@ REFUSED = {
                                                                      "STALE_GENERATION: {value: 128, kind: write}"),
                                     r"verify fail_reason 'STALE_GENERATION' has kind 'write'"),
 }
-
-
-def layer_of(mutation) -> object:
-    path = scratch_dir("kv_canary_mutation_") / "kernels.yaml"
-    path.write_text(mutation(default_schema_text()), encoding="utf-8")
-    return generate_layer(path)
 
 
 def caller_tables(layer, num_slots: int) -> dict:

@@ -7,7 +7,7 @@ phase and the row's bits from the schema, not from names.
 from __future__ import annotations
 
 import pytest
-from test_schema_mutations import layer_of, reorder_reasons, sub
+from support.mutations import layer_of, reorder_reasons, sub
 
 from kv_canary.engine.reporting import ViolationReporter
 from kv_canary.engine.violations import ViolationDecoder
