@@ -5,7 +5,9 @@ other. So torch (with its own dependencies) and the other packages are installed
 once; their sets are disjoint (the other run leaves out torch and what torch itself requires of
 ours, jinja2), so no package is written by both. Then one `pip install -e .[dev]` is the
 authoritative step: it resolves everything, installs whatever the parallel runs did not (a failure
-there is not fatal, only slower) and installs kv-canary itself. Pins stay in pyproject.toml.
+there is not fatal, only slower) and installs kv-canary itself. Last, the packages pyproject.toml lists
+under [tool.kv-canary.setup] no-deps (the SGLang release the plugin tests run against) install
+without their dependencies. Pins stay in pyproject.toml.
 
 A new venv is made without pip (`python -m venv` spends seconds compiling its bundled pip), and
 pip and setuptools are installed into it by this interpreter's pip (`--python`, pip >= 22.3);
@@ -38,6 +40,16 @@ def parallel_groups() -> list[list[str]]:
     return [torch, others] if torch else []
 
 
+def no_deps_requirements() -> list[str]:
+    """[tool.kv-canary.setup] no-deps: packages whose own requirements must not be installed."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10: no tomllib; the SGLang plugin tests then skip
+        return []
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8")).get("tool", {})
+    return list(tool.get("kv-canary", {}).get("setup", {}).get("no-deps", []))
+
+
 def create(venv: Path) -> int:
     import shutil
     python = venv / "bin" / "python"
@@ -60,7 +72,11 @@ def main(argv: list[str]) -> int:
         isolation = ["--no-build-isolation"]
     except ImportError:
         isolation = []
-    return subprocess.run(PIP + isolation + ["-e", ".[dev]"], cwd=ROOT).returncode
+    code = subprocess.run(PIP + isolation + ["-e", ".[dev]"], cwd=ROOT).returncode
+    no_deps = no_deps_requirements()
+    if code or not no_deps:
+        return code
+    return subprocess.run(PIP + ["--no-deps"] + no_deps, cwd=ROOT).returncode
 
 
 if __name__ == "__main__":

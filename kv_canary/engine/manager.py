@@ -57,6 +57,7 @@ from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
 from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
 from .drain import CanaryStats, CanaryViolationError, RingDrain
+from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
 from .reporting import SWEEP_PHASE, ViolationReporter
 from .staging import HostStaging
@@ -103,7 +104,7 @@ class _Group:
         return self.pool.storage
 
 
-class CanaryManager:
+class CanaryManager(Listened):
     """The canary of one engine. The plain constructor's defaults check everything (mode log, real-KV
     fingerprint ALL, expected tokens, V buffers, a sweep every 8 steps); `from_config` starts from
     SGLang's defaults instead (docs/sglang-compat.md, Runtime surface)."""
@@ -180,25 +181,6 @@ class CanaryManager:
     def violations(self) -> list[Violation]:
         """Every drained row kept so far (at most keep_violations)."""
         return self.ring_drain.violations if self.ring_drain is not None else []
-
-    # -- listeners ----------------------------------------------------------------------------
-    def add_listener(self, listener) -> None:
-        """`listener.after_step(step)` after every step, `listener.on_drain()` after every drain; with
-        `takes_errors` true it also takes the manager's raises (`defer(error)`; at most one such)."""
-        self.listeners.append(listener)
-
-    def remove_listener(self, listener) -> None:
-        self.listeners = [x for x in self.listeners if x is not listener]
-
-    def listener(self, kind: type):
-        """The attached listener of class `kind` (None when there is none)."""
-        return next((x for x in self.listeners if isinstance(x, kind)), None)
-
-    def _raise(self, error: Exception) -> None:
-        decider = next((x for x in self.listeners if getattr(x, "takes_errors", False)), None)
-        if decider is None:
-            raise error
-        decider.defer(error)  # no rank raises alone: every rank raises at the fleet decision
 
     def _choose_layers(self, pools: dict) -> dict:
         """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
@@ -476,14 +458,7 @@ class CanaryManager:
             self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
         except CanaryHealthError as e:
             health = e
-        for listener in self.listeners:
-            if not getattr(listener, "takes_errors", False):
-                listener.after_step(step)
-        if health is not None:
-            self._raise(health)  # with a fleet decision: every rank raises it together
-        for listener in self.listeners:
-            if getattr(listener, "takes_errors", False):
-                listener.after_step(step)
+        self.notify_step(step, health)  # with a fleet decision, every rank raises a health error together
 
     def _stage_batch(self, batch) -> None:
         """The batch's tensors copied into the buffers the launches are bound to (device copies:
@@ -604,13 +579,12 @@ class CanaryManager:
         # ring_overflow: some row was ever dropped for lack of room.
         reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
                                          step_when_pumped=self.last_step) for v in found]
-        for listener in self.listeners:
-            listener.on_drain()
+        self.notify_drain()
         if self.mode == "log":
             for text in reports:
                 logger.warning(text)
         elif self.mode == "raise":
-            self._raise(CanaryViolationError("\n".join(reports), found))
+            self.raise_or_defer(CanaryViolationError("\n".join(reports), found))
         return found
 
     # -- reporting helpers ------------------------------------------------------------------

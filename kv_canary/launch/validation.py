@@ -549,18 +549,20 @@ class Validators:
                               device=device, device_of="req_to_token")
 
     def _check_expected_token_pool(self, *, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
-                                   bs: int, device: torch.device) -> None:
-        """The optional expected-token pool (int32 [rows, cols]) and its per-request valid lengths, together."""
-        if (req_to_verify_expected_tokens is None) != (req_to_verify_expected_tokens_valid_lens is None):
-            given = ("req_to_verify_expected_tokens" if req_to_verify_expected_tokens is not None
-                     else "req_to_verify_expected_tokens_valid_lens")
+                                   bs: int, device: torch.device):
+        """The optional expected-token pool (int32 [rows, cols]) and its per-request valid lengths; returns
+        the valid lengths the plan reads. Without a pool they are ignored, as SGLang does (its runtime
+        passes them on every forward, pool or not: docs/sglang-compat.md)."""
+        if req_to_verify_expected_tokens is None:
+            return None
+        if req_to_verify_expected_tokens_valid_lens is None:
             raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
-                             f"must be given together, got only {given}")
-        if req_to_verify_expected_tokens is not None:
-            on = dict(device=device, device_of="req_to_token")
-            self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2, **on)
-            self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
-                              dtype=_INT64, shape=(bs,), **on)
+                             f"must be given together, got only req_to_verify_expected_tokens")
+        on = dict(device=device, device_of="req_to_token")
+        self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2, **on)
+        self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
+                          dtype=_INT64, shape=(bs,), **on)
+        return req_to_verify_expected_tokens_valid_lens
 
     def _check_offsets_scratch(self, name: str, scratch: Any, *, bs: int, device: torch.device) -> None:
         """The verify entry offsets handed from the first plan stage to the second: int64, at least bs + 1."""
@@ -588,9 +590,9 @@ class Validators:
         self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
                           unit="entries at most")
         self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
-        self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                                        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                                        bs=bs, device=dev)
+        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
+            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
         self.check_fits("kv_token_id_vs_position_offset",
                         self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
         extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
@@ -666,9 +668,9 @@ class Validators:
         bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, device=dev)
         self._check_offsets_scratch("verify_offsets_scratch", verify_offsets_scratch, bs=bs, device=dev)
         self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
-        self._check_expected_token_pool(req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                                        req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                                        bs=bs, device=dev)
+        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
+            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
         self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
                           unit="entries at most")
         self.check_fits("kv_token_id_vs_position_offset",

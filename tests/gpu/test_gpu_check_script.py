@@ -39,8 +39,8 @@ def test_script_without_gpu_reports_not_run_and_exits_3(tmp_path):
     files = sorted(p.name for p in out.iterdir())
     assert files == ["environment.log", "results.json", "summary.md"]  # flat, few files, no cache inside
     results = json.loads((out / "results.json").read_text())
-    assert [s["name"] for s in results["steps"]] == ["environment", "warm_up", "gpu_bench", "gpu_tests"]
-    assert [s["status"] for s in results["steps"]] == ["ok", "not run", "not run", "not run"]
+    assert [s["name"] for s in results["steps"]] == ["environment", "warm_up", "gpu_bench", "gpu_tests", "sglang_plugin"]
+    assert [s["status"] for s in results["steps"]] == ["ok", "not run", "not run", "not run", "not run"]
     assert results["environment"]["python"] == sys.version.split()[0]
     assert not Path(results["cache_dir"]).resolve().is_relative_to(out.resolve())
     summary = (out / "summary.md").read_text()

@@ -158,12 +158,17 @@ def test_plan_refuses_more_requests_than_the_write_capacity():
             plan(None, r2t=R2T, rows=[1, 2, 1], prefixes=[1, 1, 1], extends=[1, 1, 1], write_capacity=2, launch=launch)
 
 
-def test_valid_lens_without_a_pool_is_refused():
-    """SGLang ignores valid lens given without the pool: the token check the caller asked for would be off."""
-    with raises(ValueError, "kv-canary: req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
-                            "must be given together, got only req_to_verify_expected_tokens_valid_lens"):
-        plan("torch", r2t=R2T, rows=[1], prefixes=[2], extends=[1], req_to_verify_expected_tokens=None,
-             req_to_verify_expected_tokens_valid_lens=torch.tensor([2]))
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_valid_lens_without_a_pool_are_ignored(backend):
+    """As in SGLang: its runtime passes the valid lens on every forward, with or without the pool (the
+    default configuration has none), and the plan then gives every entry the expected token -1."""
+    r2t = [[0, 0, 0, 0], [3, 5, 7, 9]]
+    alone = plan(backend, r2t=r2t, rows=[1], prefixes=[3], extends=[1], req_to_verify_expected_tokens=None,
+                 req_to_verify_expected_tokens_valid_lens=torch.tensor([2]))
+    neither = plan(backend, r2t=r2t, rows=[1], prefixes=[3], extends=[1])
+    assert entries(alone[0]) == entries(neither[0]) == {"enable": 1, "slots": [3, 5, 7], "prevs": [-1, 3, 5],
+                                                        "positions": [0, 1, 2], "tokens": [-1, -1, -1]}
+    assert writes(alone[1], 1) == writes(neither[1], 1) == {"offsets": [0, 1], "seeds": [7], "reqs": 1}
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
@@ -187,6 +192,18 @@ def test_plan_takes_more_than_4096_requests(backend):
     assert entries(vp) == {"enable": 1, "slots": [5] * bs, "prevs": [-1] * bs, "positions": [0] * bs,
                            "tokens": [-1] * bs}
     assert writes(wp, bs) == {"offsets": list(range(bs + 1)), "seeds": [5] * bs, "reqs": bs}
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_scatter_takes_more_than_511_requests(backend):
+    """[extension] SGLang 0.5.23's scatter refuses bs + 1 > 512 (one Triton tile scans the offsets)."""
+    bs = 600
+    pool = torch.full((bs + 1, 3), -7, dtype=torch.int32)
+    kv_canary.launch_scatter_req_token_ids_kernel(
+        flat_in=torch.arange(2 * bs, dtype=torch.int64), offsets=torch.arange(0, 2 * bs + 1, 2, dtype=torch.int64),
+        req_pool_indices=torch.arange(1, bs + 1, dtype=torch.int64), pool_out=pool, backend=backend)
+    assert pool[0].tolist() == [-7, -7, -7]
+    assert pool[1:].tolist() == [[2 * r, 2 * r + 1, -7] for r in range(bs)]
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)

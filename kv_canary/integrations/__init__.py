@@ -1,0 +1,1 @@
+"""kv-canary inside other serving engines: one subpackage per engine (`sglang`: an SGLang plugin)."""

@@ -1,0 +1,140 @@
+"""kv-canary's Prometheus counters (kv_canary.engine.metrics.CanaryMetrics) for SGLang's own canary state.
+
+CanaryMetrics reads a manager's totals; `SglangCanaryTotals` gives it those of one SGLang
+`CanaryManager`: the device's kernel- and slot-run counters, and the violation rows of SGLang's
+ring (fill-once: rows past its capacity are counted as lost), decoded by kv-canary's decoder. The
+ring's write index is copied asynchronously every step (kv_canary.engine.counters); the ring itself is
+read only when that index grew. The health gauge follows SGLang's health check.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+from types import SimpleNamespace
+
+from kv_canary.engine.listeners import Listened
+
+logger = logging.getLogger(__name__)
+_MANAGER = "sglang.srt.kv_canary.runner.canary_manager.CanaryManager"
+HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (SEMANTICS §9)
+SERVER: dict = {}
+
+
+class SglangCanaryTotals(Listened):
+    """What CanaryMetrics reads of a manager, taken from an SGLang CanaryManager's device state."""
+
+    def __init__(self, sglang_manager):
+        import kv_canary
+        from kv_canary.engine.violations import ViolationDecoder
+
+        self.engine = sglang_manager
+        self.enabled = True
+        self.listeners = []
+        self.L = kv_canary.generated.layout
+        self.monitor = SimpleNamespace(healthy=True)
+        self.stats = SimpleNamespace(total=0, lost=0, by_tag_reason=collections.Counter())
+        self._state = sglang_manager._device_state
+        self._decoder = ViolationDecoder(self.L)
+        self._decoded = 0
+        self._pending: list = []
+
+    @property
+    def kernel_run_counters(self):
+        return self._state.kernel_run_counters
+
+    @property
+    def slot_run_counter(self):
+        return self._state.slot_run_counters.sum().view(1)
+
+    def after_step(self, step: int) -> None:
+        from kv_canary.engine.counters import CounterSnapshot
+
+        self._pending.append(CounterSnapshot([self._state.violation_log.violation_write_index]))
+        while self._pending and self._pending[0].ready():
+            self._read_rows(self._pending.pop(0).values()[0])
+        self.notify_step(step)
+
+    def _read_rows(self, write_index: int) -> None:
+        ring = self._state.violation_log.violation_ring
+        capacity = int(ring.shape[0])
+        if write_index <= self.stats.total:
+            return
+        end = min(write_index, capacity)
+        for row in ring[self._decoded:end].tolist():      # cold path: only when rows were appended
+            v = self._decoder.decode_row(row)
+            self.stats.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
+        self._decoded = end
+        self.stats.total, self.stats.lost = write_index, max(0, write_index - capacity)
+        self.notify_drain()
+
+
+class _Newest:
+    """The /metrics endpoint's collector: the newest SGLang canary manager's counters in this process."""
+
+    def __init__(self):
+        self.registry = None
+
+    def collect(self):
+        return [] if self.registry is None else list(self.registry.collect())
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+        return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+def attach(sglang_manager, port: int) -> SglangCanaryTotals:
+    """CanaryMetrics for one SGLang CanaryManager, served at 127.0.0.1:port (+ the process's rank)."""
+    import prometheus_client
+
+    from kv_canary.engine.metrics import CanaryMetrics, serve_metrics
+
+    totals = SglangCanaryTotals(sglang_manager)
+    registry = prometheus_client.CollectorRegistry()
+    CanaryMetrics(totals, registry=registry, tp_rank=_rank())
+    if "server" not in SERVER:
+        newest = _Newest()
+        served = prometheus_client.CollectorRegistry()
+        served.register(newest)
+        SERVER.update(newest=newest, server=serve_metrics(port + _rank() if port else 0, registry=served))
+        logger.info("kv-canary: Prometheus metrics of SGLang's canary at %s", SERVER["server"].url)
+    SERVER["newest"].registry = registry
+    sglang_manager._kv_canary_totals = totals
+    return totals
+
+
+def register(port: int) -> None:
+    """Hooks: a new SGLang CanaryManager gets its metrics; each of its steps updates them."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def after_init(_result, manager, *args, **kwargs):
+        attach(manager, port)
+
+    def around_step(original, manager, *args, **kwargs):
+        totals = getattr(manager, "_kv_canary_totals", None)
+        try:
+            result = original(manager, *args, **kwargs)
+        except RuntimeError as exc:
+            if totals is not None and str(exc).startswith(HEALTH_ERROR):
+                totals.monitor.healthy = False
+            raise
+        finally:
+            if totals is not None:
+                totals.after_step(manager._outer_step_counter)
+        if totals is not None and _was_health_check_step(manager._outer_step_counter):
+            totals.monitor.healthy = True
+        return result
+
+    HookRegistry.register(f"{_MANAGER}.__init__", after_init, HookType.AFTER)
+    HookRegistry.register(f"{_MANAGER}._post_ops_outside_graph", around_step, HookType.AROUND)
+
+
+def _was_health_check_step(step: int) -> bool:
+    """Whether SGLang's health checker judged its previous copy at this step (and found nothing)."""
+    from sglang.srt.kv_canary.runner import health_checker as hc
+
+    checked = step - 1
+    return checked >= hc._HEALTH_CHECK_WARMUP_STEPS and checked % hc._HEALTH_CHECK_EVERY_N_STEPS == 0
