@@ -78,12 +78,14 @@ gpu-check:
 	PYTHONUNBUFFERED=1 PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py $(OUT)
 
 # Reference vs scalar oracle (issue 3 §4), the host cost of launches and of the manager's steps on
-# this CPU (issue 14), the fleet step's cost on 2 gloo ranks (issue 10), then the GPU benchmarks
+# this CPU (issue 14), the fleet step's cost on 2 gloo ranks (issue 10), the canary's host time per
+# step on HF transformers' continuous batching (issue 22), then the GPU benchmarks
 # where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py
 	$(PY) bench/bench_host.py
 	$(PY) bench/bench_fleet.py
+	$(PY) bench/bench_transformers.py
 	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi
 
 # The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache

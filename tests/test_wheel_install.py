@@ -61,7 +61,8 @@ print(json.dumps({
     "files": [kv_canary.__file__, kv_canary.codegen.__file__],
     "modules": [u.find_spec(name).origin for name in ("kv_canary.engine.distributed", "kv_canary.engine.distributed.fleet",
                                                       "kv_canary.demo.local_ranks", "kv_canary.engine.metrics",
-                                                      "kv_canary.demo.fleet")],
+                                                      "kv_canary.demo.fleet", "kv_canary.engine.contract",
+                                                      "kv_canary.integrations.transformers.engine")],
     "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
 }))
 """
@@ -87,7 +88,7 @@ def test_the_emulation_shim_ships_in_the_wheel(probe):
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):
-    assert len(probe["modules"]) == 5 and all("site-packages" in p and str(ROOT) not in p for p in probe["modules"])
+    assert len(probe["modules"]) == 7 and all("site-packages" in p and str(ROOT) not in p for p in probe["modules"])
 
 
 def test_describe_outside_a_checkout_prints_the_installed_layout(installed):

@@ -4,7 +4,12 @@ Runs on the default backend (CUDA when a GPU is present, else the CPU torch refe
 when the clean run is silent and every scenario behaves as documented. SGLang's canary flags and
 SGLANG_KV_CANARY_* environment variables configure the clean run (the scenarios keep the settings
 their expectations need); its log lines, the stats line included, are shown as it runs.
-`--metrics-port PORT` serves the clean run's Prometheus metrics on 127.0.0.1 while the demo runs.
+Without SGLang's flags the clean run checks everything (the demo's settings); once any of them is
+given, the others take SGLang's defaults too (a stats line every 100 steps among them). Then the
+real-engine section: HF transformers' continuous batching guarded by kv_canary.integrations.
+transformers, a clean run and faults injected through the engine's own objects (skipped, saying how
+to get it, where transformers is not installed). `--metrics-port PORT` serves the Prometheus
+metrics of every run (label `scenario`) on 127.0.0.1 while the demo runs.
 `--world-size N` runs the fleet demo instead (kv_canary.demo.fleet): N gloo ranks, a fault on rank 1.
 """
 from __future__ import annotations
@@ -18,8 +23,9 @@ from pathlib import Path
 
 import torch
 
-from ..engine.config import CanaryConfig
+from ..engine.config import FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL, CanaryConfig
 from . import faults, fleet, report
+from . import transformers as tf
 
 # The clean run's canary when no flag or environment variable says otherwise: every check on.
 DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults.SWEEP, stats_print_every_n_steps=0,
@@ -75,7 +81,10 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                     help="serve Prometheus /metrics on 127.0.0.1:PORT while the demo runs (0: a free port; "
                          "needs prometheus_client)")
-    CanaryConfig.add_cli_args(ap, DEMO_CANARY)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    sglang_flags = any(a.split("=", 1)[0] in (FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL) for a in argv)
+    base = CanaryConfig() if sglang_flags else DEMO_CANARY   # SGLang's flags given: SGLang's defaults
+    CanaryConfig.add_cli_args(ap, base)
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
@@ -84,7 +93,7 @@ def main(argv=None) -> int:
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
         ap.error(f"--metrics-port must be in [0, 65535], got {args.metrics_port}")
     try:
-        canary = CanaryConfig.from_args(args, base=DEMO_CANARY)
+        canary = CanaryConfig.from_args(args, base=base)
     except ValueError as e:
         ap.error(str(e))
     if args.metrics_port is not None:
@@ -98,10 +107,12 @@ def main(argv=None) -> int:
     if device == "cpu":
         torch.set_num_threads(1)  # the simulation's tensors are tiny: thread fan-out only costs time
     out = sys.stdout
-    known = faults.scenarios()
+    known, real = faults.scenarios(), tf.scenarios()
     chosen = known if not args.only else [s for s in known if s.name in args.only]
-    if args.only and len(chosen) != len(set(args.only)):
-        names = ", ".join(s.name for s in known)
+    real_chosen = real if not args.only else [s for s in real if s.name in args.only]
+    real_clean = not args.only or tf.PREFIX + "clean" in args.only
+    if args.only and len(chosen) + len(real_chosen) + real_clean != len(set(args.only)):
+        names = ", ".join([s.name for s in known] + [tf.PREFIX + "clean"] + [s.name for s in real])
         ap.error(f"--only must name scenarios from: {names}; got {', '.join(args.only)}")
     t0 = time.perf_counter()
     backend_name = args.backend or ("cuda (default dispatch)" if device == "cuda" else "torch reference (CPU)")
@@ -110,7 +121,8 @@ def main(argv=None) -> int:
         registry = None
         if args.metrics_port is not None:
             registry = _serve_metrics(stack, args.metrics_port, out)
-        rc = _single_process_demo(args, canary, device, chosen, backend_name, registry, out, t0)
+        rc = _single_process_demo(args, canary, device, chosen, backend_name, registry, out, t0,
+                                  (real_clean, real_chosen))
     return rc
 
 
@@ -123,12 +135,12 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
     registry = CollectorRegistry()
     server = serve_metrics(port, registry=registry)
     stack.callback(server.close)
-    out.write(f"serving the clean run's Prometheus metrics on {server.url}\n")
+    out.write(f"serving the Prometheus metrics of every run (label scenario) on {server.url}\n")
     return registry
 
 
 def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backend_name: str, registry, out,
-                         t0: float) -> int:
+                         t0: float, real_selection=(True, ())) -> int:
     out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA; canary: {_describe(canary)}):\n")
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
@@ -144,14 +156,68 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backen
     for i, sc in enumerate(chosen, 1):
         out.write(f"\r  scenario {i}/{len(chosen)}: {sc.name:<45}")
         out.flush()
-        results.append(faults.run_scenario(sc, backend=args.backend, device=device))
+        results.append(faults.run_scenario(sc, backend=args.backend, device=device, metrics_registry=registry))
     out.write("\n\n" + report.format_table(results) + "\n\n")
-    md, chart = report.write_report(results, clean, args.out)
-    ok = clean["violations"] == 0 and all(r.ok for r in results)
-    out.write(f"report: {md}  chart: {chart}\n")
+    real = _real_engine_section(args, canary, device, registry, out, *real_selection)
+    md, chart, no_chart = report.write_report(results, clean, args.out, real)
+    ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
+    out.write(f"report: {md}  " + (f"chart: {chart}\n" if chart else f"no chart: {no_chart}\n"))
     out.write(f"{'all scenarios behaved as documented' if ok else 'SOME SCENARIOS FAILED'} "
               f"({time.perf_counter() - t0:.1f}s)\n")
     return 0 if ok else 1
+
+
+def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out, run_clean: bool, chosen) -> dict:
+    """HF transformers' continuous batching under the canary: a clean run, then its fault scenarios."""
+    if not run_clean and not chosen:
+        return {}
+    out.write("real engine: HF transformers continuous batching (tiny random Llama, paged KV cache):\n")
+    skipped = tf.available() or (device != "cpu" and f"runs on the CPU only in this demo (device {device})")
+    if skipped:
+        out.write(f"  skipped: {skipped}\n\n")
+        return {"skipped": skipped}
+    import transformers
+    logging.getLogger("kv_canary").setLevel(logging.INFO if run_clean else logging.ERROR)
+    section = {"results": [], "ok": True}
+    if run_clean:
+        options = canary.manager_options()
+        # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
+        options["stats_print_every_n_steps"] = options["stats_print_every_n_steps"] or tf.STATS_EVERY
+        with _canary_log_shown(out):
+            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **options)
+        logging.getLogger("kv_canary").setLevel(logging.ERROR)
+        m = handle.manager
+        plain = tf.generate(tf.model())
+        unchanged = all(list(plain[k].generated_tokens) == list(v.generated_tokens) for k, v in outputs.items())
+        cfg = tf.model().config
+        section["clean"] = {"requests": len(outputs), "steps": handle.steps, "kernel_runs": m.kernel_runs,
+                            "sweeps": m.sweep_passes, "violations": m.stats.total, "unchanged": unchanged,
+                            "version": transformers.__version__,
+                            "model": f"{cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}"}
+        section["ok"] = m.stats.total == 0 and unchanged and not handle.errors
+        out.write(f"  clean run: {len(outputs)} requests (chunked prefill, prefix sharing), {handle.steps} engine "
+                  f"steps, {m.kernel_runs} canary launches, violations: {m.stats.total}, output tokens unchanged: "
+                  f"{'yes' if unchanged else 'NO'}\n")
+    else:
+        section["clean"] = {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0, "violations": 0,
+                            "unchanged": True, "version": transformers.__version__, "model": "not run"}
+    for i, sc in enumerate(chosen, 1):
+        out.write(f"\r  scenario {i}/{len(chosen)}: {sc.name:<55}")
+        out.flush()
+        section["results"].append(tf.run_scenario(sc, backend=args.backend, metrics_registry=registry))
+    if chosen:
+        out.write("\n\n" + report.format_table(section["results"]) + "\n\n")
+        first = next((r for r in section["results"] if r.first is not None), None)
+        if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
+            from .. import generated
+            from ..engine.reporting import ViolationReporter
+            text = ViolationReporter(generated.layout).message(
+                first.first, total_violations=first.violations, ring_overflow=first.lost > 0,
+                step_when_pumped=first.first.step)
+            out.write(f"  {first.scenario.name}: its first violation as the canary logs it:\n")
+            out.write("".join(f"    {line}\n" for line in text.splitlines()) + "\n")
+    section["ok"] = section["ok"] and all(r.ok for r in section["results"])
+    return section
 
 
 def _fleet_demo(ap, args, canary: CanaryConfig, device: str) -> int:

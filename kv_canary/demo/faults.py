@@ -419,7 +419,7 @@ def scenarios() -> list[Scenario]:
 
 
 def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
-                 stop_after_detection: bool = False, **manager_kwargs) -> ScenarioResult:
+                 stop_after_detection: bool = False, metrics_registry=None, **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
 
     `stop_after_detection`: end the run two steps after the first violation is reported (its launch
@@ -431,6 +431,7 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
+    metrics = _scenario_metrics(manager, metrics_registry, sc.name)
     stop_early = stop_after_detection and sc.expect.launch is not None
     seen_at = None
     for step in range(sc.steps):
@@ -440,6 +441,14 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
         if seen_at is not None and step >= seen_at + 2:
             break
     manager.drain()
+    if metrics is not None:
+        metrics.refresh()
+    return judge(sc, manager, fault)
+
+
+def judge(sc, manager: CanaryManager, fault) -> ScenarioResult:
+    """A finished scenario run against its expectation (any engine's scenario: `name`, `expect`,
+    `layer`; a fault with `damage_step` and `detail`)."""
     vs = manager.violations
     first = vs[0] if vs else None
     launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]
@@ -466,6 +475,14 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
                           e.describe(manager.L), want_tag)
 
 
+def _scenario_metrics(manager, registry, scenario: str):
+    """The manager's Prometheus metrics in `registry`, labelled with the scenario (None: no registry)."""
+    if registry is None:
+        return None
+    from ..engine.metrics import CanaryMetrics
+    return CanaryMetrics(manager, registry=registry, labels={"scenario": scenario})
+
+
 def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None,
               layer=None, metrics_registry=None, **manager_kwargs):
     """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager).
@@ -474,10 +491,7 @@ def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", 
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     engine = Engine(config or BASE, canary=manager, device=device)
-    metrics = None
-    if metrics_registry is not None:
-        from ..engine.metrics import CanaryMetrics
-        metrics = CanaryMetrics(manager, registry=metrics_registry)
+    metrics = _scenario_metrics(manager, metrics_registry, "clean")
     engine.run(steps, progress=progress)
     manager.drain()
     if metrics is not None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from ..engine.violations import format_group
 
@@ -31,15 +32,26 @@ def table_rows(results) -> list[tuple[str, ...]]:
     return rows
 
 
-def format_table(results) -> str:
-    rows = [COLUMNS, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS) - 1)]
-    lines = []
-    for k, row in enumerate(rows):
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
-        if k == 0:
-            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
+CONSOLE_WIDTH = 120  # the console listing's width; the report's table keeps every full row
+
+
+def format_table(results, width: int = CONSOLE_WIDTH) -> str:
+    """The console listing: two lines per scenario (name, canary, violations, first detection; then
+    what was expected and what detected it), each cut to `width`; the decoded line is in the report."""
+    rows = table_rows(results)
+    name_w = min(60, max([len("scenario")] + [len(r[0]) for r in rows]))
+    canary_w = min(24, max([len("canary")] + [len(r[1]) for r in rows]))
+    head = f"{'scenario':<{name_w}}  {'canary':<{canary_w}}  {'violations':>10}  first detection (damage step)"
+    lines = [head, "-" * min(width, len(head))]
+    for name, canary, expected, detected, first, violations, _ in rows:
+        lines.append(_cut(f"{_cut(name, name_w):<{name_w}}  {_cut(canary, canary_w):<{canary_w}}  "
+                          f"{violations:>10}  {first}", width))
+        lines.append(_cut(f"    expected: {expected}; detected by: {detected}", width))
     return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def write_chart(results, path: Path) -> Path:
@@ -70,18 +82,16 @@ def write_chart(results, path: Path) -> Path:
     return path
 
 
-def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
-    out = ["# kv-canary demo report", ""]
-    out += ["## Clean run", "",
-            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
-            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
-            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
-            f"violations: **{clean['violations']}**", ""]
-    out += ["## Scenarios", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+def _table_md(results) -> list[str]:
+    out = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in table_rows(results):
         out.append("| " + " | ".join(cell.replace("|", "\\|") if i < len(COLUMNS) - 1 else f"`{cell}`" for i, cell in
                                      enumerate(row)) + " |")
-    out += ["", f"![violations per step]({chart_name})", "", "## Details", ""]
+    return out
+
+
+def _details_md(results) -> list[str]:
+    out = []
     for r in results:
         sc = r.scenario
         out += [f"### {sc.name}", "", f"{sc.title}.", "",
@@ -97,13 +107,48 @@ def write_markdown(results, clean: dict, path: Path, chart_name: str) -> Path:
                 out.append(f"... {len(r.groups) - 5} more group(s)")
             out += ["```"]
         out.append("")
+    return out
+
+
+def write_markdown(results, clean: dict, path: Path, chart_name: Optional[str], real: Optional[dict] = None,
+                   no_chart: str = "") -> Path:
+    out = ["# kv-canary demo report", ""]
+    out += ["## Clean run", "",
+            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
+            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
+            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
+            f"violations: **{clean['violations']}**", ""]
+    out += ["## Scenarios", "", *_table_md(results)]
+    real = real or {}
+    if real.get("skipped"):
+        out += ["", "## Real engine: HF transformers", "", f"Skipped: {real['skipped']}"]
+    elif real:
+        c = real["clean"]
+        out += ["", "## Real engine: HF transformers", "",
+                f"A tiny random Llama ({c['model']}) generating with continuous batching (paged KV cache, "
+                f"transformers {c['version']}), guarded by kv_canary.integrations.transformers.", "",
+                f"- clean run: {c['requests']} requests, {c['steps']} engine steps, kernel launches: "
+                f"{c['kernel_runs']}, sweeps: {c['sweeps']}, violations: **{c['violations']}**, output tokens "
+                f"unchanged by the canary: {c['unchanged']}", "", *_table_md(real["results"])]
+    chart_line = f"![violations per step]({chart_name})" if chart_name else f"(no chart: {no_chart})"
+    out += ["", chart_line, "", "## Details", "", *_details_md(results), *_details_md(real.get("results", []))]
     path.write_text("\n".join(out), encoding="utf-8")
     return path
 
 
-def write_report(results, clean: dict, out_dir: Path) -> tuple[Path, Path]:
+def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = None) -> tuple[Path, Optional[Path], str]:
+    """report.md and the chart of every scenario (simulation and real engine); without matplotlib the
+    report is written without the chart and the third value says why."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    chart = write_chart(results, out_dir / "violations_per_step.png")
-    md = write_markdown(results, clean, out_dir / "report.md", chart.name)
-    return md, chart
+    chart, why = None, ""
+    every = results + list((real or {}).get("results", []))
+    if not every:
+        why = "no fault scenario ran"
+    else:
+        try:
+            chart = write_chart(every, out_dir / "violations_per_step.png")
+        except ImportError:
+            why = "matplotlib is not installed: pip install 'kv-canary[demo]'"
+    md = write_markdown(results, clean, out_dir / "report.md", chart.name if chart else None, real, why)
+    return md, chart, why

@@ -1,80 +1,188 @@
-"""What a serving engine hands the CanaryManager, as code (typing.Protocol classes).
+"""The engine contract: what `CanaryManager` needs from a serving engine, as `typing.Protocol` classes.
 
-An engine implements `CanaryEngine` (the manager's `attach(engine)` reads it) and passes batches that
-implement `ForwardBatch` to `prepare` / `launch_head` / `tail`. kv_canary.demo.sim.Engine is one
-implementation; nothing here imports it. Structural typing: an engine needs no base class, only
-these attributes (`isinstance(engine, CanaryEngine)` checks their presence at run time).
+An engine implements these by duck typing (no base class to inherit); `check_engine(engine)` tells,
+before anything is allocated, which part is missing. Two engines implement them in this project:
+the simulation (kv_canary.demo.sim.Engine, a slot-table engine) and HF transformers' continuous
+batching (kv_canary.integrations.transformers, a block-table engine). docs/attach-your-engine.md
+walks through attaching a third.
+
+The per-step protocol the engine drives (CanaryManager's methods):
+
+    manager.attach(engine)                 # once: pools, request rows, capacities
+    manager.on_tokens(row, start, tokens)  # a request's known token ids (prompt, then each sampled token)
+    manager.head(batch)                    # before the forward: plan, HEAD verify + write
+    ...the model's forward writes K/V...
+    manager.tail(batch)                    # after the forward: TAIL verify + write (real-K/V fingerprints)
+    manager.after_step(step)               # sweep when due, drain, stats line, health check
+
+Slots: a slot is a token's index into one KV pool (`group`); slot s of a pool lives in row
+`s // row_slots` of each per-layer K and V tensor, at byte `(s % row_slots) * bytes_per_token`
+(what a RealKvSource reads, SEMANTICS.md §4). Slot 0 is the padding slot (never a real token's),
+request row 0 the padding row.
+
+Request rows: every running request owns a row (1 .. req_rows-1). Its slots are found either
+  - per token (`SlotTableEngine.req_to_token[row, position]`, SGLang's req_to_token), or
+  - per block (`BlockTableEngine.req_to_block[row, position // block_size]`, a paged engine's block
+    table; slot = block * block_size + position % block_size). The manager expands the batch's rows
+    on the device each step, so a block-table engine needs no per-token work on the host.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence, runtime_checkable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Union, runtime_checkable
 
 import torch
+
+__all__ = ("KvStorage", "KvPool", "KvPoolView", "EngineLimits", "Request", "ForwardBatch", "SweepEntries",
+           "Engine", "SlotTableEngine", "BlockTableEngine", "check_engine", "slot_table_kind")
+
+IndexList = Union[Sequence[int], torch.Tensor]
 
 
 @runtime_checkable
 class KvStorage(Protocol):
-    """One pool's K/V bytes: per layer one uint8 tensor [rows, row_slots * bytes_per_token]; slot s
-    is row s // row_slots at byte (s % row_slots) * bytes_per_token (how a RealKvSource reads it)."""
-    k: Sequence[torch.Tensor]
+    """The real K/V bytes of one pool, per layer (what the real-K/V fingerprint reads)."""
+    k: Sequence[torch.Tensor]      # per layer: a >= 2-D tensor, row r = slots r*row_slots .. (r+1)*row_slots-1
     v: Sequence[torch.Tensor]
-    num_slots: int
-    row_slots: int
-    bytes_per_token: int
+    num_slots: int                 # slots of the pool (canary records allocated per slot)
+    row_slots: int                 # slots per tensor row (a page of a paged pool; 1 for a token-granular one)
+    bytes_per_token: int           # K (or V) bytes of one slot in one layer, a multiple of 16
 
     def halves(self) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
-        """(K tensors, V tensors), in the schema's launch-tag half order."""
+        """(k, v)."""
+        ...
 
 
-@runtime_checkable
 class KvPool(Protocol):
-    """One KV pool as the engine offers it (`canary_pools()[group]`); kv_canary.engine.manager.KvPoolView
-    is a ready-made implementation."""
+    """One KV pool as the engine offers it (`Engine.canary_pools()[group]`); KvPoolView is one."""
     storage: KvStorage
-    window: int                                  # sliding window in tokens (0: full attention)
-    full_to_pool: Optional[torch.Tensor]         # int64 LUT full-pool slot -> this pool's slot (None: same)
-    allocation_epoch: torch.Tensor               # int64 [num_slots]: the allocator's epoch of each slot
-    out_cache_loc: Callable                      # batch -> int64 [tokens]: the batch's slots in this pool
-    translate: Optional[Callable[[int], int]]    # full-pool slot -> this pool's slot, on the host (sweep)
+    window: int                                 # sliding window in tokens (0: full attention)
+    full_to_pool: Optional[torch.Tensor]        # int64 LUT full-pool slot -> this pool's slot (None: same slots)
+    allocation_epoch: torch.Tensor              # int64 [num_slots]: the allocator's epoch of each slot
+    out_cache_loc: Callable                     # batch -> int64 [tokens]: where the batch's tokens are written
+    translate: Optional[Callable[[int], int]]   # full-pool slot -> this pool's slot on the host (sweep), or None
 
 
-@runtime_checkable
+@dataclass(frozen=True)
+class KvPoolView:
+    """A ready-made KvPool: what most engines hand the manager."""
+    storage: KvStorage
+    window: int
+    full_to_pool: Optional[torch.Tensor]
+    allocation_epoch: torch.Tensor
+    out_cache_loc: Callable
+    translate: Optional[Callable[[int], int]] = None
+
+
+class EngineLimits(Protocol):
+    """Capacities fixed at attach (`Engine.cfg`)."""
+    max_running: int               # request rows one forward batch may hold (padding rows included)
+    max_ctx: int                   # tokens one request may hold (columns of the slot table)
+
+
 class Request(Protocol):
-    """A request row of a batch (None in `ForwardBatch.requests` for a padding row)."""
-    rid: int          # the request's id (what a `request_id` input field stores)
-    row: int          # its row of req_to_token
-    matched: int      # prefix tokens taken from the radix cache (owned by an earlier request)
+    """One running request as a batch row names it."""
+    rid: int                       # request id (> 0), what a schema's `request_id` field stores
+    row: int                       # its request row (1 .. req_rows-1)
+    matched: int                   # prefix tokens it took from a prefix cache (0: it wrote every slot itself)
 
 
-@runtime_checkable
 class ForwardBatch(Protocol):
-    """One forward step's batch (SGLang's names); token tensors list each request's extend in order."""
-    requests: Sequence[Optional[Request]]
-    bs: int                                      # len(requests), padding rows included
-    req_pool_indices: torch.Tensor               # int64 [bs]: request rows (REQ_POOL_IDX_PADDING: padding)
-    prefix_lens: torch.Tensor                    # int64 [bs]
-    extend_seq_lens: torch.Tensor                # int64 [bs]
-    input_ids: torch.Tensor                      # int64 [tokens]
-    positions: torch.Tensor                      # int64 [tokens]
-    token_rids: torch.Tensor                     # int64 [tokens]: each token's request id
+    """One forward step's batch (all tensors on `Engine.device`, int64)."""
+    requests: Sequence[Optional[Request]]   # per batch row; None for a padding row
+    req_pool_indices: torch.Tensor          # [bs] request rows (0 = padding)
+    prefix_lens: torch.Tensor               # [bs] tokens already in the cache (what the step reads)
+    extend_seq_lens: torch.Tensor           # [bs] tokens this step appends
+    input_ids: torch.Tensor                 # [tokens] the appended tokens, request by request
+    positions: torch.Tensor                 # [tokens] their positions
+    token_rids: torch.Tensor                # [tokens] each token's request id (0 for padding)
+
+    @property
+    def bs(self) -> int:
+        ...
+
+
+SweepEntries = tuple[IndexList, IndexList, IndexList, IndexList]
+"""(slots, positions, tokens, prev_slots) of every slot the sweep verifies, in full-pool slots;
+prev -1 = chain head, prev 0 = predecessor unknown (chain not checked for that entry)."""
 
 
 @runtime_checkable
-class EngineConfig(Protocol):
-    max_running: int  # requests in one batch at most (the manager pads to the next power of two)
-    max_ctx: int      # context positions of a request row
-
-
-@runtime_checkable
-class CanaryEngine(Protocol):
-    """What `CanaryManager.attach(engine)` reads."""
+class Engine(Protocol):
     device: torch.device
-    cfg: EngineConfig
-    req_rows: int                                # rows of req_to_token
-    req_to_token: torch.Tensor                   # int32 [req_rows, max_ctx]: slots of each request's positions
+    cfg: EngineLimits
+    req_rows: int                  # request rows (row 0 = padding)
 
-    def canary_pools(self) -> dict[str, KvPool]:
-        """{group: pool} for the schema's launch-tag groups (`full`, and `swa` for sliding-window layers)."""
+    def canary_pools(self) -> Mapping[str, KvPool]:
+        """The KV pools by launch-tag group (`full`; `swa` for sliding-window layers)."""
+        ...
 
-    def cached_entries(self) -> tuple[list[int], list[int], list[int], list[int]]:
-        """What the sweep verifies: (slots, positions, tokens, predecessor slots) of every cached slot."""
+    def cached_entries(self) -> SweepEntries:
+        """What the sweep verifies: the slots the engine keeps for reuse (prefix cache), nobody reading them now."""
+        ...
+
+
+@runtime_checkable
+class SlotTableEngine(Engine, Protocol):
+    req_to_token: torch.Tensor     # int32 [req_rows, max_ctx]: slot of each request row's position
+
+
+@runtime_checkable
+class BlockTableEngine(Engine, Protocol):
+    req_to_block: torch.Tensor     # int32 [req_rows, max_blocks]: block of each request row's position // block_size
+    block_size: int                # slots per block: slot = block * block_size + position % block_size
+
+
+def slot_table_kind(engine) -> str:
+    """'slots' or 'blocks': how the engine names its requests' slots (check_engine first)."""
+    return "slots" if hasattr(engine, "req_to_token") else "blocks"
+
+
+def check_engine(engine) -> None:
+    """A ValueError naming every part of the contract `engine` misses or gets wrong."""
+    problems = []
+    for name in ("device", "cfg", "req_rows", "canary_pools", "cached_entries"):
+        if not hasattr(engine, name):
+            problems.append(f"no `{name}`")
+    cfg = getattr(engine, "cfg", None)
+    for name in ("max_running", "max_ctx"):
+        value = getattr(cfg, name, None)
+        if cfg is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"cfg.{name} must be an int >= 1, got {value!r}")
+    rows = getattr(engine, "req_rows", None)
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 2):
+        problems.append(f"req_rows must be an int >= 2 (row 0 is the padding row), got {rows!r}")
+    table = getattr(engine, "req_to_token", None)
+    blocks = getattr(engine, "req_to_block", None)
+    if table is None and blocks is None:
+        problems.append("neither `req_to_token` (slot table) nor `req_to_block` + `block_size` (block table)")
+    elif table is not None:
+        problems += _table_problems("req_to_token", table, rows, cfg)
+    else:
+        size = getattr(engine, "block_size", None)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            problems.append(f"block_size must be an int >= 1, got {size!r}")
+        else:
+            problems += _table_problems("req_to_block", blocks, rows, None)
+            max_ctx = getattr(cfg, "max_ctx", None)
+            if isinstance(blocks, torch.Tensor) and blocks.dim() == 2 and isinstance(max_ctx, int) \
+                    and blocks.shape[1] * size < max_ctx:
+                problems.append(f"req_to_block holds {blocks.shape[1]} blocks of {size} slots per row, fewer than "
+                                f"cfg.max_ctx={max_ctx} tokens")
+    if problems:
+        raise ValueError(f"kv-canary: {type(engine).__name__} does not meet the engine contract "
+                         f"(kv_canary.engine.contract): " + "; ".join(problems))
+
+
+def _table_problems(name: str, table, rows, cfg) -> list[str]:
+    if not isinstance(table, torch.Tensor) or table.dtype != torch.int32 or table.dim() != 2:
+        got = f"{table.dtype} {tuple(table.shape)}" if isinstance(table, torch.Tensor) else repr(type(table))
+        return [f"{name} must be an int32 [req_rows, columns] tensor, got {got}"]
+    out = []
+    if isinstance(rows, int) and table.shape[0] != rows:
+        out.append(f"{name} has {table.shape[0]} rows, req_rows is {rows}")
+    max_ctx = getattr(cfg, "max_ctx", None)
+    if cfg is not None and isinstance(max_ctx, int) and table.shape[1] < max_ctx:
+        out.append(f"{name} has {table.shape[1]} columns, fewer than cfg.max_ctx={max_ctx}")
+    return out

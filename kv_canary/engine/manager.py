@@ -21,13 +21,18 @@ owning request's id, checked per request), `allocation_epoch` (the allocator's e
 checked per slot) or `caller_table` (a per-slot table the caller passes as
 `caller_tables={field: {group: tensor}}`, checked per slot).
 
-What an engine provides is kv_canary/engine/contract.py (CanaryEngine for `attach`, ForwardBatch
-for the steps; kv_canary.demo.sim.Engine is one implementation). Every launch is bound once, at
-attach, over buffers the manager owns (kv_canary.launch.runtime.PreparedLaunch); a step stages the
-batch's tensors into those buffers (padding rows beyond the batch) and runs the prepared launches,
-so no launch is validated or bound again while serving. A launch fingerprints at most
-MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which (default: the first ones,
-with a CanaryCoverageWarning naming the layers left uncovered).
+What the manager needs from an engine is the engine contract, kv_canary.engine.contract (Protocol
+classes, checked by `check_engine` at attach): `engine.canary_pools()` -> {group: KvPool} (one per KV
+pool, keyed by the schema's launch-tag groups: `full`, and `swa` for sliding-window layers),
+`engine.device`, `engine.cfg` (`max_running`, `max_ctx`), `engine.req_rows`, the requests' slots as a
+slot table (`req_to_token`) or a block table (`req_to_block` + `block_size`, expanded on the device
+for the batch's rows every step), batches (`ForwardBatch`: requests' `.rid` / `.row` / `.matched`,
+`token_rids` each token's request id) and `engine.cached_entries()` for the sweep. Every launch is
+bound once, at attach, over buffers the manager owns (kv_canary.launch.runtime.PreparedLaunch); a
+step stages the batch's tensors into those buffers (padding rows beyond the batch) and runs the
+prepared launches, so no launch is validated or bound again while serving. A launch fingerprints at
+most MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which (default: the first
+ones, with a CanaryCoverageWarning naming the layers left uncovered).
 
 SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
 SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
@@ -49,13 +54,14 @@ import logging
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
 from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
+from .contract import KvPoolView, check_engine, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
@@ -74,15 +80,6 @@ class CanaryCoverageWarning(UserWarning):
     """Some KV layers are not fingerprinted (a launch reads at most MAX_REAL_KV_SOURCES layers)."""
 
 
-@dataclass(frozen=True)
-class KvPoolView:
-    """One KV pool as an engine hands it to the manager (engine.canary_pools()[group])."""
-    storage: object               # .k / .v: per-layer tensors; .halves(), .num_slots, .row_slots, .bytes_per_token
-    window: int                   # sliding window in tokens (0: full attention)
-    full_to_pool: Optional[torch.Tensor]   # int64 LUT full-pool slot -> this pool's slot (None: same slots)
-    allocation_epoch: torch.Tensor         # int64 [num_slots]: the allocator's epoch of each slot
-    out_cache_loc: Callable                # batch -> int64 [tokens]: the batch's slots in this pool
-    translate: Optional[Callable[[int], int]] = None  # full-pool slot -> this pool's slot, host side (sweep)
 
 
 @dataclass
@@ -235,6 +232,7 @@ class CanaryManager(Listened):
 
     def attach(self, engine) -> None:
         """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
+        check_engine(engine)
         self.engine = engine
         if not self.enabled:
             return
@@ -252,6 +250,8 @@ class CanaryManager(Listened):
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
         self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
         self._valid_len = [0] * engine.req_rows
+        self._block_table = slot_table_kind(engine) == "blocks"
+        self._slot_table = self._allocate_slot_table(engine, cfg)
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
@@ -263,6 +263,22 @@ class CanaryManager(Listened):
                                     record_of=self._records_of)
         self.monitor = self._make_monitor()
         self._bind_launches()
+
+    def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
+        """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
+        if not self._block_table:
+            return engine.req_to_token
+        cols = torch.arange(cfg.max_ctx, dtype=torch.int64, device=self.device)
+        self._block_col = cols // engine.block_size   # the block-table column of each position
+        self._block_off = cols % engine.block_size    # the position's offset in its block
+        return torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=self.device)
+
+    def _expand_block_table(self, batch) -> None:
+        """Slots of the batch's rows from the engine's block table, on the device (capturable)."""
+        e = self.engine
+        blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
+        slots = blocks * e.block_size + self._block_off
+        self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
 
     def _make_monitor(self) -> RuntimeMonitor:
         """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
@@ -354,7 +370,7 @@ class CanaryManager(Listened):
             g.launches = {"plan": bind(
                 "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
                 req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
-                extend_seq_lens=self._extend_seq_lens, req_to_token=self.engine.req_to_token,
+                extend_seq_lens=self._extend_seq_lens, req_to_token=self._slot_table,
                 swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
                 verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
                 req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
@@ -429,6 +445,8 @@ class CanaryManager(Listened):
         write. No host sync, so a CUDA graph can capture it (and `tail`); `prepare` must have refilled
         the host-side inputs for this batch."""
         if self.enabled:
+            if self._block_table:
+                self._expand_block_table(batch)
             self._stage_batch(batch)
             for g in self.groups:
                 g.launches["plan"].run()

@@ -24,6 +24,7 @@ multiprocess_dir=...)` serves them all; the rank labels tell them apart.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,6 +32,7 @@ from .counters import CounterSnapshot
 from .violations import sglang_reason_name
 
 RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
+_FAMILIES: dict = {}   # (registry id, prefix, label names) -> the metric families, for `labels=` managers
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 INSTALL_HINT = "pip install 'kv-canary[metrics]' (or prometheus_client)"
 
@@ -47,7 +49,9 @@ class CanaryMetrics:
     """Prometheus counters and a health gauge for `manager` (attach it to its engine first)."""
 
     def __init__(self, manager, *, registry=None, prefix: str = "kv_canary", tp_rank: int = 0, pp_rank: int = 0,
-                 dp_rank: int = 0, read_every: int = 1):
+                 dp_rank: int = 0, read_every: int = 1, labels: Optional[Mapping[str, str]] = None):
+        """`labels`: constant labels beside the rank labels (e.g. {"scenario": name}); managers with the
+        same label names share one registry's metric families, told apart by the label values."""
         prom = _prometheus()
         if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
             raise ValueError(f"kv-canary: CanaryMetrics prefix must be a Prometheus metric name "
@@ -64,9 +68,16 @@ class CanaryMetrics:
             raise ValueError("kv-canary: this CanaryManager already has a CanaryMetrics; close() it first")
         self.manager = manager
         self.read_every = read_every
-        self.labels = {k: str(v) for k, v in ranks.items()}
+        extra = {str(k): str(v) for k, v in (labels or {}).items()}
+        self.labels = {**{k: str(v) for k, v in ranks.items()}, **extra}
         registry = prom.REGISTRY if registry is None else registry
-        names = list(RANK_LABELS)
+        names = list(RANK_LABELS) + list(extra)
+        shared = _FAMILIES.get((id(registry), prefix, tuple(names))) if extra else None
+        if shared is not None:
+            (self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
+             self.healthy) = shared
+            self._start(manager)
+            return
         self.violations = prom.Counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail "
                                        "reason (a row with two reasons counts under both)",
                                        names + ["launch_tag", "fail_reason"], registry=registry)
@@ -80,6 +91,13 @@ class CanaryMetrics:
                                              "slot-run counter)", names, registry=registry)
         self.healthy = prom.Gauge(f"{prefix}_healthy", "1, or 0 while the latest health check found a launch "
                                   "tag that stopped running", names, registry=registry, multiprocess_mode="min")
+        if extra:
+            _FAMILIES[(id(registry), prefix, tuple(names))] = (
+                self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
+                self.healthy)
+        self._start(manager)
+
+    def _start(self, manager) -> None:
         self.tags = tuple(t.name for t in manager.L.CanaryLaunchTag)   # the kernel-run counters' order
         for tag in self.tags:
             self.kernel_runs.labels(**self.labels, launch_tag=tag)     # every tag's series exists from 0

@@ -1,1 +1,1 @@
-"""kv-canary inside other serving engines: one subpackage per engine (`sglang`: an SGLang plugin)."""
+"""kv-canary inside other serving engines, one subpackage per engine: `sglang` (an SGLang plugin), `transformers` (HF continuous batching)."""

@@ -11,12 +11,16 @@ def test_demo_writes_table_and_report(tmp_path, capsys):
                     "--only", "stale_transfer/default_schema"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "scenario" in out and "expected detection" in out and "first decoded line" in out
-    assert "[ok] out_of_range_slot" in out and "launch_tag=HEAD_K_FULL fail_reason=slot_out_of_range" in out
-    control = next(line for line in out.splitlines() if line.startswith("[ok] stale_transfer/default_schema"))
-    assert control.split()[:4] == ["[ok]", "stale_transfer/default_schema", "defaults", "not"]
+    assert "scenario" in out and "first detection (damage step)" in out and "first decoded line" not in out
+    lines = out.splitlines()
+    table = lines[lines.index(next(x for x in lines if x.startswith("scenario "))):]
+    assert "[ok] out_of_range_slot" in out and max(len(line) for line in table[:table.index('')]) <= 120
+    i = next(k for k, line in enumerate(lines) if line.startswith("[ok] stale_transfer/default_schema"))
+    assert lines[i].split() == ["[ok]", "stale_transfer/default_schema", "defaults", "0", "-"]
+    assert lines[i + 1].strip() == "expected: not detected (control); detected by: not detected"
     report = (tmp_path / "report.md").read_text()
     assert "## Scenarios" in report and "stale_transfer/default_schema" in report
+    assert "first decoded line" in report and "launch_tag=HEAD_K_FULL fail_reason=slot_out_of_range" in report
     # The control runs with every default check on, and the report says so.
     details = report.split("### stale_transfer/default_schema", 1)[1]
     assert "- canary: schema kernels.yaml, expected-token check on, real-KV fingerprint ALL" in details
@@ -51,3 +55,48 @@ def test_demo_refuses_bad_canary_flags(argv, message, tmp_path, capsys):
     with pytest.raises(SystemExit):
         demo.main(["--out", str(tmp_path), *argv])
     assert message in capsys.readouterr().err
+
+
+def test_sglang_mode_flag_alone_follows_sglangs_defaults(tmp_path, capsys):
+    rc = demo.main(["--steps", "101", "--out", str(tmp_path), "--only", "out_of_range_slot", "--kv-canary", "log"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "--kv-canary log --kv-canary-real-data none --kv-canary-sweep-interval 0, stats line every 100 steps" in out
+    assert [line.strip("\r ").split()[1] for line in out.splitlines() if "[canary] step=" in line] == ["step=100"]
+
+
+def test_without_matplotlib_the_report_says_why(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "no chart: matplotlib is not installed: pip install 'kv-canary[demo]'" in out
+    assert "(no chart: matplotlib is not installed" in (tmp_path / "report.md").read_text()
+    assert not (tmp_path / "violations_per_step.png").exists()
+
+
+def test_metrics_serve_every_scenario(tmp_path, capsys):
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kv_canary.demo import faults
+    registry = CollectorRegistry()
+    faults.run_clean(6, metrics_registry=registry)
+    sc = next(s for s in faults.scenarios() if s.name == "out_of_range_slot")
+    faults.run_scenario(sc, metrics_registry=registry)
+    text = generate_latest(registry).decode()
+    assert 'scenario="clean"' in text
+    rows = [line for line in text.splitlines() if line.startswith("kv_canary_violation_rows_total")]
+    bad = [line for line in rows if 'scenario="out_of_range_slot"' in line]
+    assert bad and float(bad[0].split()[-1]) > 0
+
+
+def test_without_transformers_the_section_says_how_to_get_it(tmp_path, capsys, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import transformers -> ImportError
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "transformers/clean"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "skipped: HF transformers is not installed: pip install 'kv-canary[transformers]' (or `make setup`)" in out
+    assert "Skipped: HF transformers is not installed" in (tmp_path / "report.md").read_text()

@@ -120,11 +120,11 @@ def test_the_demo_serves_the_clean_runs_metrics_while_it_runs(tmp_path, monkeypa
     monkeypatch.setattr(faults, "run_scenario", scenario)
     rc = cli.main(["--steps", "12", "--out", str(tmp_path), "--only", "out_of_range_slot", "--metrics-port", "0"])
     out = capsys.readouterr().out
-    assert rc == 0 and f"serving the clean run's Prometheus metrics on {seen['server'].url}" in out
+    assert rc == 0 and f"serving the Prometheus metrics of every run (label scenario) on {seen['server'].url}" in out
     m = seen["manager"]
     assert m.kernel_runs > 0
     assert_scrape_matches(seen["scrape"], expected_samples(m, "kv_canary", {"tp_rank": "0", "pp_rank": "0",
-                                                                           "dp_rank": "0"}))
+                                                                           "dp_rank": "0", "scenario": "clean"}))
     with pytest.raises(OSError):   # stopped with the demo
         scrape(seen["server"].url)
 

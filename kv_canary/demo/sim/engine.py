@@ -364,9 +364,9 @@ class Engine:
 
     # -- what the canary protects ------------------------------------------------------------
     def canary_pools(self) -> dict:
-        """The KV pools by launch-tag group (kv_canary.engine.manager.KvPoolView): the full pool, and
+        """The KV pools by launch-tag group (kv_canary.engine.contract.KvPoolView): the full pool, and
         the sliding-window pool when the model has SWA layers."""
-        from ...engine.manager import KvPoolView
+        from ...engine.contract import KvPoolView
         pools = {FULL: KvPoolView(self.full, window=0, full_to_pool=None, allocation_epoch=self.alloc.epoch,
                                   out_cache_loc=lambda batch: batch.out_cache_loc, translate=None)}
         if self.swa is not None:
