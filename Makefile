@@ -57,6 +57,7 @@ fuzz: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/lint_actions.py
 
 # Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
 # abi_version bump. Only a base before this clone's history (the parent of a first commit, beyond a

@@ -1,17 +1,28 @@
-"""Command line: `python -m codegen {generate,check,describe,diff}`; `kv-canary` adds `demo` (kv_canary/cli.py)."""
+"""Command line: `python -m codegen {generate,check,describe,diff,abi-check,pr-report}`; `kv-canary` adds
+`init` and `demo` (kv_canary/cli.py).
+
+Exit codes (docs/schema-change.md): 0 success; 1 a stale or hand-edited generated tree, a schema or
+config error, an unreadable base revision; 2 a breaking schema change without an abi_version bump
+(diff, abi-check, pr-report) or a command line error.
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 from .diagnostics import SchemaError, escape_text, internal_error
-from .diff import diff_schemas, format_markdown
+from .diff import FORMATS, FixHint, diff_schemas
 from .load import load_schema_bytes, read_schema
-from .render import make_environment, render_all, render_body, template_context
+from .project import Tree, resolve_trees
+from .render import Provenance, make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
-from .writer import compare_tree, tree_lock, write_tree
+from .writer import Hints, compare_tree, tree_lock, write_tree
+
+CHECK_JSON_FORMAT = "kv-canary-check"
+CHECK_JSON_VERSION = 1
 
 
 def _display(path: Path) -> str:
@@ -23,8 +34,9 @@ def _display(path: Path) -> str:
 
 
 def _load(schema_path: Path):
-    """(schema, the normalised text it was parsed from): the file is read once."""
-    return read_schema(schema_path, display_name=_display(schema_path))
+    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by)."""
+    shown = _display(schema_path)
+    return read_schema(Path(shown), display_name=shown)
 
 
 def _tell_waiting(lock: Path) -> None:
@@ -32,52 +44,111 @@ def _tell_waiting(lock: Path) -> None:
           flush=True)
 
 
+def provenance(tree: Tree) -> Provenance:
+    """What the tree's generated headers and messages name."""
+    return Provenance(schema=tree.file_schema_name, edit=tree.edit_hint, regenerate=tree.file_regenerate)
+
+
+def provenance_for(schema: Path, out: Path) -> Provenance:
+    """What `generate --schema SCHEMA --out OUT` writes into the headers (from the current directory)."""
+    return provenance(resolve_trees(schema, out, Path.cwd())[0])
+
+
+def hints(tree: Tree) -> Hints:
+    """What `check`'s fix lines name, from where the command runs."""
+    return Hints(regenerate=tree.regenerate(Path.cwd()), schema=_display(tree.schema), own_checkout=tree.own_checkout)
+
+
+def fix_hint(tree: Tree) -> FixHint:
+    return FixHint(schema=_display(tree.schema), regenerate=tree.regenerate(Path.cwd()))
+
+
+def _parse_tree(value: str) -> tuple[Path, Path]:
+    schema, sep, out = value.partition("=")
+    if not sep or not schema or not out:
+        raise argparse.ArgumentTypeError(f"expected SCHEMA=OUT (e.g. canary.yaml=myengine/_canary), got {value!r}")
+    return Path(schema), Path(out)
+
+
+def trees_of(args) -> list[Tree]:
+    """The trees a command works on: --tree pairs, else --schema/--out, else kv-canary.yaml, else the default."""
+    cwd = Path.cwd()
+    config = getattr(args, "config", None)
+    pairs = getattr(args, "tree", None) or [(args.schema, args.out)]
+    trees = []
+    for schema, out in pairs:
+        trees += resolve_trees(schema, out, cwd, config)
+    return list({t.out: t for t in trees}.values())
+
+
 def cmd_generate(args) -> int:
-    start = time.perf_counter()
-    schema, text = _load(args.schema)
-    files = render_all(schema, text)
-    written, removed = write_tree(args.out, files, on_wait=_tell_waiting)
-    out = _display(args.out)
-    for p in written:
-        print(f"wrote {out}/{p}")
-    for p in removed:
-        print(f"removed {out}/{p}")
-    print(f"{out}: {len(files)} files, {len(written)} written, {len(removed)} removed "
-          f"in {time.perf_counter() - start:.2f}s")
+    for tree in trees_of(args):
+        start = time.perf_counter()
+        args.schema = tree.schema  # what an internal error is reported against
+        schema, text = _load(tree.schema)
+        files = render_all(schema, text, provenance=provenance(tree))
+        written, removed = write_tree(tree.out, files, on_wait=_tell_waiting)
+        out = _display(tree.out)
+        for p in written:
+            print(f"wrote {out}/{p}")
+        for p in removed:
+            print(f"removed {out}/{p}")
+        print(f"{out}: {len(files)} files, {len(written)} written, {len(removed)} removed "
+              f"in {time.perf_counter() - start:.2f}s")
     return 0
 
 
-def regenerate_command(args) -> str:
-    """The exact command that regenerates args.out from args.schema."""
-    if args.schema.resolve() == (args.root / "kernels.yaml").resolve() and \
-            args.out.resolve() == (args.root / "generated").resolve():
-        return "make generate"
-    return f"python -m codegen generate --schema {_display(args.schema)} --out {_display(args.out)}"
+def check_tree(tree: Tree) -> tuple[int, list]:
+    """(number of files the schema produces, drifts of the tree on disk)."""
+    schema, text = _load(tree.schema)
+    files = render_all(schema, text, provenance=provenance(tree))
+    shown = _display(tree.out)
+    if tree.out.is_dir():  # not while a `generate` is half-way through writing it
+        with tree_lock(tree.out, shared=True, on_wait=_tell_waiting):
+            return len(files), compare_tree(tree.out, files, shown, hints(tree))
+    return len(files), compare_tree(tree.out, files, shown, hints(tree))
 
 
 def cmd_check(args) -> int:
-    schema, text = _load(args.schema)
-    files = render_all(schema, text)
-    regenerate = regenerate_command(args)
-    if args.out.is_dir():  # not while a `generate` is half-way through writing it
-        with tree_lock(args.out, shared=True, on_wait=_tell_waiting):
-            drifts = compare_tree(args.out, files, _display(args.out), regenerate)
-    else:
-        drifts = compare_tree(args.out, files, _display(args.out), regenerate)
+    results = []
+    for tree in trees_of(args):
+        args.schema = tree.schema
+        results.append((tree, *check_tree(tree)))
+    if args.format == "json":
+        sys.stdout.write(json.dumps(check_json(results), indent=2, ensure_ascii=False) + "\n")
+        return 1 if any(drifts for _, _, drifts in results) else 0
+    status = 0
+    for tree, n_files, drifts in results:
+        status |= _print_check(tree, n_files, drifts, args.quiet)
+    return status
+
+
+def check_json(results) -> dict:
+    """The versioned JSON shape of `check --format json` (codegen/check.schema.json)."""
+    trees = []
+    for tree, n_files, drifts in results:
+        trees.append({"schema": _display(tree.schema), "out": _display(tree.out), "files": n_files,
+                      "up_to_date": not drifts, "regenerate": tree.regenerate(Path.cwd()),
+                      "drifts": [{"path": d.path, "kind": d.kind, "detail": d.detail, "fix": d.fix} for d in drifts]})
+    return {"format": CHECK_JSON_FORMAT, "version": CHECK_JSON_VERSION, "up_to_date": all(t["up_to_date"] for t in trees),
+            "exit_status": 0 if all(t["up_to_date"] for t in trees) else 1, "trees": trees}
+
+
+def _print_check(tree: Tree, n_files: int, drifts, quiet: bool) -> int:
     if not drifts:
-        print(f"{_display(args.out)} is up to date with {_display(args.schema)} ({len(files)} files)")
+        print(f"{_display(tree.out)} is up to date with {_display(tree.schema)} ({n_files} files)")
         return 0
     err = sys.stderr
     for i, d in enumerate(drifts):
         print(escape_text(f"{d.path}: {d.detail}"), file=err)  # a file name on disk can hold anything
         if i + 1 == len(drifts) or drifts[i + 1].fix != d.fix:  # one fix line per run of identical fixes
             print(f"    fix: {d.fix}", file=err)
-    if not args.quiet:
+    if not quiet:
         for d in drifts:
             if d.diff:
                 err.write(d.diff if d.diff.endswith("\n") else d.diff + "\n")
-    print(f"{len(drifts)} generated file(s) out of date with {_display(args.schema)}; "
-          f"run `{regenerate}` and commit {_display(args.out)}/", file=err)
+    print(f"{len(drifts)} generated file(s) out of date with {_display(tree.schema)}; "
+          f"run `{tree.regenerate(Path.cwd())}` and commit {_display(tree.out)}/", file=err)
     return 1
 
 
@@ -96,8 +167,13 @@ def cmd_describe(args) -> int:
 
 def cmd_diff(args) -> int:
     root = args.root
+    new_spec = args.new
+    if new_spec is None:  # the configured schema when there is exactly one, else kernels.yaml
+        trees = resolve_trees(None, None, Path.cwd(), args.config)
+        new_spec = _display(trees[0].schema) if len(trees) == 1 else "kernels.yaml"
     try:
-        old_name, old_raw = read_source(args.old, root)
+        default_path = new_spec if (root / new_spec).is_file() else new_spec.partition(":")[2] or "kernels.yaml"
+        old_name, old_raw = read_source(args.old, root, default_path=default_path)
     except SourceUnavailable as exc:
         if args.missing_base_ok and exc.no_base:
             print(f"kv-canary diff: nothing to compare: {exc}. Passing: there is no base schema to break.")
@@ -105,45 +181,94 @@ def cmd_diff(args) -> int:
         print(f"kv-canary diff: {exc}", file=sys.stderr)
         return 1
     try:
-        new_name, new_raw = read_source(args.new, root)
+        new_name, new_raw = read_source(new_spec, root)
     except SourceUnavailable as exc:
         print(f"kv-canary diff: {exc}", file=sys.stderr)
         return 1
     old = load_schema_bytes(old_raw, old_name)
     new = load_schema_bytes(new_raw, new_name)
     report = diff_schemas(old, new, old_name, new_name)
-    sys.stdout.write(format_markdown(report))
+    tree = next(iter(resolve_trees(Path(new_spec), None, Path.cwd(), args.config)), None) \
+        if (root / new_spec).is_file() else None
+    hint = fix_hint(tree) if tree is not None else FixHint(schema=new_name)
+    sys.stdout.write(FORMATS[args.format](report, hint))
     return report.exit_status
+
+
+def cmd_abi_check(args) -> int:
+    from .report import abi_check
+    return abi_check(trees_of(args), args.base, args.format)
+
+
+def cmd_pr_report(args) -> int:
+    from .report import pr_report
+    return pr_report(trees_of(args), base=args.base, summary=args.summary, comment=args.comment,
+                     output=args.github_output)
+
+
+def _tree_options(p, root: Path, schema_default=None) -> None:
+    p.add_argument("--schema", type=Path, default=schema_default,
+                   help="schema file (default: every tree of kv-canary.yaml, else kernels.yaml)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="generated tree (default: the schema's tree in kv-canary.yaml, else generated/)")
+    p.add_argument("--tree", type=_parse_tree, action="append", metavar="SCHEMA=OUT",
+                   help="a schema and its generated tree; repeat for several (instead of --schema/--out)")
+    p.add_argument("--config", type=Path, default=None,
+                   help="the kv-canary.yaml to read (default: the nearest one up to the git top level)")
 
 
 def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     """The generator's subcommands, on paths relative to `root`. `installed_layout`, when given, is
     what `describe` prints without --schema where `root` has no kernels.yaml (kv_canary passes the
     installed default layer's LAYOUT.md)."""
-    def common(p, schema_default=root / "kernels.yaml"):
-        p.add_argument("--schema", type=Path, default=schema_default, help="schema file (kernels.yaml)")
-        p.add_argument("--out", type=Path, default=root / "generated", help="generated tree")
-    p = sub.add_parser("generate", help="render kernels.yaml into generated/")
-    common(p)
+    p = sub.add_parser("generate", help="render the schema into its generated tree (kv-canary.yaml's trees, "
+                                        "or kernels.yaml into generated/)")
+    _tree_options(p, root)
     p.set_defaults(func=cmd_generate)
-    p = sub.add_parser("check", help="fail if generated/ differs from what kernels.yaml produces")
-    common(p)
+    p = sub.add_parser("check", help="fail (exit 1) if a generated tree differs from what its schema produces")
+    _tree_options(p, root)
     p.add_argument("--quiet", action="store_true", help="no unified diffs")
+    p.add_argument("--format", choices=("text", "json"), default="text",
+                   help="json: one object on stdout (docs/schema-change.md, 'Machine-readable output')")
     p.set_defaults(func=cmd_check)
     p = sub.add_parser("describe", help="print the layout tables")
-    common(p, schema_default=None)
+    p.add_argument("--schema", type=Path, default=None, help="schema file (kernels.yaml)")
+    p.add_argument("--out", type=Path, default=root / "generated", help=argparse.SUPPRESS)
     p.set_defaults(installed_layout=installed_layout)
     p.set_defaults(func=cmd_describe)
     p = sub.add_parser("diff", help="semantic ABI diff of two schemas (files or git revisions)",
                        description="Compare two schemas and classify every change as compatible or BREAKING. "
                                    "Exit 2 when something breaks and abi_version was not bumped.")
-    p.add_argument("old", help="old schema: a file, a git revision (HEAD~1 means HEAD~1:kernels.yaml) or REV:PATH")
-    p.add_argument("new", nargs="?", default="kernels.yaml", help="new schema (default: kernels.yaml)")
+    p.add_argument("old", help="old schema: a file, a git revision (HEAD~1 means HEAD~1:<the new schema's path>) "
+                               "or REV:PATH")
+    p.add_argument("new", nargs="?", default=None,
+                   help="new schema (default: the one schema of kv-canary.yaml, else kernels.yaml)")
+    p.add_argument("--format", choices=tuple(FORMATS), default="markdown",
+                   help="markdown (a PR comment), text, or json (versioned: codegen/diff.schema.json)")
+    p.add_argument("--config", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--missing-base-ok", action="store_true",
                    help="pass with a note when there is no OLD to compare with: OLD is the parent of a first "
                         "commit, lies beyond a shallow clone's history, or has no schema file yet; a revision "
                         "that does not exist (a typo) still fails")
     p.set_defaults(func=cmd_diff)
+    p = sub.add_parser("abi-check", help="diff every schema against a base revision; exit 2 on a breaking change "
+                                         "without an abi_version bump (the pre-commit hook)")
+    _tree_options(p, root)
+    p.add_argument("--base", default=None,
+                   help="base git revision (default: the merge base of HEAD with the default branch)")
+    p.add_argument("--format", choices=("text", "markdown"), default="text",
+                   help="per schema (machine-readable: `kv-canary diff REV:SCHEMA SCHEMA --format json`)")
+    p.set_defaults(func=cmd_abi_check)
+    p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
+                                         "write the ABI report to the job summary and a comment file")
+    _tree_options(p, root)
+    p.add_argument("--base", default=None, help="base revision (default: merge base with origin/$GITHUB_BASE_REF, "
+                                                "else with the default branch)")
+    p.add_argument("--summary", type=Path, default=None, help="append the report here (default: $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--comment", type=Path, default=None,
+                   help="write the report here for a comment step (default: $RUNNER_TEMP/kv-canary-report.md)")
+    p.add_argument("--github-output", type=Path, default=None, help="step outputs file (default: $GITHUB_OUTPUT)")
+    p.set_defaults(func=cmd_pr_report)
     for p in sub.choices.values():
         p.set_defaults(root=root)
 
@@ -172,7 +297,8 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(metavar="COMMAND")
     add_codegen_commands(sub, Path.cwd())
     return run(parser, argv)

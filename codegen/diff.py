@@ -3,30 +3,84 @@
 A change is BREAKING when data or code built against the old schema would be misread by, or
 refuse to work with, the new one (a record byte moves, a stored hash or bit means something else,
 an entry point disappears). Additions that old consumers never see, launch tuning and message
-wording are compatible. `kv-canary diff` prints the rows as a Markdown table for a PR comment and
-exits 2 when something is breaking but abi_version was not bumped.
+wording are compatible. `kv-canary diff` prints the rows as a Markdown table for a PR comment, as
+text, or as JSON (the versioned shape of diff-format.schema.json, docs/schema-change.md) and exits 2
+when something is breaking but abi_version was not bumped.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from .model import Record, Schema, ValueSet
 
 BREAKING = "BREAKING"
 COMPATIBLE = "compatible"
+JSON_FORMAT = "kv-canary-diff"
+JSON_VERSION = 1
+
+# Every kind of change the diff reports, with why it is (or is not) breaking: the `why` of each JSON row.
+KINDS: dict[str, str] = {
+    "abi_version changed": "the version number itself; bumping it is how a breaking change is announced",
+    "schema format changed": "the format of kernels.yaml-style files, not the ABI they describe",
+    "word type changed": "every word of the record is read with another width or signedness",
+    "slot stride changed": "slot i of an existing buffer starts at another byte offset",
+    "field added": "the record's words are read at other offsets, and old records hold no value for it",
+    "field removed": "code built for the old layout reads or writes a word that is gone",
+    "field renamed": "generated names (CANARY_FIELD_*, keywords, columns) change for callers",
+    "field moved": "the word is read at another byte offset",
+    "field role changed": "the stored word means something else",
+    "violation column meaning changed": "violation rows carry another value in that column",
+    "input field verify changed": "the same records are checked differently",
+    "input field source changed": "old records would be checked against the wrong table",
+    "chain fold changed (every stored hash changes)": "every stored chain hash changes",
+    "chain anchor changed (HEAD changes)": "the hash of the first slot of every request changes",
+    "flag set added": "a new set that old consumers never see",
+    "flag set removed": "code that decodes the set loses it",
+    "flag bit added": "a new bit that old decoders never see set for old data",
+    "flag bit removed": "old data with the bit set is no longer decodable",
+    "flag bit renumbered": "old data decodes as another bit",
+    "flag bit reused": "old data with the bit set decodes as another name",
+    "enum set added": "a new set that old consumers never see",
+    "enum set removed": "code that decodes the set loses it",
+    "enum value added": "a new value that old data never holds",
+    "enum value removed": "old data holding the value is no longer decodable",
+    "enum value renumbered": "old data decodes as another member",
+    "enum value reused": "old data holding the value decodes as another name",
+    "fail reason kind changed": "decoders tell verify rows from write rows by the kind",
+    "launch tag moved to another launch": "rows logged before are attributed to the wrong launch",
+    "constant added": "a new name; nothing existing changes",
+    "constant removed": "code that uses the constant loses it",
+    "constant changed": "data or kernels built with the old value disagree with the new one",
+    "kernel added": "a new entry point; existing ones are unchanged",
+    "kernel removed": "callers of its entry points fail",
+    "kernel renamed (entry points change)": "the exported entry points change name",
+    "kernel launch changed": "launch tuning: grid and block shape only, the record layout is unchanged",
+    "kernel specializations changed": "breaking when an entry point is removed, else only new entry points",
+    "message text changed": "wording of run-time errors only",
+}
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str       # e.g. "field moved", "flag bit renumbered"
-    subject: str    # what changed, e.g. "canary.real_kv_hash"
-    old: str
+    kind: str       # e.g. "field moved", "flag bit renumbered": a key of KINDS
+    subject: str    # what changed, e.g. "canary.real_kv_hash" (the JSON row's `path`)
+    old: str        # as shown: "-" when there was nothing
     new: str
     breaking: bool
 
     @property
     def verdict(self) -> str:
         return BREAKING if self.breaking else COMPATIBLE
+
+    @property
+    def why(self) -> str:
+        return KINDS[self.kind]
+
+    def as_json(self) -> dict:
+        return {"path": self.subject, "kind": self.kind, "old": None if self.old == "-" else self.old,
+                "new": None if self.new == "-" else self.new, "breaking": self.breaking,
+                "verdict": "breaking" if self.breaking else "compatible", "why": self.why}
 
 
 @dataclass(frozen=True)
@@ -50,6 +104,15 @@ class DiffReport:
         """2 when something breaks and abi_version was not bumped, else 0."""
         return 2 if self.breaking and not self.abi_bumped else 0
 
+    @property
+    def verdict(self) -> str:
+        """unchanged | compatible | breaking (with the abi_version bump) | breaking-without-bump."""
+        if not self.changes:
+            return "unchanged"
+        if not self.breaking:
+            return "compatible"
+        return "breaking" if self.abi_bumped else "breaking-without-bump"
+
 
 def _fmt(value) -> str:
     return "-" if value is None or value == "" else str(value)
@@ -60,6 +123,7 @@ class _Collector:
         self.rows: list[Change] = []
 
     def add(self, kind: str, subject: str, old, new, breaking: bool) -> None:
+        assert kind in KINDS, f"diff kind {kind!r} has no entry in KINDS"
         self.rows.append(Change(kind, subject, _fmt(old), _fmt(new), breaking))
 
 
@@ -259,23 +323,67 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def format_markdown(report: DiffReport) -> str:
+@dataclass(frozen=True)
+class FixHint:
+    """What the verdict line tells the user to edit and run (their schema file, their command)."""
+    schema: str = "kernels.yaml"
+    regenerate: str = "make generate"
+
+
+def summary_line(report: DiffReport, hint: FixHint = FixHint()) -> str:
+    n = len(report.breaking)
+    if not report.changes:
+        return "No semantic change."
+    if not n:
+        return f"{len(report.changes)} change(s), none breaking."
+    if report.abi_bumped:
+        return f"{n} breaking change(s); abi_version bumped {report.old_abi} → {report.new_abi}."
+    return (f"{n} breaking change(s) but abi_version is still {report.new_abi}: "
+            f"bump `abi_version` in {hint.schema} (to {report.old_abi + 1}) and run `{hint.regenerate}`.")
+
+
+def format_markdown(report: DiffReport, hint: FixHint = FixHint()) -> str:
     """A short Markdown report fit for a pull-request comment."""
     lines = [f"### kv-canary schema diff: `{report.old_name}` → `{report.new_name}`", ""]
     if not report.changes:
-        lines.append("No semantic change.")
+        lines.append(summary_line(report, hint))
         return "\n".join(lines) + "\n"
     lines += ["| verdict | change | what | old | new |", "|---|---|---|---|---|"]
     for ch in report.changes:
         verdict = f"**{BREAKING}**" if ch.breaking else COMPATIBLE
         lines.append(f"| {verdict} | {ch.kind} | `{_cell(ch.subject)}` | {_cell(ch.old)} | {_cell(ch.new)} |")
     lines.append("")
-    n = len(report.breaking)
-    if not n:
-        lines.append(f"{len(report.changes)} change(s), none breaking.")
-    elif report.abi_bumped:
-        lines.append(f"{n} breaking change(s); abi_version bumped {report.old_abi} → {report.new_abi}.")
-    else:
-        lines.append(f"**{n} breaking change(s) but abi_version is still {report.new_abi}: "
-                     f"bump `abi_version` in kernels.yaml (to {report.old_abi + 1}) and run `make generate`.**")
+    line = summary_line(report, hint)
+    lines.append(f"**{line}**" if report.exit_status else line)
     return "\n".join(lines) + "\n"
+
+
+def format_text(report: DiffReport, hint: FixHint = FixHint()) -> str:
+    """Plain text for a terminal: one line per change."""
+    lines = [f"kv-canary schema diff: {report.old_name} -> {report.new_name}"]
+    for ch in report.changes:
+        lines.append(f"  {ch.verdict:<10}  {ch.kind}: {ch.subject}: {ch.old} -> {ch.new}")
+    lines.append(summary_line(report, hint))
+    return "\n".join(lines) + "\n"
+
+
+def report_json(report: DiffReport, hint: FixHint = FixHint()) -> dict:
+    """The versioned JSON shape (codegen/diff-format.schema.json)."""
+    return {
+        "format": JSON_FORMAT, "version": JSON_VERSION,
+        "old": {"name": report.old_name, "abi_version": report.old_abi},
+        "new": {"name": report.new_name, "abi_version": report.new_abi},
+        "abi_version_bumped": report.abi_bumped,
+        "verdict": report.verdict,
+        "exit_status": report.exit_status,
+        "breaking_changes": len(report.breaking),
+        "summary": summary_line(report, hint),
+        "changes": [c.as_json() for c in report.changes],
+    }
+
+
+def format_json(report: DiffReport, hint: FixHint = FixHint()) -> str:
+    return json.dumps(report_json(report, hint), indent=2, ensure_ascii=False) + "\n"
+
+
+FORMATS = {"markdown": format_markdown, "text": format_text, "json": format_json}

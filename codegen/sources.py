@@ -63,13 +63,14 @@ def _missing_revision(root: Path, rev: str) -> SourceUnavailable:
                              f"(check the spelling; `git branch -a` lists the branches)")
 
 
-def read_source(spec: str, root: Path) -> tuple[str, bytes]:
-    """(display name, bytes) of a schema named by a path or a git revision, relative to root."""
+def read_source(spec: str, root: Path, default_path: str = DEFAULT_SCHEMA) -> tuple[str, bytes]:
+    """(display name, bytes) of a schema named by a path or a git revision, relative to root. A bare
+    revision (`HEAD~1`) means that revision's `default_path`."""
     path = Path(spec) if Path(spec).is_absolute() else root / spec
     if path.is_file():
         return spec, path.read_bytes()
     rev, sep, rel = spec.partition(":")
-    rel = rel if sep else DEFAULT_SCHEMA
+    rel = rel if sep else default_path
     if not rev:
         raise SourceUnavailable(f"{spec}: no such file, and not a git revision")
     if _git(root, "rev-parse", "--is-inside-work-tree").returncode != 0:

@@ -7,49 +7,16 @@ top-level `codegen` package exists there.
 """
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-import sysconfig
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 300
-
-
-def run(cmd: list[str], *, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
+from support.wheel_env import ROOT, install_wheel, run, session_dir
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv python, venv bin dir, a working directory outside the checkout, environment)."""
-    base = tmp_path_factory.mktemp("wheel")
-    dist = base / "dist"
-    # No PYTHONPATH anywhere: a checkout on the path would make pip think kv-canary is installed.
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KV_CANARY_BACKEND")}
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-         "-w", str(dist), str(ROOT)], cwd=ROOT, env=env)
-    wheel = next(dist.glob("kv_canary-*.whl"))
-    venv = base / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=base, env=env)
-    python = venv / "bin" / "python"
-    site = Path(run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                    cwd=base, env=env).stdout.strip())
-    # Third-party dependencies from this environment (its .pth files, e.g. an editable kv-canary,
-    # are not processed from a path entry, so kv_canary can only come from the wheel).
-    (site / "_kv_canary_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n", encoding="utf-8")
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q",
-         str(wheel)], cwd=base, env=env)
-    work = base / "elsewhere"
-    work.mkdir()
-    env["KV_CANARY_CACHE_DIR"] = str(base / "cache")
-    return python, venv / "bin", work, env
+    return install_wheel(tmp_path_factory.mktemp("wheel"), session_dir(tmp_path_factory))
 
 
 PROBE = """

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from ..layer.loader import regenerate_command
 from ..layer.sources import kernel_abi
 from . import Prepared
 
@@ -34,7 +35,7 @@ class KernelBackend:
         if self.abi.LAYOUT_FINGERPRINT != self.layout.LAYOUT_FINGERPRINT or self.abi.ABI_VERSION != self.layout.ABI_VERSION:
             raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
-                             f"run `make generate`")
+                             f"run `{regenerate_command(layer)}`")
         self.kernels = {template: self.abi.kernel_for_template(template) for template in TEMPLATES}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..layer.loader import regenerate_command
 from . import BackendUnavailable, Prepared
 from .host_checks import HostChecks
 
@@ -36,5 +37,6 @@ def create(layer) -> TorchBackend:
     try:
         reference = importlib.import_module(layer.__name__ + ".reference")
     except ModuleNotFoundError as exc:
-        raise BackendUnavailable(f"{layer.__name__} has no generated reference module (run `make generate`)") from exc
+        raise BackendUnavailable(f"{layer.__name__} has no generated reference module (run "
+                                 f"`{regenerate_command(layer)}`)") from exc
     return TorchBackend(reference, HostChecks(layer))

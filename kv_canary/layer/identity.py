@@ -5,6 +5,8 @@ built from another schema or a hand-built module is refused before any launch.
 """
 from __future__ import annotations
 
+from .loader import regenerate_command
+
 
 class AbiMismatchError(RuntimeError):
     """A compiled kernel module does not match the Python layer that wants to run it."""
@@ -23,6 +25,6 @@ def check_identity(layer, *, module_abi_version: int, module_fingerprint: int, m
         differs.append(f"layout fingerprint {got_fp:016x} (module) != {want_fp:016x} (Python layer)")
     raise AbiMismatchError(
         f"kv-canary: refusing to run {module_desc}: it was built from a different schema than the "
-        f"Python layer {layer.__name__}: {'; '.join(differs)}. Regenerate with `make generate` "
-        f"(python -m codegen generate) so generated/ matches kernels.yaml, and rebuild the module "
+        f"Python layer {layer.__name__}: {'; '.join(differs)}. Regenerate with `{regenerate_command(layer)}` "
+        f"so the layer's tree matches its schema, and rebuild the module "
         f"from the regenerated sources (the kv-canary cache rebuilds automatically when sources change).")

@@ -62,6 +62,12 @@ def register_codegen() -> None:
         _import_package(path, CODEGEN_PACKAGE)
 
 
+def regenerate_command(layer) -> str:
+    """What regenerates a generated layer's tree, for messages about it (the layer records it:
+    `make generate` in kv-canary's checkout, `kv-canary generate` in an engine's repository)."""
+    return getattr(layer, "REGENERATE_COMMAND", None) or "make generate"
+
+
 # How a loaded layer gets its runtime (validation, backends, allocators): set once by the package
 # root (kv_canary/__init__.py), which sits above every layer, so this one never imports upward.
 _runtime_factory: Optional[Callable] = None

@@ -12,6 +12,8 @@ import importlib
 import re
 from pathlib import Path
 
+from .loader import regenerate_command
+
 _GENERATION_LINE = re.compile(r"generation-id: ([0-9a-f]{16})")
 HEADER_LINES = 5  # the generator's header (codegen/render.py make_header)
 
@@ -26,7 +28,7 @@ def kernel_abi(layer):
         return importlib.import_module(layer.__name__ + ".kernel_abi")
     except ModuleNotFoundError as exc:
         raise ValueError(f"kv-canary: generated layer {layer.__name__} has no kernel_abi.py "
-                         f"(generated before the CUDA kernels existed?); run `make generate`") from exc
+                         f"(generated before the CUDA kernels existed?); run `{regenerate_command(layer)}`") from exc
 
 
 def tree_dir(layer) -> Path:
@@ -49,11 +51,11 @@ def read_source(layer, relative: str) -> str:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"kv-canary: generated source {path} is missing ({exc.strerror}); "
-                         f"run `make generate`") from None
+                         f"run `{regenerate_command(layer)}`") from None
     want, got = getattr(layer, "GENERATION_ID", None), source_generation(text)
     if want is None or got != want:
         raise MixedTreeError(f"kv-canary: generated source {path} is from generation {got or '(none)'} but its "
                              f"Python layer {layer.__name__} is from generation {want or '(none)'}: the tree "
                              f"{tree_dir(layer)} mixes files of two generator runs (an interrupted "
-                             f"`make generate`?); run `make generate`")
+                             f"generator run?); run `{regenerate_command(layer)}`")
     return text

@@ -28,8 +28,8 @@ def test_kv_canary_has_the_codegen_commands_plus_demo():
     from kv_canary.codegen.cli import add_codegen_commands
     plain = argparse.ArgumentParser()
     add_codegen_commands(plain.add_subparsers(), ROOT)
-    assert subcommands(plain) == {"generate", "check", "describe", "diff"}
-    assert subcommands(build_parser()) == subcommands(plain) | {"demo"}
+    assert subcommands(plain) == {"generate", "check", "describe", "diff", "abi-check", "pr-report"}
+    assert subcommands(build_parser()) == subcommands(plain) | {"init", "demo"}
 
 
 def test_describe_and_check_match_python_m_codegen(capsys, monkeypatch):

@@ -149,7 +149,9 @@ def test_generation_is_byte_identical_across_hash_seeds(tmp_path):
     a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     assert a and a == b
     # ... and identical to an in-process render (a third hash seed, and no disk round trip).
-    files = render_all(load_schema(SCHEMA), SCHEMA.read_text(encoding="utf-8"))
+    from kv_canary.codegen.cli import provenance_for
+    files = render_all(load_schema(SCHEMA), SCHEMA.read_text(encoding="utf-8"),
+                       provenance=provenance_for(SCHEMA, tmp_path / "a"))
     assert a == {f.path: f.text.encode("utf-8") for f in files}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kv_canary.codegen import render
 from kv_canary.codegen.cli import main
-from kv_canary.codegen.load import load_schema
+from kv_canary.codegen.load import load_schema, read_schema
 from kv_canary.codegen.render import GeneratedFile, make_header, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import compare_tree, write_tree
 from support.layers import default_schema_text
@@ -50,11 +50,12 @@ def test_hand_edit_names_the_file_the_template_and_the_fix(repo, capsys):
     assert rc == 1
     lines = err.splitlines()
     assert lines[0] == "generated/layout.py: hand-edited: its body no longer matches the body-sha256 in its header"
-    assert lines[1] == ("    fix: make the change in kernels.yaml or codegen/templates/python/layout.py.j2, "
-                        "then run `make generate` (it overwrites this file)")
+    # Outside kv-canary's own checkout the fix names the schema and the command, never codegen/templates.
+    assert lines[1] == ("    fix: make the change in kernels.yaml, "
+                        "then run `kv-canary generate --schema kernels.yaml --out generated` (it overwrites this file)")
     assert "--- generated/layout.py (on disk)" in err and "+++ generated/layout.py (generated)" in err
     assert "-CANARY_FIELDS_PER_SLOT = 5" in err and "+CANARY_FIELDS_PER_SLOT = 4" in err
-    assert lines[-1] == "1 generated file(s) out of date with kernels.yaml; run `make generate` and commit generated/"
+    assert lines[-1] == "1 generated file(s) out of date with kernels.yaml; run `kv-canary generate --schema kernels.yaml --out generated` and commit generated/"
 
 
 def test_removed_header_counts_as_a_hand_edit(repo, capsys):
@@ -63,7 +64,7 @@ def test_removed_header_counts_as_a_hand_edit(repo, capsys):
     rc, err = check(capsys)
     assert rc == 1
     assert err.startswith("generated/LAYOUT.md: hand-edited: its do-not-edit header was removed or changed\n"
-                          "    fix: make the change in kernels.yaml or codegen/templates/docs/LAYOUT.md.j2")
+                          "    fix: make the change in kernels.yaml, then run `kv-canary generate --schema kernels.yaml --out generated`\n")
 
 
 def test_schema_edited_without_make_generate_is_stale(repo, capsys):
@@ -77,7 +78,7 @@ def test_schema_edited_without_make_generate_is_stale(repo, capsys):
     # shared fix is printed once, after the list.
     stale = [line.split(":")[0] for line in listing if ": stale: the schema changed since this file was generated" in line]
     assert "generated/layout.py" in stale and "generated/__init__.py" in stale and len(stale) == len(listing) - 1
-    assert listing[-1] == "    fix: run `make generate` and commit the result"
+    assert listing[-1] == "    fix: run `kv-canary generate --schema kernels.yaml --out generated` and commit the result"
     assert f"+CANARY_SLOT_STRIDE_BYTES = {wider}" in err
 
 
@@ -107,7 +108,7 @@ def test_missing_file(repo, capsys):
     rc, err = check(capsys)
     assert rc == 1
     assert err.startswith("generated/LAYOUT.md: missing: the generator produces it but it is not on disk\n"
-                          "    fix: run `make generate`\n")
+                          "    fix: run `kv-canary generate --schema kernels.yaml --out generated`\n")
 
 
 def test_extra_file(repo, capsys):
@@ -115,8 +116,8 @@ def test_extra_file(repo, capsys):
     rc, err = check(capsys)
     assert rc == 1
     assert err.startswith("generated/notes.py: extra: no template produces this file\n"
-                          "    fix: delete it (`git rm generated/notes.py`), or add a template and a row in "
-                          "codegen/outputs.py\n")
+                          "    fix: delete it (`git rm generated/notes.py`); generated/ holds only what "
+                          "kv-canary generates; keep your own files outside it\n")
 
 
 def test_several_drifts_are_listed_hand_edits_first(repo, capsys):
@@ -138,7 +139,7 @@ def test_fix_command_names_non_default_paths(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["check", "--schema", "other.yaml", "--out", "out"]) == 1
     err = capsys.readouterr().err
-    assert "fix: run `python -m codegen generate --schema other.yaml --out out`" in err
+    assert "fix: run `kv-canary generate --schema other.yaml --out out`" in err
 
 
 def test_check_in_a_subprocess_exits_1_on_a_hand_edit(repo):
@@ -151,3 +152,28 @@ def test_check_in_a_subprocess_exits_1_on_a_hand_edit(repo):
                                            "body-sha256 in its header")
     assert "---" not in proc.stderr  # --quiet: no diff
     assert "Traceback" not in proc.stderr
+
+
+def test_kv_canary_checkout_hints_name_the_templates_and_make_generate(tmp_path):
+    """In kv-canary's own checkout (Hints' defaults) a hand edit points at the template and `make generate`."""
+    schema_path = ROOT / "kernels.yaml"
+    files = render_all(*read_schema(schema_path))
+    write_tree(tmp_path, files)
+    layout = tmp_path / "layout.py"
+    layout.write_text(layout.read_text() + "# edit\n")
+    extra = tmp_path / "notes.py"
+    extra.write_text("x = 1\n")
+    drifts = {d.path: d for d in compare_tree(tmp_path, files, "generated")}
+    assert drifts["generated/layout.py"].fix == ("make the change in kernels.yaml or codegen/templates/python/layout.py.j2, "
+                                                 "then run `make generate` (it overwrites this file)")
+    assert drifts["generated/notes.py"].fix == ("delete it (`git rm generated/notes.py`), or add a template and a row in "
+                                                "codegen/outputs.py")
+
+
+def test_the_checkout_itself_is_told_make_generate(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    import argparse
+
+    from kv_canary.codegen.cli import trees_of
+    (tree,) = trees_of(argparse.Namespace(schema=None, out=None, tree=None, config=None))
+    assert tree.own_checkout and tree.regenerate() == "make generate"

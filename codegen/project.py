@@ -1,0 +1,224 @@
+"""Where the generator runs: the schema/output pairs it works on, and what its hints tell the user.
+
+Three places run the same commands:
+- kv-canary's own checkout: `kernels.yaml` -> `generated/`, regenerated with `make generate`;
+- an engine's repository with a `kv-canary.yaml` config (made by `kv-canary init`): its pairs, regenerated
+  with `kv-canary generate` and no arguments;
+- anywhere else: the paths given on the command line, regenerated with `kv-canary generate --schema S --out O`.
+Hints name the user's schema file, output path and command for the place they run in; only kv-canary's
+own checkout is told about codegen/templates.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError
+from .yaml_loader import YMap, YScalar, YSeq, load_yaml
+
+CONFIG_NAME = "kv-canary.yaml"
+CONFIG_FORMAT = 1
+_CONFIG_KEYS = ("kv-canary", "trees", "base_branch")
+_TREE_KEYS = ("schema", "out")
+CODEGEN_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One schema and the generated tree rendered from it."""
+    schema: Path          # absolute
+    out: Path             # absolute
+    root: Path            # what paths are shown relative to: kv-canary.yaml's directory, else the current one
+    configured: bool      # listed in kv-canary.yaml: `kv-canary generate` alone regenerates it
+    base_branch: str | None = None  # kv-canary.yaml's base_branch: what the ABI check's merge base is taken with
+
+    @property
+    def own_checkout(self) -> bool:
+        """kv-canary's own kernels.yaml -> generated/, in a source checkout (there `make generate` exists)."""
+        top = CODEGEN_DIR.parent
+        return (top / "Makefile").is_file() and self.schema == (top / "kernels.yaml").resolve() and \
+            self.out == (top / "generated").resolve()
+
+    def rel(self, path: Path) -> str:
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return path.as_posix()
+
+    @property
+    def schema_name(self) -> str:
+        """The schema as a generated file's header names it (relative to the project root)."""
+        return self.rel(self.schema)
+
+    def regenerate(self, cwd: Path | None = None) -> str:
+        """The command that regenerates this tree, as the user types it (paths relative to `cwd`,
+        default: the project root)."""
+        if self.own_checkout:
+            return "make generate"
+        if self.configured:
+            return "kv-canary generate"
+        base = (cwd or self.root).resolve()
+        return (f"kv-canary generate --schema {shlex.quote(_relative(self.schema, base))} "
+                f"--out {shlex.quote(_relative(self.out, base))}")
+
+    @property
+    def file_schema_name(self) -> str:
+        """The schema as generated files name it: its path in the project when kv-canary.yaml lists the
+        tree, else its file name (so the files do not depend on where the tree was generated from)."""
+        return self.schema_name if self.configured or self.own_checkout else self.schema.name
+
+    @property
+    def file_regenerate(self) -> str:
+        """The regenerate command as generated files name it (independent of the current directory)."""
+        if self.own_checkout or self.configured:
+            return self.regenerate()
+        return f"kv-canary generate --schema {shlex.quote(self.schema.name)} --out <this tree>"
+
+    @property
+    def edit_hint(self) -> str:
+        """What to edit instead of a generated file."""
+        return "kernels.yaml (or codegen/)" if self.own_checkout else self.file_schema_name
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        try:
+            return Path(os.path.relpath(path, base)).as_posix()
+        except ValueError:  # another drive
+            return path.as_posix()
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path                      # the kv-canary.yaml file
+    trees: tuple[Tree, ...]
+    base_branch: str | None         # the default branch whose merge base the ABI check compares with
+
+    @property
+    def root(self) -> Path:
+        return self.path.parent
+
+
+def find_config(start: Path) -> Path | None:
+    """kv-canary.yaml in `start` or a parent, up to the top of its git repository."""
+    d = start.resolve()
+    while True:
+        candidate = d / CONFIG_NAME
+        if candidate.is_file():
+            return candidate
+        if (d / ".git").exists() or d.parent == d:
+            return None
+        d = d.parent
+
+
+def _str(node, loc_of, d: Diagnostics, what: str) -> str | None:
+    if not isinstance(node, YScalar) or not isinstance(node.value, str) or not node.value:
+        d.error(loc_of, f"{what} must be a non-empty path string")
+        return None
+    return node.value
+
+
+def load_config(path: Path, display_name: str | None = None) -> Config:
+    """Parse kv-canary.yaml; every problem is a `FILE:LINE:COL: error:` diagnostic (all at once)."""
+    shown = display_name or path.name
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read the kv-canary config: {exc}")]) from None
+    node = load_yaml(text, shown)
+    d = Diagnostics()
+    if not isinstance(node, YMap):
+        d.error(node.loc, "the kv-canary config must be a mapping with keys kv-canary, trees, base_branch")
+        d.raise_if_any()
+    for key, _ in node.entries:
+        if key.value not in _CONFIG_KEYS:
+            d.error(key.loc, f"unknown key '{key.value}' in the kv-canary config; allowed: {', '.join(_CONFIG_KEYS)}")
+    version = node.get("kv-canary")
+    if version is None:
+        d.error(node.loc, f"missing key 'kv-canary' (the config format, {CONFIG_FORMAT})")
+    elif not (isinstance(version, YScalar) and version.value == CONFIG_FORMAT):
+        d.error(version.loc, f"kv-canary: config format must be {CONFIG_FORMAT}, got {getattr(version, 'text', '?')!r}"
+                             f" (written by a newer kv-canary?)")
+    root = path.resolve().parent
+    trees: list[Tree] = []
+    seq = node.get("trees")
+    if not isinstance(seq, YSeq) or not seq.items:
+        d.error(node.key_loc("trees") if seq is not None else node.loc,
+                "trees must be a non-empty list of {schema: FILE, out: DIR}")
+    else:
+        outs: dict[Path, Loc] = {}
+        for item in seq.items:
+            if not isinstance(item, YMap):
+                d.error(item.loc, "each entry of trees must be a mapping {schema: FILE, out: DIR}")
+                continue
+            for key, _ in item.entries:
+                if key.value not in _TREE_KEYS:
+                    d.error(key.loc, f"unknown key '{key.value}' in a tree; allowed: schema, out")
+            values = {}
+            for key in _TREE_KEYS:
+                value = item.get(key)
+                if value is None:
+                    d.error(item.loc, f"a tree needs '{key}'")
+                else:
+                    values[key] = _str(value, value.loc, d, key)
+            if None in values.values() or len(values) != 2:
+                continue
+            out = (root / values["out"]).resolve()
+            if out in outs:
+                d.error(item.get("out").loc, f"out {values['out']} is listed twice (first at line {outs[out].line})")
+                continue
+            outs[out] = item.get("out").loc
+            trees.append(Tree((root / values["schema"]).resolve(), out, root, True))
+    base = node.get("base_branch")
+    branch = None
+    if base is not None:
+        branch = _str(base, base.loc, d, "base_branch")
+    d.raise_if_any()
+    return Config(path.resolve(), tuple(dataclasses.replace(t, base_branch=branch) for t in trees), branch)
+
+
+def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path: Path | None = None) -> list[Tree]:
+    """The trees a command works on. Neither --schema nor --out: every tree of kv-canary.yaml, else
+    kernels.yaml -> generated/ in `cwd` (kv-canary's own layout). One of them: the config's tree that
+    matches it, else the default for the other."""
+    found = config_path or find_config(cwd)
+    config = load_config(found, _relative(found.resolve(), cwd.resolve())) if found else None
+    if schema is None and out is None and config is not None:
+        return list(config.trees)
+    schema_path = (cwd / schema).resolve() if schema is not None else None
+    out_path = (cwd / out).resolve() if out is not None else None
+    for tree in (config.trees if config else ()):
+        if (schema_path in (None, tree.schema)) and (out_path in (None, tree.out)):
+            return [tree]
+    schema_path = schema_path or (cwd / "kernels.yaml").resolve()
+    out_path = out_path or (cwd / "generated").resolve()
+    return [Tree(schema_path, out_path, config.root if config is not None else cwd.resolve(), False)]
+
+
+def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def default_base(cwd: Path, branch: str | None = None) -> tuple[str | None, str]:
+    """(revision, how it was chosen) the ABI check compares with by default: the merge base of HEAD
+    with the default branch (`branch`, else origin's HEAD, else origin/main, origin/master, main,
+    master, the first that exists). (None, why) when there is none."""
+    candidates = [branch] if branch else []
+    head = git(cwd, "symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD")
+    if head.returncode == 0 and head.stdout.strip():
+        candidates.append(head.stdout.strip())
+    candidates += ["origin/main", "origin/master", "main", "master"]
+    for name in dict.fromkeys(candidates):
+        if git(cwd, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}").returncode != 0:
+            continue
+        mb = git(cwd, "merge-base", "HEAD", name)
+        if mb.returncode == 0 and mb.stdout.strip():
+            return mb.stdout.strip(), f"the merge base of HEAD with {name}"
+        return None, f"HEAD has no common history with {name}"
+    return None, "no default branch found (tried " + ", ".join(dict.fromkeys(candidates)) + ")"
