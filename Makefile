@@ -34,7 +34,7 @@ check-generated: $(STAMP)
 
 # One pytest worker per core (pytest-xdist), a module's tests on one worker (its fixtures built
 # once). `make test-full`: four times the random cases, every compiler x arch x schema
-# (tests/budget.py); minutes longer, not part of CI.
+# (tests/support/budget.py); minutes longer, not part of CI.
 PYTEST_WORKERS ?= auto
 test: setup check-generated
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
@@ -43,7 +43,7 @@ test: setup check-generated
 test-full: setup check-generated
 	KV_CANARY_FULL=1 KV_CANARY_CASES=4 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
-# Schema fuzzing with a large budget (tests/test_schema_fuzz.py; `make test` runs a small one):
+# Schema fuzzing with a large budget (tests/codegen/test_schema_fuzz.py; `make test` runs a small one):
 # prints mutations tried, diagnostics, trees generated and checked, tracebacks and hangs. Every new
 # clean tree (up to FUZZ_TREES) is built with g++ and NVRTC and run against the torch reference.
 FUZZ_EXAMPLES ?= 3000
@@ -51,10 +51,12 @@ FUZZ_TREES ?= 12
 .PHONY: fuzz
 fuzz: $(STAMP)
 	KV_CANARY_FUZZ=full KV_CANARY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KV_CANARY_FUZZ_TREES=$(FUZZ_TREES) \
-		$(PY) -m pytest -q -s -p no:cacheprovider tests/test_schema_fuzz.py tests/test_codegen_robustness.py
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/codegen/test_schema_fuzz.py tests/codegen/test_codegen_robustness.py
 
+# ruff, then the import contracts of pyproject.toml (layers: imports only go down; no cycles).
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
+	$(VENV)/bin/lint-imports
 	$(PY) scripts/lint_actions.py
 
 # Semantic ABI diff of kernels.yaml against $(BASE)'s; exit 2 on a breaking change without an
@@ -90,8 +92,8 @@ bench: $(STAMP)
 # The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache
 # entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
-SANITIZE_TESTS ?= tests/test_emulation_shim.py tests/test_validators.py tests/test_host_checks.py tests/test_runtime_hardening.py \
-	tests/test_c_names.py tests/test_emulated_backend.py tests/test_emulated_differential.py tests/test_native_signer.py \
-	tests/test_launch_cache.py
+SANITIZE_TESTS ?= tests/layer/test_emulation_shim.py tests/launch/test_validators.py tests/backends/test_host_checks.py tests/launch/test_runtime_hardening.py \
+	tests/codegen/test_c_names.py tests/backends/test_emulated_backend.py tests/backends/test_emulated_differential.py \
+	tests/launch/test_validation_gaps.py tests/launch/test_prepared.py
 sanitize: $(STAMP)
 	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

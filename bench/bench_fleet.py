@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kv_canary.distributed.local import run_local_ranks  # noqa: E402
+from kv_canary.demo.local_ranks import run_local_ranks  # noqa: E402
 
 STATS_EVERY = 50
 
@@ -53,8 +53,8 @@ class TensorParallelForward:
 def rank_bench(rank: int, world_size: int, steps: int, loop_steps: int) -> dict:
     from kv_canary.demo import faults
     from kv_canary.demo.sim import Engine
-    from kv_canary.distributed import FleetMonitor
-    from kv_canary.manager import CanaryManager
+    from kv_canary.engine.distributed import FleetMonitor
+    from kv_canary.engine.manager import CanaryManager
 
     manager = CanaryManager(mode="log", sweep_interval=faults.SWEEP)
     engine = Engine(faults.BASE, canary=manager, hooks=[TensorParallelForward()])

@@ -15,10 +15,11 @@
   target: the write within 1.3x of it. Self-checking: its final link must be the link of the
   record the write stored last.
 - plan latency: 256 requests x 4,096 prefix tokens.
-- host time per launch (write, verify, plan, scatter through the public API, repeated with the same
-  inputs) against a bare CuPy RawKernel launch of the same kernels with prebuilt numpy-scalar
-  arguments, measured in the same run (target: <= 2x), after a self-check that both end in the
-  same bytes (bench/host_launch.py);
+- host time per prepared launch (write, verify, plan, scatter, validated and bound once through
+  the public API, as the manager binds its launches) against a bare CuPy RawKernel launch of the
+  same kernels with the same numpy-scalar arguments, measured in the same run (target: <= 2x), and
+  the free function's host path (validation + binding at every call), after a self-check that the
+  free functions, the prepared and the bare launches end in the same bytes (bench/host_launch.py);
 - the CanaryManager's host time per step (prepare + launches + drain) for a 256-request decode
   batch and a 4 x 8,192-token prefill batch (bench/manager_steps.py).
 CUDA events, warm-up, median of --repeats. Skips (exit 0, or 2 with --require-gpu) when no GPU is
@@ -118,7 +119,7 @@ def variant_layer(template: str, launch: dict, tag: str):
     """kernels.yaml with one kernel's launch replaced, generated into the layer cache and imported."""
     import yaml
 
-    from kv_canary.layers import generate_layer
+    from kv_canary.layer.schemas import generate_layer
     data = yaml.safe_load((ROOT / "kernels.yaml").read_text())
     for k in data["kernels"]:
         if k["template"] == template:
@@ -206,7 +207,7 @@ def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor)
     import numpy as np
 
     import kv_canary
-    from kv_canary.cuda.module import load_source_module
+    from kv_canary.backends.cuda import load_source_module
     index = input_ids.device.index if input_ids.device.index is not None else torch.cuda.current_device()
     mods = kv_canary.runtime_for(layer).backend("cuda").warm_up(input_ids.device)  # its stream helper
     module = load_source_module(layer, CHAIN_ONLY_SOURCE.read_text(encoding="utf-8"), CHAIN_ONLY_SOURCE.name, index)
@@ -233,7 +234,7 @@ def verify_grid_info(layer) -> dict:
     """The persistent verify grid actually launched (occupancy-clamped) and the compiled kernel's
     resources, so a slow verify can be explained from the report alone."""
     import kv_canary
-    from kv_canary.cuda.sources import kernel_abi
+    from kv_canary.layer.sources import kernel_abi
     kernel = kernel_abi(layer).kernel_for_template("verify")
     entry = kernel.entry_point(check_verify_expected_token=False)
     mods = kv_canary.runtime_for(layer).backend("cuda").warm_up("cuda")
@@ -304,7 +305,7 @@ def bench(repeats: int, out: dict, save) -> dict:
 
     alloc = layer.allocators
 
-    from kv_canary.cuda.sources import kernel_abi
+    from kv_canary.layer.sources import kernel_abi
     write_kernel = kernel_abi(layer).kernel_for_template("write")
     out["write_launch"] = {"shape": write_kernel.shape, "threads": write_kernel.threads}
 
@@ -373,7 +374,7 @@ def bench(repeats: int, out: dict, save) -> dict:
     def host_launch():
         import host_launch as hl
         hl.self_check(layer, "cuda", "cuda", sync=torch.cuda.synchronize)
-        out["host_launch_self_check"] = "ok: every launch matches bare RawKernel launches byte for byte"
+        out["host_launch_self_check"] = "ok: free functions and prepared launches match bare RawKernel launches byte for byte"
         costs = hl.host_costs(layer, "cuda", "cuda", rounds=max(5, repeats), batch=50, sync=torch.cuda.synchronize)
         out["host_launch"] = host_launch_result(costs)
         out["host_lines"] = host_launch_lines(out)  # scripts/gpu_check.py puts them in its summary as they are
@@ -394,11 +395,10 @@ def bench(repeats: int, out: dict, save) -> dict:
 
 
 def host_launch_result(costs: dict) -> dict:
-    """host_launch.host_costs' figures with the target verdict: every launch <= HOST_TARGET_RATIO x bare."""
-    from kv_canary import native
+    """host_launch.host_costs' figures with the target verdict: every prepared launch <= HOST_TARGET_RATIO x bare."""
     worst = max(c["ratio"] for c in costs.values())
     return {"launches": costs, "target_ratio": HOST_TARGET_RATIO, "worst_ratio": worst,
-            "met": worst <= HOST_TARGET_RATIO, "signer": native.status()}
+            "met": worst <= HOST_TARGET_RATIO}
 
 
 def host_launch_lines(r: dict) -> list:
@@ -407,11 +407,10 @@ def host_launch_lines(r: dict) -> list:
     h = r.get("host_launch")
     if h:
         parts = [f"{op} {c['launch_us']:.1f} us vs {c['bare_us']:.1f} us ({c['ratio']:.2f}x"
-                 + (f"; new tensors every launch {c['moved_us']:.1f} us)" if c.get("moved_us") else ")")
+                 + (f"; free function {c['free_us']:.1f} us)" if c.get("free_us") else ")")
                  for op, c in h["launches"].items()]
-        lines.append(f"host time per launch vs a bare RawKernel launch of the same kernels: {'; '.join(parts)}; "
-                     f"target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'} "
-                     f"(launch arguments signed by: {h.get('signer', 'unknown')})")
+        lines.append(f"host time per prepared launch vs a bare RawKernel launch of the same kernels: "
+                     f"{'; '.join(parts)}; target <= {h['target_ratio']:.0f}x {'MET' if h['met'] else 'NOT MET'}")
     if r.get("host_launch_self_check"):
         lines.append(f"host launch self-check: {r['host_launch_self_check']}")
     if r.get("manager_steps"):

@@ -28,8 +28,8 @@ def main() -> int:
         return 0
     import torch
 
+    from kv_canary.engine.manager import CanaryManager
     from kv_canary.integrations.transformers import engine as tengine
-    from kv_canary.manager import CanaryManager
     torch.set_num_threads(1)
     model = tf.model()
     def plain() -> float:

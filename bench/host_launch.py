@@ -1,17 +1,21 @@
-"""Host time of whole launches through the public API against bare launches of the same kernels.
+"""Host time of launches against bare launches of the same kernels, and of the free functions.
 
 Used by bench/bench_gpu.py on a GPU (backend `cuda`: the bare launch is CuPy's RawKernel call with
-prebuilt numpy-scalar arguments, the usual way to launch a CuPy kernel) and runnable on the CPU with
-the `emulated` backend (the bare launch is the per-argument ctypes launcher), which is how its
-logic is tested without a GPU (tests/test_host_launch_bench.py).
+prebuilt numpy-scalar arguments, the usual way to launch a CuPy kernel) and by bench/bench_host.py
+on the CPU with the `emulated` backend (the bare launch is the kernel's per-argument ctypes entry
+point with prebuilt arguments), which is how its logic is tested without a GPU
+(tests/bench/test_host_bench.py).
 
 - `workloads(layer, device)`: one small valid launch per operation, built deterministically (two
   calls give twin states), contexts with two real-KV sources;
-- `bare(...)`: the operation's kernels launched without kv-canary's launch path: the grid of the
-  prepared launch, the arguments from the generated full binding (`KernelAbi.bind`), not from the
-  binding parts and packed buffer the launch path uses;
-- `self_check(...)`: the launch path and the bare launches on twin states end in the same bytes;
-- `host_costs(...)`: host microseconds per launch of both, interleaved batches.
+- `prepared(...)`: the launch validated and bound once (Runtime.bind: what the manager does at
+  attach); its run is the "prepared launch";
+- `bare(...)`: the same kernels launched without kv-canary: the grid and argument values the
+  prepared launch bound, called directly;
+- `self_check(...)`: the free functions, prepared launches and bare launches on twin states end in
+  the same bytes;
+- `host_costs(...)`: host microseconds per call of each (interleaved batches), and of the free
+  function's host path (validation + binding, every call).
 """
 from __future__ import annotations
 
@@ -19,10 +23,7 @@ import time
 
 import torch
 
-from kv_canary.cuda.kernel_backend import KernelBackend
-from kv_canary.cuda.sources import kernel_abi
-from kv_canary.runtime import runtime_for
-from kv_canary.validation import Validators
+from kv_canary.launch.runtime import runtime_for
 
 LAUNCHES = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
             "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
@@ -82,52 +83,42 @@ def workloads(layer, device, seed: int = 0) -> dict:
     }
 
 
-def plan_scratch(op: str, validated: dict, device="cpu"):
-    """The verify-offsets scratch between the plan's two stages (bs + 1 int64); None for other ops."""
-    if op != "plan":
-        return None
-    return torch.zeros(int(validated["req_pool_indices"].shape[0]) + 1, dtype=torch.int64, device=device)
-
-
-def binding_keywords(abi, kernel, op: str, validated: dict, scratch) -> dict:
-    """The keywords of `kernel`'s generated binding (kernel.bind) for one validated `op` launch: the
-    plan's two stages take their own (SGLang) keywords with `scratch` as the offsets scratch, and
-    kernels reading real KV take the context's real-KV arguments."""
-    source = validated
-    if op == "plan":
-        source = dict(zip(("plan_offsets", "plan_entries"), KernelBackend.plan_stage_args(validated, scratch)))[kernel.template]
-    if "context" in validated:
-        source = {**source, "kv": abi.real_kv_args(validated["context"])}
-    names = kernel.bind.__code__.co_varnames[:kernel.bind.__code__.co_kwonlyargcount]
-    return {n: source[n] for n in names}
+def prepared(layer, op: str, args: dict, backend: str):
+    """The public launch of `op` validated and bound once (a PreparedLaunch)."""
+    return runtime_for(layer).bind(LAUNCHES[op], **args, backend=backend)
 
 
 def bare(layer, op: str, args: dict, backend: str):
-    """A function launching `op`'s kernels without the launch path (see the module docstring)."""
-    rt = runtime_for(layer)
-    abi = kernel_abi(layer)
-    chosen = rt.backend(backend)
-    validated = getattr(Validators(layer.layout), "validate_" + op)(**args)
-    device = next(t.device for t in _tensors(args))
-    scratch = plan_scratch(op, validated, device)
-    calls, kernels = [], chosen.prepare(op, validated).kernels
-    for kernel, entry, blocks, threads in kernels:
-        values = kernel.bind(**binding_keywords(abi, kernel, op, validated, scratch))
+    """(run, argument count): `op`'s kernels launched with the grid and values its prepared launch
+    bound, without kv-canary's launch path."""
+    bound = prepared(layer, op, args, backend)
+    chosen = runtime_for(layer).backend(backend)
+    calls = []
+    for kernel, entry, blocks, threads, values, _ in bound.prepared.launches:
         if backend == "cuda":
             import numpy as np
-            fn = chosen.warm_up(device).functions[entry]
+            fn = chosen.warm_up(next(t.device for t in _tensors(args))).functions[entry]
             numpy_args = tuple(getattr(np, NUMPY[k])(v) for k, v in zip(kernel.kinds, values))
             calls.append(lambda fn=fn, b=blocks, t=threads, a=numpy_args: fn((b,), (t,), a))
         else:
-            fn = chosen.library.launcher(kernel, entry)
+            fn = per_argument_entry_point(chosen.library, kernel, entry)
             calls.append(lambda fn=fn, b=blocks, t=threads, a=values: fn(b, t, *a))
-    keep = (scratch,)  # the bare launches read the scratch array: keep it alive with them
 
-    def launch(keep=keep) -> None:
+    def launch(keep=bound) -> None:  # keep: the bound arguments (the plan's scratch) live as long as the calls
         for call in calls:
             if call() not in (None, 0):
                 raise RuntimeError(f"bare launch of {op} failed")
-    return launch, sum(len(k.kinds) for k, *_ in kernels)
+    return launch, sum(len(kernel.kinds) for kernel, *_ in bound.prepared.launches)
+
+
+def per_argument_entry_point(library, kernel, entry: str):
+    """The emulation library's kvc_emu_launch_<entry>(grid, block, arguments...), typed by ctypes."""
+    import ctypes
+    types = {"ptr": ctypes.c_void_p, "i64": ctypes.c_longlong, "i32": ctypes.c_int}
+    fn = getattr(library.lib, library.abi.EMULATION_LAUNCHER_PREFIX + entry)
+    fn.argtypes = [ctypes.c_uint, ctypes.c_uint] + [types[k] for k in kernel.kinds]
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _tensors(value):
@@ -157,12 +148,13 @@ def _state(case: dict) -> list:
 
 
 def self_check(layer, device, backend: str, sync=lambda: None) -> None:
-    """Every operation through the launch path and as bare launches on twin states: same bytes."""
+    """Every operation as a free function and a prepared launch, and as bare launches, on twin
+    states: same bytes."""
     ours, theirs = workloads(layer, device, seed=1), workloads(layer, device, seed=1)
     rt = runtime_for(layer)
     for op in LAUNCHES:
         getattr(rt, LAUNCHES[op])(**ours[op], backend=backend)
-        getattr(rt, LAUNCHES[op])(**ours[op], backend=backend)  # the second from the cache
+        prepared(layer, op, ours[op], backend).run()
         launch, _ = bare(layer, op, theirs[op], backend)
         launch()
         launch()
@@ -175,47 +167,20 @@ def self_check(layer, device, backend: str, sync=lambda: None) -> None:
                                  f"(tensors {bad} of {len(a)})")
 
 
-# The inputs an engine builds afresh every step, per operation.
-FRESH = {"write": ("input_ids", "positions", "out_cache_loc"), "verify": (),
-         "plan": ("req_pool_indices", "prefix_lens", "extend_seq_lens"), "scatter": ("flat_in", "offsets")}
-
-
-def moved_launches(launch, op: str, args: dict, backend: str):
-    """A function calling `launch(**args, backend=backend)` with FRESH[op] replaced, at each call, by
-    the next of more copies than the launch cache keeps: every call misses the cache and is served
-    by its shape (validation reused, the moved arguments rebound). None when `op` has no such input."""
-    if not FRESH[op]:
-        return None
-    from kv_canary.launch_cache import ENTRIES
-    sets = [dict(args, **{k: args[k].clone() for k in FRESH[op]}) for _ in range(ENTRIES + 44)]
-    state = {"i": 0}
-
-    def run():
-        state["i"] = (state["i"] + 1) % len(sets)
-        return launch(**sets[state["i"]], backend=backend)
-    run()  # the shape is validated once; each later set is a new key (evicted by the time it comes back)
-    return run
-
-
 def host_costs(layer, device, backend: str, *, rounds: int, batch: int, sync=lambda: None) -> dict:
-    """{op: {launch_us, bare_us, ratio, kernel_arguments, moved_us}}: host microseconds per launch,
-    the best mean of interleaved batches (the device synchronised after each batch, never inside);
-    `moved_us`: a launch whose FRESH inputs are new tensors every time (moved_launches)."""
+    """{op: {launch_us, bare_us, ratio, free_us, kernel_arguments}}: host microseconds per call of
+    the prepared launch and of the bare launch (best mean of interleaved batches, the device
+    synchronised after each batch, never inside), and of the free function's host path
+    (`free_us`: validation + binding at every call, the kernels not launched)."""
     rt = runtime_for(layer)
     case = workloads(layer, device, seed=2)
     out = {}
     for op, name in LAUNCHES.items():
         args = case[op]
-        def ours(launch=getattr(rt, name), args=args) -> None:
-            launch(**args, backend=backend)
-        ours()
+        launch = prepared(layer, op, args, backend)
         bare_launch, nargs = bare(layer, op, args, backend)
-        bare_launch()
-
-        fns = {"launch": ours, "bare": bare_launch}
-        moved = moved_launches(getattr(rt, name), op, args, backend)
-        if moved is not None:
-            fns["moved"] = moved
+        fns = {"launch": launch.run, "bare": bare_launch,
+               "free": lambda name=name, args=args: rt.bind(name, **args, backend=backend)}
         best = {k: float("inf") for k in fns}
         for _ in range(rounds):
             for key, fn in fns.items():
@@ -226,5 +191,5 @@ def host_costs(layer, device, backend: str, *, rounds: int, batch: int, sync=lam
                 best[key] = min(best[key], (time.perf_counter() - start) / batch * 1e6)
         sync()
         out[op] = {"launch_us": best["launch"], "bare_us": best["bare"], "ratio": best["launch"] / best["bare"],
-                   "kernel_arguments": nargs, "moved_us": best.get("moved")}
+                   "free_us": best["free"], "kernel_arguments": nargs}
     return out

@@ -1,6 +1,6 @@
 """The CanaryManager's host cost per serving step, on a minimal engine of one fixed batch shape.
 
-A StepEngine implements the engine protocol kv_canary/manager.py reads (canary_pools, device, cfg,
+A StepEngine implements the engine protocol kv_canary/engine/manager.py reads (canary_pools, device, cfg,
 req_rows, req_to_token, requests' rid/row/matched, cached_entries) for `requests` requests whose
 slots lie side by side (slot = 1 + request * max_ctx + position, page size 1) and whose token ids
 are known in advance (handed to the manager once, so every verify checks expected tokens). A step
@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import torch
 
 from kv_canary.demo.sim.pool import KvStorage
-from kv_canary.manager import CanaryManager, KvPoolView
+from kv_canary.engine.manager import CanaryManager, KvPoolView
 
 LAYERS = 2          # K and V tensors per layer, all fingerprinted (mode ALL)
 BYTES_PER_TOKEN = 64
@@ -92,17 +92,32 @@ class KernelClock:
     def __init__(self, runtime, backend: str, device="cpu"):
         self.backend, self.seconds, self.launches = backend, 0.0, 0
         b = runtime.backend(backend)
+        # Installed before the manager attaches: its launches are bound then, through these.
+        self._restore = []
         if backend == "torch":
-            for op in ("write", "verify", "plan", "scatter"):
-                setattr(b, op, self._timed(getattr(b, op)))
+            ref = b.reference
+            self._restore.append((b, "reference", ref, "reference" in vars(b)))
+            b.reference = SimpleNamespace(**{op: self._timed(getattr(ref, op))
+                                             for op in ("write", "verify", "plan", "plan_offsets", "plan_entries",
+                                                        "scatter")})
         elif backend == "emulated":
-            prepared = b.library.prepared
-            b.library.prepared = lambda *a, **kw: self._timed(prepared(*a, **kw))
+            launcher = b.library.launcher
+            self._restore.append((b.library, "launcher", launcher, "launcher" in vars(b.library)))
+            b.library.launcher = lambda *a, **kw: self._timed(launcher(*a, **kw))
         elif backend == "cuda":
             mods = b.warm_up(device)
-            prepared = mods.prepared
-            mods.prepared = lambda *a, **kw: self._timed(prepared(*a, **kw))
-        runtime.forget()  # launches prepared before the clock was installed would bypass it
+            launcher = mods.launcher
+            self._restore.append((mods, "launcher", launcher, "launcher" in vars(mods)))
+            mods.launcher = lambda *a, **kw: self._timed(launcher(*a, **kw))
+
+    def close(self) -> None:
+        """Put the backend's own functions back (launches bound meanwhile keep the timed ones)."""
+        for obj, name, value, own in reversed(self._restore):
+            if own:
+                setattr(obj, name, value)
+            else:
+                delattr(obj, name)  # a method: drop the instance attribute that shadowed it
+        self._restore = []
 
     def _timed(self, fn):
         def timed(*args, **kwargs):
@@ -156,6 +171,8 @@ def measure(kind: str, *, requests: int, tokens: int, steps: int, backend: str, 
             kernel.append(clock.seconds - before[0])
             launches.append(clock.launches - before[1])
     sync()
+    if clock:
+        clock.close()
     manager.drain()
     if manager.stats.total:
         raise RuntimeError(f"manager step bench: {manager.stats.total} violation(s) in a clean run")

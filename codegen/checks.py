@@ -58,7 +58,7 @@ RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u
 # `kvc_field_<field>_*`, `kvc_set_<set>::kvc_member_<member>` in the layout header, parameters
 # `extra_input_<field>` / `verify_expected_<field>` / `slot_table_<field>` / `request_value_<field>`,
 # and entry points `kvcanary_<kernel>` (codegen.kernel_abi.ENTRY_POINT_PREFIX). Kinds never share a
-# scope, and fixed names never carry these prefixes. tests/test_c_names.py checks the prefixes
+# scope, and fixed names never carry these prefixes. tests/codegen/test_c_names.py checks the prefixes
 # against every macro the emulated build sees, and builds schemas named after macros (ENOMEM,
 # PROT_READ, ...), libc functions and kv-canary's own C names.
 

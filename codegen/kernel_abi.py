@@ -2,7 +2,7 @@
 
 This is the one description of each kernel's parameters. The CUDA signatures
 (templates/cuda/*.cu.j2), the host-emulation launchers (templates/emulation/launchers.cpp.j2) and
-the Python argument binding (templates/cuda/kernel_abi.py.j2 -> generated/kernel_abi.py) are all
+the Python argument binding (templates/python/kernel_abi.py.j2 -> generated/kernel_abi.py) are all
 rendered from it, so they cannot disagree; a parameter that is added here reaches all three at
 `make generate`.
 
@@ -19,7 +19,6 @@ prefix keeps a schema's kernel names apart from every C library, shim and genera
 """
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
 
 from .model import Kernel, Schema
@@ -313,27 +312,6 @@ def argument_kinds(schema: Schema) -> dict[str, str]:
             if p.holds_count_of:
                 add(p.holds_count_of, ELEMENT_KINDS[p.dtype])
     return dict(sorted(out.items()))
-
-
-def binding_parts(template: str, params: tuple[Param, ...]) -> tuple[tuple[tuple[str, ...], tuple[int, ...], bool], ...]:
-    """The parameters grouped by the operation arguments their values read: ((arguments, parameter
-    indices, reads `kv`?), ...) in order of first parameter. `kv` (real_kv_args(context)) counts as
-    `context`.
-
-    The runtime binds a launch part by part and re-evaluates only the parts whose arguments changed
-    (kv_canary/cuda/kernel_backend.py), so a new input tensor never rebuilds the context's values.
-    """
-    known = OPERATION_ARGS[template]
-    groups: dict = {}
-    for index, p in enumerate(params):
-        names = {n.id for n in ast.walk(ast.parse(p.value, mode="eval")) if isinstance(n, ast.Name)}
-        reads_kv = "kv" in names
-        if reads_kv:
-            names = (names - {"kv"}) | {"context"}
-        roots = tuple(a for a in known if a in names)
-        indices, kv = groups.get(roots, ((), False))
-        groups[roots] = (indices + (index,), kv or reads_kv)
-    return tuple((roots, indices, kv) for roots, (indices, kv) in groups.items())
 
 
 def duplicate_params(params: tuple[Param, ...]) -> list[str]:

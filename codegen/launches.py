@@ -1,7 +1,7 @@
 """The launch table: kv-canary's public launch functions, described once.
 
 generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from this
-table; kv_canary.runtime dispatches them generically (`validate_<operation>` then the backend's
+table; kv_canary.launch.runtime dispatches them generically (`validate_<operation>` then the backend's
 `<operation>`). Adding a launch is a row here, a validator and a backend operation
 (docs/adding-a-kernel.md).
 
@@ -27,7 +27,7 @@ class Arg:
 @dataclass(frozen=True)
 class PublicLaunch:
     name: str                       # the public (SGLang) name
-    operation: str                  # backend operation and validator: kv_canary.validation.validate_<operation>
+    operation: str                  # backend operation and validator: kv_canary.launch.validation.validate_<operation>
     args: tuple[Arg, ...]           # keyword-only, in order
     device_of: str                  # dotted path of the argument whose device chooses the backend
     doc: str                        # one line

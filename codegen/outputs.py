@@ -12,7 +12,7 @@ STATIC_OUTPUTS = (
     ("python/api.py.j2", "api.py"),
     ("docs/LAYOUT.md.j2", "LAYOUT.md"),
     ("cuda/kv_canary_layout.cuh.j2", "cuda/kv_canary_layout.cuh"),
-    ("cuda/kernel_abi.py.j2", "kernel_abi.py"),
+    ("python/kernel_abi.py.j2", "kernel_abi.py"),
     ("emulation/launchers.cpp.j2", "emulation/kv_canary_launchers.cpp"),
 )
 

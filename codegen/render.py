@@ -22,7 +22,6 @@ from .kernel_abi import (
     REAL_KV_SOURCE_PARAMS,
     REAL_KV_TAIL_PARAMS,
     argument_kinds,
-    binding_parts,
     entry_points,
 )
 from .launches import FIELD_KEYWORDS, launches, public_names
@@ -255,7 +254,6 @@ def template_context(schema: Schema) -> dict:
         "block_per_request_shared_memory": block_per_request_shared_memory,
         "verify_slice_chunks": verify_slice_chunks,
         "operation_args": OPERATION_ARGS,
-        "binding_parts": binding_parts,
         "launches": launches(schema),
         "public_names": public_names(schema),
         "field_keywords": FIELD_KEYWORDS,

@@ -1,15 +1,28 @@
 """kv-canary: KV-cache integrity canaries generated from kernels.yaml.
 
-SGLang-compatible names are re-exported from the generated layer; no layout literal lives here.
+The package shows its layers (docs/architecture.md; imports only go down, `make lint` checks it):
+`layer` (generated trees, compile cache, toolchain) <- `backends` (torch, emulated, cuda) <-
+`launch` (runtime, validation, allocation) <- `engine` (the engine contract, CanaryManager, config,
+monitor, reporting, metrics, distributed) <- `demo`. This root only names the public API.
+
+SGLang-compatible names come from the default generated layer; no layout literal lives here.
 """
 from __future__ import annotations
 
-import sys as _sys
+import importlib
 
-from ._loader import default_generated_dir, load_generated, register_codegen
+from .layer import loader as _loader
+from .layer.loader import load_generated  # noqa: F401  (public: another schema's tree)
 
-register_codegen()  # kv_canary.codegen: the generator, importable from a checkout as from a wheel
-generated = _sys.modules.get("kv_canary.generated") or load_generated(default_generated_dir(), "kv_canary.generated")
+
+def _runtime_of(layer):
+    from .launch.runtime import runtime_for  # torch loads with the first launch, not with the layout
+    return runtime_for(layer)
+
+
+_loader.set_runtime_factory(_runtime_of)
+_loader.register_codegen()  # kv_canary.codegen: the generator, importable from a checkout as from a wheel
+generated = _loader.default_layer()
 _layout = generated.layout
 
 ABI_VERSION = _layout.ABI_VERSION
@@ -32,49 +45,49 @@ VIOLATION_FIELDS = _layout.VIOLATION_FIELDS
 REAL_KV_SOURCE_FIELDS_PER_ENTRY = _layout.REAL_KV_SOURCE_FIELDS_PER_ENTRY
 splitmix64 = _layout.splitmix64
 splitmix64_mix3 = _layout.splitmix64_mix3
+# The schema names the row and real-KV source columns: VIOLATION_FIELD_<NAME>, REAL_KV_SOURCE_FIELD_<NAME>.
+SCHEMA_FIELD_PREFIXES = ("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")
 
-# Every VIOLATION_FIELD_* and REAL_KV_SOURCE_FIELD_* the schema declares.
-globals().update({k: getattr(_layout, k) for k in dir(_layout)
-                  if k.startswith(("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")) and not k.endswith("_NAMES")})
-
-# The launch API, data classes and allocators need torch; they load on first use (PEP 562) so that
-# `kv-canary describe/check/diff` and layout-only users do not pay for importing torch. The launch
-# functions are the generated api's (its __all__); the data classes the default layer runtime's.
-_ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
-                    "allocate_violation_ring", "allocate_reason_counts", "allocate_counter",
-                    "allocate_chain_position_flag", "allocate_context")
-_LAZY = {
+# Names that need torch load on first use (PEP 562), so that `kv-canary describe/check/diff` and
+# layout-only users do not import it: public name -> (module, attribute). The launch functions are
+# the generated api's (its __all__); the data classes and allocators the default layer runtime's.
+LAZY = {
     "BackendUnavailable": ("kv_canary.backends", "BackendUnavailable"),
     "get_backend": ("kv_canary.backends", "get_backend"),
-    "runtime_for": ("kv_canary.runtime", "runtime_for"),
-    "generate_layer": ("kv_canary.layers", "generate_layer"),
-    "CanaryManager": ("kv_canary.manager", "CanaryManager"),
-    "CanaryViolationError": ("kv_canary.manager", "CanaryViolationError"),
-    "CanaryHealthError": ("kv_canary.monitor", "CanaryHealthError"),
-    "CanaryConfig": ("kv_canary.config", "CanaryConfig"),
-    "FleetMonitor": ("kv_canary.distributed", "FleetMonitor"),
-    "CanaryMetrics": ("kv_canary.metrics", "CanaryMetrics"),
-    "Violation": ("kv_canary.violations", "Violation"),
+    "runtime_for": ("kv_canary.launch.runtime", "runtime_for"),
+    "generate_layer": ("kv_canary.layer.schemas", "generate_layer"),
+    "CanaryManager": ("kv_canary.engine.manager", "CanaryManager"),
+    "CanaryViolationError": ("kv_canary.engine.manager", "CanaryViolationError"),
+    "CanaryHealthError": ("kv_canary.engine.monitor", "CanaryHealthError"),
+    "CanaryConfig": ("kv_canary.engine.config", "CanaryConfig"),
+    "FleetMonitor": ("kv_canary.engine.distributed", "FleetMonitor"),
+    "CanaryMetrics": ("kv_canary.engine.metrics", "CanaryMetrics"),
+    "Violation": ("kv_canary.engine.violations", "Violation"),
 }
+ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+                   "allocate_violation_ring", "allocate_reason_counts", "allocate_counter",
+                   "allocate_chain_position_flag", "allocate_context")
 
 
 def __getattr__(name: str):
-    import importlib
-
-    if name in _LAZY:
-        module_name, attr = _LAZY[name]
+    if name in LAZY:
+        module_name, attr = LAZY[name]
         value = getattr(importlib.import_module(module_name), attr)
-    elif name in ("allocators", "validators") or name in _ALLOCATOR_NAMES:
-        rt = generated._runtime()
-        value = getattr(rt, name) if name in ("allocators", "validators") else getattr(rt.allocators, name)
+    elif name in ("allocators", "validators"):
+        value = getattr(generated._runtime(), name)
+    elif name in ALLOCATOR_NAMES:
+        value = getattr(generated._runtime().allocators, name)
     elif name in generated.api.__all__:
         value = getattr(generated.api, name)
+    elif name.startswith(SCHEMA_FIELD_PREFIXES) and not name.endswith("_NAMES") and hasattr(_layout, name):
+        value = getattr(_layout, name)
     else:
         raise AttributeError(f"module 'kv_canary' has no attribute {name!r}")
-    globals()[name] = value  # cache: the next access is a plain attribute
+    globals()[name] = value  # the next access is a plain attribute
     return value
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY) | set(_ALLOCATOR_NAMES) | {"allocators", "validators"}
-                  | set(generated.api.__all__))
+    schema_fields = {k for k in dir(_layout) if k.startswith(SCHEMA_FIELD_PREFIXES) and not k.endswith("_NAMES")}
+    return sorted(set(globals()) | set(LAZY) | set(ALLOCATOR_NAMES) | {"allocators", "validators"}
+                  | set(generated.api.__all__) | schema_fields)

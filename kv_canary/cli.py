@@ -16,8 +16,8 @@ def run_demo(argv: list[str]) -> int:
 
 def installed_layout() -> str:
     """LAYOUT.md of the default generated layer (what `describe` renders), for use outside a checkout."""
-    from ._loader import default_generated_dir
     from .codegen.render import split_header
+    from .layer.loader import default_generated_dir
 
     text = (default_generated_dir() / "LAYOUT.md").read_text(encoding="utf-8")
     parsed = split_header(text)

@@ -62,7 +62,7 @@ print(json.dumps(info))
 
 WARM_UP = r"""
 import time, kv_canary
-from kv_canary.runtime import runtime_for
+from kv_canary.launch.runtime import runtime_for
 t = time.perf_counter()
 mods = runtime_for(kv_canary.generated).backend("cuda").warm_up("cuda")
 print(f"compiled+loaded {len(mods.binaries)} modules for sm_{mods.arch} ({'cubin' if mods.cubin else 'ptx'}) "
@@ -77,7 +77,7 @@ for symbol, fn in mods.functions.items():
 """
 
 # The GPU test files: the backend's parity suite, and the fleet on a one-rank NCCL group.
-GPU_TESTS = ("tests/test_gpu_backend.py", "tests/test_gpu_fleet.py")
+GPU_TESTS = ("tests/gpu/test_gpu_backend.py", "tests/gpu/test_gpu_fleet.py")
 
 # SGLang's canary runtime on CUDA tensors through the kv-canary plugin, against SGLang's references.
 SGLANG_PLUGIN_CHECK = "tests/integrations/sglang/gpu_plugin_check.py"

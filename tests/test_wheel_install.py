@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from wheel_env import ROOT, install_wheel, run, session_dir
+from support.wheel_env import ROOT, install_wheel, run, session_dir
 
 
 @pytest.fixture(scope="module")
@@ -22,15 +22,15 @@ def installed(tmp_path_factory):
 PROBE = """
 import importlib.util as u, json
 import kv_canary, kv_canary.codegen
-from kv_canary import native
+from kv_canary.layer import emulation_build
 print(json.dumps({
     "top_level_codegen": u.find_spec("codegen") is not None,
     "files": [kv_canary.__file__, kv_canary.codegen.__file__],
-    "modules": [u.find_spec(name).origin for name in ("kv_canary.distributed", "kv_canary.distributed.fleet",
-                                                      "kv_canary.distributed.local", "kv_canary.metrics",
+    "modules": [u.find_spec(name).origin for name in ("kv_canary.engine.distributed", "kv_canary.engine.distributed.fleet",
+                                                      "kv_canary.demo.local_ranks", "kv_canary.engine.metrics",
                                                       "kv_canary.demo.fleet", "kv_canary.engine.contract",
                                                       "kv_canary.integrations.transformers.engine")],
-    "signer": native.status(), "signer_source": str(native.SOURCE),
+    "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
 }))
 """
 
@@ -38,10 +38,10 @@ print(json.dumps({
 @pytest.fixture(scope="module")
 def probe(installed):
     """What the installed package holds, from one interpreter outside the checkout (one torch import
-    for every check below); the native signer is required there (KV_CANARY_NATIVE=1)."""
+    for every check below)."""
     import json
     python, _, work, env = installed
-    return json.loads(run([str(python), "-c", PROBE], cwd=work, env={**env, "KV_CANARY_NATIVE": "1"}).stdout)
+    return json.loads(run([str(python), "-c", PROBE], cwd=work, env=env).stdout)
 
 
 def test_no_top_level_codegen_package(probe):
@@ -49,11 +49,9 @@ def test_no_top_level_codegen_package(probe):
     assert all("site-packages" in p and str(ROOT) not in p for p in probe["files"])
 
 
-def test_the_native_signer_ships_and_loads_from_the_wheel(probe):
-    """signing.cpp ships as package data, and the wheel's loader finds, loads and self-checks the
-    build of that source outside the checkout (KV_CANARY_NATIVE=1: any failure is an error)."""
-    assert probe["signer"].startswith("native (signing.cpp")
-    assert "site-packages" in probe["signer_source"] and str(ROOT) not in probe["signer_source"]
+def test_the_emulation_shim_ships_in_the_wheel(probe):
+    """The emulated backend builds against the shim the wheel carries as package data."""
+    assert probe["shim_ships"] and "site-packages" in probe["shim"] and str(ROOT) not in probe["shim"]
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):

@@ -1,24 +1,37 @@
-"""Backend registry: `get_backend(name, layer)` returns the object that runs the kernels.
+"""Layer 2: the backends that run a launch, and the registry that finds them.
 
-A backend lives in the module `kv_canary.backends.<name>` and exposes `create(layer)`; modules are
-imported lazily, so a missing optional dependency (CuPy, a compiler) only matters when asked for.
-Backends receive validated inputs (kv_canary.runtime validates first) and must never read or write
-out of bounds. A backend has one method per operation of the launch table (codegen/launches.py):
-write, verify, plan, plan_offsets, plan_entries and scatter, each taking its validator's keywords.
-It may also offer `prepare(operation, args, signatures)`, returning a Prepared launch
-(kv_canary/cuda/kernel_backend.py) that the runtime keeps while the inputs keep their signature
-(kv_canary/launch_cache.py); without it, the runtime calls the operation itself.
+A backend lives in `kv_canary.backends.<name>` (`torch`: the generated reference; `emulated`: the
+generated kernels compiled for the host; `cuda`: the generated kernels on a GPU through CuPy) and
+exposes `create(layer)`; modules load lazily, so a missing optional dependency (CuPy, a compiler)
+only matters when asked for. A backend receives validated arguments (kv_canary.launch validates
+first) and must never read or write out of bounds. Its one method, `prepare(operation, args)`,
+binds an operation of the launch table (codegen/launches.py: write, verify, plan, plan_offsets,
+plan_entries, scatter) to its arguments and returns a `Prepared` launch.
 """
 from __future__ import annotations
 
 import importlib
 import threading
+from dataclasses import dataclass
+from typing import Callable
 
 KNOWN_BACKENDS = ("torch", "cuda", "emulated")
 
 
 class BackendUnavailable(Exception):
     """Raised by a backend's `create(layer)` when it cannot run here; the message says why."""
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One operation bound to one set of validated arguments: `run()` launches it, without looking
+    at the arguments again (only what the backend reads of their values: the host backends' index
+    checks). `launches`: (kernel, entry point, blocks, threads, argument values, the arguments bound)
+    of each kernel launch it makes, in order, () for the torch reference (what benchmarks compare
+    with a bare call); it keeps every tensor a launch reads alive as long as the launch."""
+    run: Callable[[], None]
+    args: dict
+    launches: tuple = ()
 
 
 _cache: dict = {}

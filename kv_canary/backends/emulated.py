@@ -1,35 +1,128 @@
-"""The `emulated` backend: the generated CUDA kernels compiled by g++ and run on the host.
+"""The `emulated` backend: the generated CUDA kernels compiled for the host (g++ against
+kv_canary/emulation/cuda_host_shim.h; built by kv_canary/layer/emulation_build.py) and loaded with
+ctypes. Same kernels, same argument binding and same launch shapes as the `cuda` backend, on CPU
+tensors. Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for
+persistent grids) so that tests are fast while still running several warps and several blocks.
 
-Same sources, same argument packing and same launch shapes as the `cuda` backend, on CPU tensors.
-Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for persistent
-grids) so that tests are fast while still running several warps and several blocks.
+A launch passes its arguments packed as cuLaunchKernel reads them (`void** kernelParams`: one
+pointer per parameter to an 8-byte slot holding its value; a 32-bit `int` in the slot's low bytes)
+to the generated kvc_emu_params_launch_<entry point>: packed once when the launch is prepared, so a
+prepared launch costs one ctypes call of three arguments. Strict warp mode is on: undefined warp
+behaviour (a shuffle naming an inactive lane, a barrier some threads skip) fails the launch.
 
-Unlike the `cuda` backend it is a host backend, where reading index tensors costs nothing: like the
-torch reference it raises for request rows outside req_to_token / pool_out, for SWA indices
-outside the LUT and for a plan-entries scratch the offsets stage did not fill before launching
-(host_checks.py), where a GPU kernel can only mark them.
+As a host backend it reads index values for free: like the torch reference it raises for request
+rows outside req_to_token / pool_out, for SWA indices outside the LUT and for a plan-entries
+scratch the offsets stage did not fill (host_checks.py), where a GPU kernel can only mark them.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import struct
+import sys
 import threading
+from pathlib import Path
 
 import torch
 
-from ..cuda.kernel_backend import KernelBackend, Prepared, blocks_for
+from ..layer.identity import check_identity
+from ..layer.sources import kernel_abi
 from . import BackendUnavailable
 from .host_checks import HostChecks
+from .kernels import KernelBackend, blocks_for
+
+if sys.byteorder != "little":  # the slot layout above: a 32-bit value sits in the slot's first bytes
+    raise ImportError("kv-canary: packed kernel arguments assume a little-endian host")
 
 EMULATED_THREADS = 64
 EMULATED_PERSISTENT_BLOCKS = 2
+SLOT_BYTES = 8
+# How struct packs each parameter kind into its 8-byte slot: the value's two's complement bits.
+SLOT_FORMATS = {"ptr": "Q", "i64": "q", "i32": "i4x"}
+
+
+class EmulationLaunchError(RuntimeError):
+    """A kernel failed under emulation (strict warp check, trap, bad launch shape)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _packer(kinds: tuple) -> struct.Struct:
+    return struct.Struct("<" + "".join(SLOT_FORMATS[k] for k in kinds))
+
+
+@functools.lru_cache(maxsize=None)
+def _lanes(n: int) -> tuple[int, int]:
+    """(sum of 1 << 64 i, sum of 8 i << 64 i) for i < n: base * ones + steps holds base + 8 i in its
+    i-th 64-bit lane (no lane carries into the next: every address is below 2**64)."""
+    return sum(1 << (64 * i) for i in range(n)), sum((SLOT_BYTES * i) << (64 * i) for i in range(n))
+
+
+class PackedArgs:
+    """One launch's values in slots, and the pointer array to them (`address`: the `void**`)."""
+
+    def __init__(self, kinds: tuple, values: tuple) -> None:
+        n = max(1, len(kinds))
+        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(kinds).pack(*values) if kinds
+                                                             else bytes(SLOT_BYTES))
+        ones, steps = _lanes(n)  # slot i's address: base + 8 i, all n as one integer's 8-byte lanes
+        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(
+            (ctypes.addressof(self._slots) * ones + steps).to_bytes(SLOT_BYTES * n, "little"))
+        self.address = ctypes.addressof(self._pointers)
+
+
+class EmulationLibrary:
+    """One loaded library, bound to the Python layer whose kernels it must match."""
+
+    def __init__(self, layer, path: Path | str):
+        self.layer = layer
+        self.path = Path(path)
+        self.abi = kernel_abi(layer)
+        self.lib = ctypes.CDLL(str(self.path))
+        try:
+            version_fn = getattr(self.lib, self.abi.EMULATION_ABI_VERSION_FUNCTION)
+            fingerprint_fn = getattr(self.lib, self.abi.EMULATION_LAYOUT_FINGERPRINT_FUNCTION)
+        except AttributeError as exc:
+            raise EmulationLaunchError(f"kv-canary: {self.path} is not a kv-canary emulation library "
+                                       f"(missing {exc}); rebuild it from generated/ (`make generate`)") from None
+        version_fn.restype, fingerprint_fn.restype = ctypes.c_int, ctypes.c_ulonglong
+        check_identity(layer, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
+                       module_desc=f"the emulation library {self.path}")
+        self.lib.kvc_emu_last_error.restype = ctypes.c_char_p
+        self.lib.kvc_emu_set_strict.argtypes = [ctypes.c_int]
+        self.lib.kvc_emu_set_strict(1)
+        self._entry_points: dict = {}
+
+    def entry_point(self, entry_point: str):
+        """The C function taking (grid, block, void** params) for `entry_point`."""
+        fn = self._entry_points.get(entry_point)
+        if fn is None:
+            fn = getattr(self.lib, self.abi.EMULATION_PARAMS_LAUNCHER_PREFIX + entry_point)
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+            fn.restype = ctypes.c_int
+            self._entry_points[entry_point] = fn
+        return fn
+
+    def launcher(self, entry_point: str, *, blocks: int, threads: int, packed: PackedArgs):
+        fn = self.entry_point(entry_point)
+
+        def launch() -> None:
+            if fn(blocks, threads, packed.address) != 0:
+                raise self.failure(entry_point, blocks, threads)
+        return launch
+
+    def failure(self, entry_point: str, blocks: int, threads: int) -> EmulationLaunchError:
+        reason = self.lib.kvc_emu_last_error().decode("utf-8", "replace")
+        return EmulationLaunchError(f"kv-canary: emulated launch of {entry_point} (grid {blocks} x {threads}) "
+                                    f"failed: {reason}")
+
 
 _libraries: dict = {}
 _lock = threading.Lock()
 
 
-def library_for(layer):
+def library_for(layer) -> EmulationLibrary:
     """The layer's loaded emulation library: built (or found in the cache) once per process."""
-    from ..emulation.build import build_library
-    from ..emulation.library import EmulationLibrary
+    from ..layer.emulation_build import build_library
     with _lock:
         lib = _libraries.get(layer.__name__)
         if lib is None or lib.layer is not layer:
@@ -47,82 +140,31 @@ class EmulatedBackend(KernelBackend):
         self.threads = threads
         self.persistent_blocks = persistent_blocks
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
-        self.host_checks = HostChecks(layer)
+        host = HostChecks(layer)
+        # The operations that read index values check them at every run, before any kernel writes.
+        self._checks = {"plan": host.plan, "plan_offsets": host.plan_offsets, "plan_entries": host.plan_entries,
+                        "scatter": host.scatter}
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cpu":
             raise ValueError(f"kv-canary: backend 'emulated' runs the kernels on the host and needs CPU tensors, "
                              f"got tensors on {device}")
 
-    # Host checks of the operations that read index values (host_checks.py), before any kernel writes.
-    def _plan_checks(self, args: dict) -> None:
-        self.host_checks.plan_rows(**args)
-        self.host_checks.swa_indices(**args)  # both stages' indices
-
-    def _plan_offsets_checks(self, args: dict) -> None:
-        self.host_checks.plan_rows(**args)
-        self.host_checks.swa_seed_indices(**args)
-
-    def _plan_entries_checks(self, args: dict) -> None:
-        self.host_checks.plan_rows(**args)
-        self.host_checks.plan_scratch(**args)
-        self.host_checks.swa_entry_indices(**args)
-
-    def _scatter_checks(self, args: dict) -> None:
-        self.host_checks.scatter_rows(**args)
-
-    def plan(self, **kwargs) -> None:
-        self.check_device(kwargs["req_to_token"].device)
-        self._plan_checks(kwargs)
-        super().plan(**kwargs)
-
-    def plan_offsets(self, **kwargs) -> None:
-        self.check_device(kwargs["req_to_token"].device)
-        self._plan_offsets_checks(kwargs)
-        super().plan_offsets(**kwargs)
-
-    def plan_entries(self, **kwargs) -> None:
-        self.check_device(kwargs["req_to_token"].device)
-        self._plan_entries_checks(kwargs)
-        super().plan_entries(**kwargs)
-
-    def scatter(self, **kwargs) -> None:
-        self.check_device(kwargs["pool_out"].device)
-        self._scatter_checks(kwargs)
-        super().scatter(**kwargs)
-
-    def prepare(self, operation: str, args: dict, signatures=None) -> Prepared:
-        """The kernels' bound launch; the plan, its stages and scatter also read their index values at
-        every launch."""
-        return self._with_checks(operation, super().prepare(operation, args, signatures))
-
-    def _with_checks(self, operation: str, prepared: Prepared) -> Prepared:
-        checks = {"plan": self._plan_checks, "plan_offsets": self._plan_offsets_checks,
-                  "plan_entries": self._plan_entries_checks, "scatter": self._scatter_checks}.get(operation)
-        if checks is None:
-            return prepared
-
-        def run(args: dict) -> None:
-            checks(args)
-            prepared.run(args)
-
-        def rebind(args: dict, changed: frozenset) -> Prepared:
-            return self._with_checks(operation, prepared.rebind(args, changed))
-        return Prepared(run, needs_args=True, kernels=prepared.kernels,
-                        rebind=rebind if prepared.rebind is not None else None)
+    def checks(self, operation: str):
+        return self._checks.get(operation)
 
     def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.
         threads = min(self.threads, kernel.threads)
         return blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks), threads
 
-    def prepared_launch(self, kernel, entry_point: str, *, blocks: int, threads: int, params,
-                        device: torch.device):
-        return self.library.prepared(entry_point, blocks=blocks, threads=threads, params=params)
+    def launcher(self, kernel, entry_point: str, *, blocks: int, threads: int, values: tuple, device):
+        return self.library.launcher(entry_point, blocks=blocks, threads=threads,
+                                     packed=PackedArgs(kernel.kinds, values))
 
 
 def create(layer) -> EmulatedBackend:
-    from ..emulation.build import EmulationBuildError
+    from ..layer.emulation_build import EmulationBuildError
     try:
         return EmulatedBackend(layer)
     except EmulationBuildError as exc:

@@ -14,7 +14,9 @@ import torch
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu").numpy()
+    """A read-only look at `t`'s values on the host. Through DLPack, not Tensor.numpy(): numpy()
+    marks the caller's storage non-resizable for good, a side effect no check may have."""
+    return np.from_dlpack(t.detach().to("cpu"))
 
 
 class HostChecks:
@@ -33,6 +35,30 @@ class HostChecks:
             pad_note = "" if 0 <= self.padding < rows else f" and is not the padding row {self.padding}"
             raise ValueError(f"{self.layout.MESSAGE_PREFIX}req_pool_indices[{i}] = {int(rp[i])} is outside {table} rows "
                              f"[0, {rows}){pad_note}")
+
+    # -- what each operation checks, before any kernel writes ------------------------------------
+    def plan(self, args: dict) -> None:
+        self.plan_rows(**args)
+        self.swa_indices(**args)  # both stages' indices
+
+    def plan_offsets(self, args: dict) -> None:
+        self.plan_rows(**args)
+        self.swa_seed_indices(**args)
+
+    def plan_entries(self, args: dict) -> None:
+        self.plan_rows(**args)
+        self.plan_scratch(**args)
+        self.swa_entry_indices(**args)
+
+    def scatter(self, args: dict) -> None:
+        self.scatter_rows(**args)
+
+    def plan_rows_only(self, args: dict) -> None:  # the torch reference checks its SWA indices itself
+        self.plan_rows(**args)
+
+    def plan_entries_scratch(self, args: dict) -> None:
+        self.plan_rows(**args)
+        self.plan_scratch(**args)
 
     def plan_rows(self, *, req_pool_indices, req_to_token, **_) -> None:
         self.request_rows(req_pool_indices, rows=int(req_to_token.shape[0]), table="req_to_token")

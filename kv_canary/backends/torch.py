@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-from .._loader import regenerate_command
-from . import BackendUnavailable
+from ..layer.loader import regenerate_command
+from . import BackendUnavailable, Prepared
 from .host_checks import HostChecks
 
 
@@ -19,31 +19,18 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, reference, checks: HostChecks):
-        self._ref = reference
-        self._checks = checks
+        self.reference = reference
+        self._checks = {"plan": checks.plan_rows_only, "plan_offsets": checks.plan_rows_only,
+                        "plan_entries": checks.plan_entries_scratch, "scatter": checks.scatter}
 
-    def write(self, **kwargs) -> None:
-        self._ref.write(**kwargs)
+    def prepare(self, operation: str, args: dict) -> Prepared:
+        op, checks = getattr(self.reference, operation), self._checks.get(operation)
 
-    def verify(self, **kwargs) -> None:
-        self._ref.verify(**kwargs)
-
-    def plan(self, **kwargs) -> None:
-        self._checks.plan_rows(**kwargs)
-        self._ref.plan(**kwargs)
-
-    def plan_offsets(self, **kwargs) -> None:
-        self._checks.plan_rows(**kwargs)
-        self._ref.plan_offsets(**kwargs)
-
-    def plan_entries(self, **kwargs) -> None:
-        self._checks.plan_rows(**kwargs)
-        self._checks.plan_scratch(**kwargs)
-        self._ref.plan_entries(**kwargs)
-
-    def scatter(self, **kwargs) -> None:
-        self._checks.scatter_rows(**kwargs)
-        self._ref.scatter(**kwargs)
+        def run() -> None:
+            if checks is not None:
+                checks(args)
+            op(**args)
+        return Prepared(run, args)
 
 
 def create(layer) -> TorchBackend:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL, CanaryConfig
+from ..engine.config import FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL, CanaryConfig
 from . import faults, fleet, report
 from . import transformers as tf
 
@@ -130,7 +130,7 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
     """A fresh registry served on 127.0.0.1:port until `stack` closes."""
     from prometheus_client import CollectorRegistry
 
-    from ..metrics import serve_metrics
+    from ..engine.metrics import serve_metrics
 
     registry = CollectorRegistry()
     server = serve_metrics(port, registry=registry)
@@ -210,7 +210,7 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         first = next((r for r in section["results"] if r.first is not None), None)
         if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
             from .. import generated
-            from ..reporting import ViolationReporter
+            from ..engine.reporting import ViolationReporter
             text = ViolationReporter(generated.layout).message(
                 first.first, total_violations=first.violations, ring_overflow=first.lost > 0,
                 step_when_pumped=first.first.step)

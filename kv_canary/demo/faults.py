@@ -13,10 +13,10 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import generated
-from ..layers import example_schema, generate_layer
-from ..manager import CanaryManager
-from ..violations import Violation, sglang_reason_name
+from ..engine.manager import CanaryManager
+from ..engine.violations import Violation, sglang_reason_name
+from ..layer.loader import default_layer
+from ..layer.schemas import example_schema, generate_layer
 from .sim import Engine, SimConfig
 
 
@@ -44,7 +44,7 @@ class Fault:
 
 def _layout(engine):
     """The layout of the layer the engine's canary runs (the default one without a canary)."""
-    return engine.canary.L if engine.canary is not None else generated.layout
+    return engine.canary.L if engine.canary is not None else default_layer().layout
 
 
 def _decoding(engine):
@@ -479,7 +479,7 @@ def _scenario_metrics(manager, registry, scenario: str):
     """The manager's Prometheus metrics in `registry`, labelled with the scenario (None: no registry)."""
     if registry is None:
         return None
-    from ..metrics import CanaryMetrics
+    from ..engine.metrics import CanaryMetrics
     return CanaryMetrics(manager, registry=registry, labels={"scenario": scenario})
 
 

@@ -1,6 +1,6 @@
 """`kv-canary demo --world-size N`: the simulated engine on N gloo ranks (local processes joined on
 127.0.0.1), one fault scenario injected on rank 1 only, and the fleet's view of it: which rank saw
-what, and that every rank acted on it at the same step (kv_canary.distributed.FleetMonitor).
+what, and that every rank acted on it at the same step (kv_canary.engine.distributed.FleetMonitor).
 
 Every rank serves the same workload (as tensor-parallel ranks do); only rank 1's engine has the
 bug. With a metrics port, the ranks write Prometheus values in multiprocess mode and this process
@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..distributed import FleetHealthError, FleetMonitor, FleetViolationError
-from ..distributed.local import HOST, run_local_ranks
-from ..manager import CanaryManager
+from ..engine.distributed import FleetHealthError, FleetMonitor, FleetViolationError
+from ..engine.manager import CanaryManager
 from . import faults
+from .local_ranks import HOST, run_local_ranks
 from .sim import Engine
 
 FAULT_RANK = 1
@@ -76,7 +76,7 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
     fleet = FleetMonitor(manager, stats_every=STATS_EVERY)
     metrics = None
     if demo.metrics_dir is not None:
-        from ..metrics import CanaryMetrics
+        from ..engine.metrics import CanaryMetrics
         metrics = CanaryMetrics(manager, tp_rank=rank)
     raised = None
     try:
@@ -116,7 +116,7 @@ def run(demo: FleetDemo, *, out_dir: Path, metrics_port: Optional[int] = None, s
     t0 = time.perf_counter()
     server, metrics_dir = None, None
     if metrics_port is not None:
-        from ..metrics import serve_metrics
+        from ..engine.metrics import serve_metrics
         metrics_dir = tempfile.mkdtemp(prefix="kv_canary_prometheus_")
         server = serve_metrics(metrics_port, addr=HOST, multiprocess_dir=metrics_dir)
         demo = FleetDemo(**{**demo.__dict__, "metrics_dir": metrics_dir})

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..violations import format_group
+from ..engine.violations import format_group
 
 COLUMNS = ("scenario", "canary", "expected detection", "detected by", "first step", "violations",
            "first decoded line")

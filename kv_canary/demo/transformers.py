@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from ..manager import CanaryManager
+from ..engine.manager import CanaryManager
 from .faults import Expect, ScenarioResult, judge
 
 INSTALL_HINT = "pip install 'kv-canary[transformers]'"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ... import generated
+from ...layer.loader import default_layer
 
 # Real-KV rows are read with aligned vector loads (RealKvSource checks it): bytes per token follow.
-_ALIGN = generated.layout.REAL_KV_LOAD_ALIGN_BYTES
+_ALIGN = default_layer().layout.REAL_KV_LOAD_ALIGN_BYTES
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ set, it checks the SGLang version and the generated layer, replaces SGLang's fou
 (and its `use_torch_reference`, so that SGLang's CUDA-graph guard asks the launchers that run)
 through SGLang's `HookRegistry` (`HookType.REPLACE`), and logs one line. With
 `KV_CANARY_SGLANG_METRICS_PORT` set, each canary manager's counters are served for Prometheus on
-127.0.0.1 (kv_canary.metrics).
+127.0.0.1 (kv_canary.engine.metrics).
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def load() -> None:
         try:             # prometheus_client missing: refuse now, before any launcher is replaced
             import prometheus_client  # noqa: F401
         except ImportError:
-            from kv_canary.metrics import INSTALL_HINT
+            from kv_canary.engine.metrics import INSTALL_HINT
             raise ImportError(f"kv-canary: {ENV_METRICS_PORT} needs prometheus_client: {INSTALL_HINT}") from None
     backend = hooks.register()
     if port is not None:
@@ -64,7 +64,7 @@ def load() -> None:
 
 
 def metrics_server():
-    """The running /metrics endpoint (a kv_canary.metrics.MetricsServer), or None."""
+    """The running /metrics endpoint (a kv_canary.engine.metrics.MetricsServer), or None."""
     from . import exporter
     return exporter.SERVER.get("server")
 

@@ -1,9 +1,9 @@
-"""kv-canary's Prometheus counters (kv_canary.metrics.CanaryMetrics) for SGLang's own canary state.
+"""kv-canary's Prometheus counters (kv_canary.engine.metrics.CanaryMetrics) for SGLang's own canary state.
 
 CanaryMetrics reads a manager's totals; `SglangCanaryTotals` gives it those of one SGLang
 `CanaryManager`: the device's kernel- and slot-run counters, and the violation rows of SGLang's
 ring (fill-once: rows past its capacity are counted as lost), decoded by kv-canary's decoder. The
-ring's write index is copied asynchronously every step (kv_canary.counters); the ring itself is
+ring's write index is copied asynchronously every step (kv_canary.engine.counters); the ring itself is
 read only when that index grew. The health gauge follows SGLang's health check.
 """
 from __future__ import annotations
@@ -12,22 +12,24 @@ import collections
 import logging
 from types import SimpleNamespace
 
+from kv_canary.engine.listeners import Listened
+
 logger = logging.getLogger(__name__)
 _MANAGER = "sglang.srt.kv_canary.runner.canary_manager.CanaryManager"
 HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (SEMANTICS §9)
 SERVER: dict = {}
 
 
-class SglangCanaryTotals:
+class SglangCanaryTotals(Listened):
     """What CanaryMetrics reads of a manager, taken from an SGLang CanaryManager's device state."""
 
     def __init__(self, sglang_manager):
         import kv_canary
-        from kv_canary.violations import ViolationDecoder
+        from kv_canary.engine.violations import ViolationDecoder
 
         self.engine = sglang_manager
         self.enabled = True
-        self.metrics = None
+        self.listeners = []
         self.L = kv_canary.generated.layout
         self.monitor = SimpleNamespace(healthy=True)
         self.stats = SimpleNamespace(total=0, lost=0, by_tag_reason=collections.Counter())
@@ -45,12 +47,12 @@ class SglangCanaryTotals:
         return self._state.slot_run_counters.sum().view(1)
 
     def after_step(self, step: int) -> None:
-        from kv_canary.counters import CounterSnapshot
+        from kv_canary.engine.counters import CounterSnapshot
 
         self._pending.append(CounterSnapshot([self._state.violation_log.violation_write_index]))
         while self._pending and self._pending[0].ready():
             self._read_rows(self._pending.pop(0).values()[0])
-        self.metrics.after_step(step)
+        self.notify_step(step)
 
     def _read_rows(self, write_index: int) -> None:
         ring = self._state.violation_log.violation_ring
@@ -63,7 +65,7 @@ class SglangCanaryTotals:
             self.stats.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
         self._decoded = end
         self.stats.total, self.stats.lost = write_index, max(0, write_index - capacity)
-        self.metrics.on_drain()
+        self.notify_drain()
 
 
 class _Newest:
@@ -88,7 +90,7 @@ def attach(sglang_manager, port: int) -> SglangCanaryTotals:
     """CanaryMetrics for one SGLang CanaryManager, served at 127.0.0.1:port (+ the process's rank)."""
     import prometheus_client
 
-    from kv_canary.metrics import CanaryMetrics, serve_metrics
+    from kv_canary.engine.metrics import CanaryMetrics, serve_metrics
 
     totals = SglangCanaryTotals(sglang_manager)
     registry = prometheus_client.CollectorRegistry()

@@ -32,7 +32,7 @@ import importlib
 import warnings
 from typing import Optional
 
-from ...manager import CanaryManager
+from ...engine.manager import CanaryManager
 from .engine import Batch, PagedKvStorage, TransformersEngine
 
 __all__ = ("attach", "TransformersCanary", "TransformersEngine", "PagedKvStorage", "Batch", "TESTED_VERSIONS",

@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from ...engine.contract import KvPoolView
-from ...manager import CanaryCoverageWarning
+from ...engine.manager import CanaryCoverageWarning
 
 FULL_GROUP = "full"           # the canary's launch-tag group of full-attention layers
 FULL_ATTENTION = "full_attention"  # transformers' allocator key of those layers

@@ -552,8 +552,9 @@ def break_write() -> None:
 
 def layer_checks() -> dict:
     """The plugin's layer check on the default layer and on every example schema's layer."""
-    from kv_canary import generate_layer, layers
+    from kv_canary import generate_layer
     from kv_canary.integrations.sglang import compat
+    from kv_canary.layer import schemas as layers
 
     out = {}
     for name, layer in [("default", None)] + [(p.stem, generate_layer(p)) for p in layers.example_schemas()]:

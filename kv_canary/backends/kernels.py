@@ -1,0 +1,182 @@
+"""What the `cuda` and `emulated` backends share: SEMANTICS.md's operations (write, verify, plan and
+its two stages, scatter) as launches of the generated kernels.
+
+Which kernel, which variant, every argument value: decided here, from the layer's generated kernel
+ABI (generated/kernel_abi.py: `KERNELS[name].bind(**arguments)` returns a kernel's arguments in ABI
+order, rendered from the same parameter list as the CUDA signature). Subclasses say how big a grid
+is and how a launch of those values runs (`launcher`: CuPy's kernel call on a GPU, the emulation
+library's packed-argument entry point on the host).
+
+Inputs arrive validated (kv_canary.launch); the kernels themselves keep every access in bounds.
+Nothing here synchronises with the device: sizes come from tensor shapes, never tensor values.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..layer.loader import regenerate_command
+from ..layer.sources import kernel_abi
+from . import Prepared
+
+TEMPLATES = ("write", "verify", "plan_offsets", "plan_entries", "scatter")
+
+
+class KernelBackend:
+    """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one layer."""
+
+    name = "kernels"
+
+    def __init__(self, layer):
+        self.layer = layer
+        self.layout = layer.layout
+        self.abi = kernel_abi(layer)
+        if self.abi.LAYOUT_FINGERPRINT != self.layout.LAYOUT_FINGERPRINT or self.abi.ABI_VERSION != self.layout.ABI_VERSION:
+            raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
+                             f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
+                             f"run `{regenerate_command(layer)}`")
+        self.kernels = {template: self.abi.kernel_for_template(template) for template in TEMPLATES}
+        self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def check_device(self, device: torch.device) -> None:
+        raise NotImplementedError
+
+    def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
+        """(blocks, threads) of one launch; `work` = the requests or entries the grid covers (blocks_for)."""
+        raise NotImplementedError
+
+    def launcher(self, kernel, entry_point: str, *, blocks: int, threads: int, values: tuple,
+                 device: torch.device) -> Callable[[], None]:
+        """A function of no arguments launching `entry_point` with `values` (ABI order)."""
+        raise NotImplementedError
+
+    def checks(self, operation: str) -> Callable | None:
+        """The value checks a host backend makes at every run of `operation` (None: none)."""
+        return None
+
+    # -- binding --------------------------------------------------------------------------------
+    def entry_point(self, kernel, **flags) -> str:
+        key = (kernel.name, *flags.items())
+        entry = self._entry_points.get(key)
+        if entry is None:
+            entry = self._entry_points[key] = self._entry_point(kernel, **flags)
+        return entry
+
+    def _entry_point(self, kernel, **flags) -> str:
+        declared = {name for _, variant in kernel.variants for name, _ in variant}
+        for flag, value in flags.items():
+            if flag not in declared and value:
+                raise ValueError(f"kv-canary: kernel {kernel.name} is not specialised for {flag}=True; declare "
+                                 f"`specializations: {{{flag}: [false, true]}}` for it in kernels.yaml")
+        return kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
+
+    def bound(self, template: str, args: dict, *, work: int, device: torch.device, **flags) -> tuple:
+        """(kernel, entry point, blocks, threads, values, args) of one kernel launch over `args` (kept
+        with the launch: the values hold their tensors' addresses, not the tensors)."""
+        kernel = self.kernels[template]
+        entry = self.entry_point(kernel, **flags)
+        blocks, threads = self.grid(kernel, entry, work=work, device=device)
+        return kernel, entry, blocks, threads, kernel.bind(**args), args
+
+    def prepare(self, operation: str, args: dict, *, host_checks: bool = True) -> Prepared:
+        """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
+        a host backend's value checks (what the kernels alone do with such values, as on a GPU)."""
+        device, stages = getattr(self, "_" + operation)(args)
+        runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
+                for kernel, entry, blocks, threads, values, _ in stages]
+        checks = self.checks(operation) if host_checks else None
+
+        def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
+            if checks is not None:
+                checks(args)
+            for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
+                launch()
+        return Prepared(run, args, tuple(stages))
+
+    # -- the operations: (device, [bound kernel launch, ...]) -----------------------------------
+    def _device(self, tensor: torch.Tensor) -> torch.device:
+        self.check_device(tensor.device)
+        return tensor.device
+
+    def _write(self, args: dict):
+        device = self._device(args["context"].canary_buf)
+        kv = self.abi.real_kv_args(args["context"])
+        return device, [self.bound("write", dict(args, kv=kv), work=int(args["plan"].write_seed_slot_indices.shape[0]),
+                                   device=device)]
+
+    def _verify(self, args: dict):
+        device = self._device(args["context"].canary_buf)
+        kv = self.abi.real_kv_args(args["context"])
+        return device, [self.bound("verify", dict(args, kv=kv), work=int(args["plan"].verify_slot_indices.shape[0]),
+                                   device=device, check_verify_expected_token=args["check_verify_expected_token"])]
+
+    def _plan_offsets(self, args: dict):
+        device = self._device(args["req_to_token"])
+        return device, [self.bound("plan_offsets", args, work=int(args["req_pool_indices"].shape[0]), device=device)]
+
+    def _plan_entries(self, args: dict):
+        device = self._device(args["req_to_token"])
+        return device, [self.bound("plan_entries", args, work=int(args["out_verify_slot_indices"].shape[0]),
+                                   device=device)]
+
+    def _scatter(self, args: dict):
+        device = self._device(args["pool_out"])
+        bs = int(args["req_pool_indices"].shape[0])
+        return device, ([self.bound("scatter", args, work=bs, device=device)] if bs else [])
+
+    def _plan(self, args: dict):
+        """The two stages, as SGLang's launch_canary_plan_kernels calls them, bound over a scratch of
+        bs + 1 verify offsets that the first writes and the second reads (allocated once per binding:
+        a prepared plan launched twice reuses it, stream-ordered, like any other buffer it binds)."""
+        device = self._device(args["req_to_token"])
+        bs = int(args["req_pool_indices"].shape[0])
+        scratch = torch.empty(bs + 1, dtype=torch.int64, device=device)
+        offsets, entries = plan_stage_args(args, scratch)
+        return device, [self.bound("plan_offsets", offsets, work=bs, device=device),
+                        self.bound("plan_entries", entries, work=int(args["verify_plan_out"].verify_slot_indices.shape[0]),
+                                   device=device)]
+
+
+def plan_stage_args(args: dict, scratch) -> tuple[dict, dict]:
+    """A whole plan's validated arguments as its two stages take them (SGLang's keywords), with
+    `scratch` as the verify offsets between them."""
+    vplan, wplan = args["verify_plan_out"], args["write_plan_out"]
+    common = {k: args[k] for k in ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
+                                   "swa_window_size")}
+    offsets = dict(common, extend_seq_lens=args["extend_seq_lens"], out_verify_offsets_scratch=scratch,
+                   out_write_offsets=wplan.write_offsets, out_write_seed_slot_indices=wplan.write_seed_slot_indices,
+                   out_verify_num_valid=vplan.verify_num_valid, out_verify_enable=vplan.enable,
+                   out_write_num_valid_reqs=wplan.write_num_valid_reqs, verify_capacity=args["verify_capacity"])
+    extra = args["extra_request_values"]
+    entries = dict(common, verify_offsets_scratch=scratch, verify_enable=vplan.enable,
+                   req_to_verify_expected_tokens=args["req_to_verify_expected_tokens"],
+                   req_to_verify_expected_tokens_valid_lens=args["req_to_verify_expected_tokens_valid_lens"],
+                   out_verify_slot_indices=vplan.verify_slot_indices,
+                   out_verify_expected_tokens=vplan.verify_expected_tokens,
+                   out_verify_expected_positions=vplan.verify_expected_positions,
+                   out_verify_prev_slot_indices=vplan.verify_prev_slot_indices,
+                   kv_token_id_vs_position_offset=args["kv_token_id_vs_position_offset"],
+                   extra_request_values=extra,
+                   out_extra_verify_expected={name: getattr(vplan, "verify_expected_" + name) for name in extra})
+    return offsets, entries
+
+
+def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> int:
+    """Grid size of one launch for the kernel's launch shape (kernels.yaml)."""
+    if kernel.shape in ("per_request", "per_entry"):
+        return max(1, -(-work // threads))
+    if kernel.shape == "block_per_request":
+        # One block per request of the plan's capacity (the active count lives on the device, so
+        # blocks past it exit at once: no host sync, and a captured graph stays valid).
+        return max(1, work)
+    if kernel.shape == "single_block":
+        return 1
+    if kernel.shape == "persistent":
+        # Never more blocks than the entries can fill (work = the plan's capacity, a host-side
+        # upper bound of the active entries): small verifies launch small grids.
+        return max(1, min(persistent_blocks, -(-work // threads)))
+    if kernel.shape == "fixed_grid":
+        return kernel.blocks
+    raise ValueError(f"kv-canary: kernel {kernel.name} has unknown launch shape {kernel.shape!r}")

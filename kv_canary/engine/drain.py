@@ -1,0 +1,127 @@
+"""Reading a manager's violation ring without stalling a step: snapshots, the drain, and its totals.
+
+Every step ends with an asynchronous snapshot of the ring's write index (kv_canary.engine.counters:
+pinned memory behind an event on CUDA); the ring is read only once a landed snapshot shows rows,
+so a clean step never waits for the device. A drain decodes the rows, records them (CanaryStats,
+the kept violations, the chain link each verify row's slot held) and restarts the write index, so
+no row is reported twice. What to do with the rows (log, raise) is the manager's.
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from .counters import CounterSnapshot
+from .violations import Violation, ViolationDecoder, record_link
+
+SNAPSHOT_DEPTH = 8  # write-index snapshots in flight before a drain waits for the oldest
+
+
+class CanaryViolationError(RuntimeError):
+    """Raised in mode 'raise' by a drain that found rows: the text is every new row's report (SEMANTICS.md
+    §9) joined by newlines; `violations` holds those rows."""
+
+    def __init__(self, message: str, violations: list[Violation]):
+        super().__init__(message)
+        self.violations = violations
+
+
+@dataclass
+class CanaryStats:
+    total: int = 0                                   # rows appended, lost ones included
+    lost: int = 0                                    # rows dropped because the ring was full
+    drains: int = 0
+    # Rows per FailReason name, lost ones included: the device's per-reason totals, read at drain time.
+    by_reason: collections.Counter = field(default_factory=collections.Counter)
+    by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
+    by_tag: collections.Counter = field(default_factory=collections.Counter)
+    # Decoded rows per (launch tag name, FailReason name): a row with two reasons counts under both.
+    by_tag_reason: collections.Counter = field(default_factory=collections.Counter)
+
+
+class RingDrain:
+    """The violation ring of one manager (`record_of(tag value, slot)`: the canary record a verify
+    row's slot holds now, int64 words, or None when the tag has no buffer)."""
+
+    def __init__(self, layout, *, ring: torch.Tensor, write_index: torch.Tensor, reason_counts: torch.Tensor,
+                 keep_violations: int, record_of: Callable[[list], list]):
+        self.L = layout
+        self.ring, self.write_index, self.reason_counts = ring, write_index, reason_counts
+        self.ring_capacity = int(ring.shape[0])
+        self.keep_violations = keep_violations
+        self.records_of = record_of
+        self.decoder = ViolationDecoder(layout)
+        self.stats = CanaryStats()
+        self.violations: list[Violation] = []
+        self.links: dict = {}
+        self._snapshots: collections.deque = collections.deque()   # (step, CounterSnapshot)
+
+    def snapshot(self, step: int) -> bool:
+        """Take this step's write-index snapshot; True when the oldest in flight had to be waited
+        for (the device is SNAPSHOT_DEPTH steps behind: the caller polls then)."""
+        waited = False
+        if len(self._snapshots) >= SNAPSHOT_DEPTH and not self._snapshots[0][1].ready():
+            self._snapshots[0][1].values()
+            waited = True
+        self._snapshots.append((step, CounterSnapshot([self.write_index])))
+        return waited
+
+    def pending(self) -> bool:
+        """Whether a landed snapshot shows rows (never waits for the device)."""
+        while self._snapshots:
+            step, snap = self._snapshots[0]
+            if not snap.ready():
+                return False
+            if snap.values()[0] > 0:
+                return True
+            self._snapshots.popleft()
+        return False
+
+    def drain(self) -> list[Violation]:
+        """Every pending row, decoded and recorded; the write index restarts at 0 (waits for the device)."""
+        count = int(self.write_index[0])  # synchronises: every snapshot copy before it has landed
+        bounds = [(step, snap.values()[0]) for step, snap in self._snapshots]
+        self._snapshots.clear()
+        if count == 0:
+            return []
+        last_step = bounds[-1][0] if bounds else None
+        rows = self.ring[:min(count, self.ring_capacity)].cpu()
+        steps = [_step_of(i, bounds, last_step) for i in range(count)]
+        self.write_index.zero_()
+        found = self.decoder.decode(rows, steps[:len(rows)])
+        st = self.stats
+        st.drains += 1
+        st.total += count
+        st.lost += count - len(rows)
+        st.by_step.update(steps)
+        # Cumulative device totals: the kernels count dropped rows too (the host cannot decode them).
+        totals = self.reason_counts.cpu().tolist()
+        st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
+        for v in found:
+            st.by_tag[v.launch_tag] += 1
+            st.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
+        self._capture_links(found)
+        room = self.keep_violations - len(self.violations)
+        self.violations += found[:max(0, room)]
+        return found
+
+    def _capture_links(self, found: list[Violation]) -> None:
+        """Remember, at drain time, the chain link of the record at each verify violation's slot
+        (what cascade grouping compares expected_aux with; later writes may change the record)."""
+        verify = [v for v in found if v.is_verify]
+        for v, words in zip(verify, self.records_of(verify)):
+            if words is not None:
+                self.links[(v.step, v.launch_tag_value, v.slot)] = record_link(self.L, words)
+
+    def link_of(self, v: Violation) -> Optional[int]:
+        return self.links.get((v.step, v.launch_tag_value, v.slot))
+
+
+def _step_of(i: int, bounds, last_step) -> Optional[int]:
+    for step, end in bounds:
+        if i < end:
+            return step
+    return last_step

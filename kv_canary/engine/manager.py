@@ -1,0 +1,642 @@
+"""CanaryManager: the canary state of one KV pool and the per-step protocol an engine drives.
+
+Per forward step: plan -> HEAD verify + write -> (the model's forward) -> TAIL verify + write, and
+every `sweep_interval` steps a SWEEP over the radix-held (cached) slots. HEAD writes claim the new
+slots before the forward (fingerprint off: the K/V bytes are not written yet), so a request that
+reads a slot someone else just claimed fails its TAIL verify in the same step; TAIL writes store
+the real K/V fingerprint.
+
+Everything is allocated once at fixed capacity when the manager attaches, and every step refills
+its inputs in place (kv_canary.engine.staging), so the device addresses never change: for CUDA-graph
+capture, call `prepare(batch)` (host side) outside the graph and capture `launch_head(batch)` and
+`tail(batch)` (device side only; `head` = prepare + launch_head). Draining never stalls the
+device: the ring's write index is copied asynchronously (pinned memory on CUDA) at the end of every
+step and the rows are read only once such a copy shows it non-zero. Layout (tags, columns, fields,
+input fields) comes from the generated layer the manager is built for.
+
+What the manager launches comes from the schema (the generated layer), never from names: every
+launch tag states its phase (head, tail, sweep), K/V half and pool group (`launch_tags` in
+kernels.yaml), and every input field states its value source (SEMANTICS.md §8): `request_id` (the
+owning request's id, checked per request), `allocation_epoch` (the allocator's epoch of the slot,
+checked per slot) or `caller_table` (a per-slot table the caller passes as
+`caller_tables={field: {group: tensor}}`, checked per slot).
+
+What the manager needs from an engine is the engine contract, kv_canary.engine.contract (Protocol
+classes, checked by `check_engine` at attach): `engine.canary_pools()` -> {group: KvPool} (one per KV
+pool, keyed by the schema's launch-tag groups: `full`, and `swa` for sliding-window layers),
+`engine.device`, `engine.cfg` (`max_running`, `max_ctx`), `engine.req_rows`, the requests' slots as a
+slot table (`req_to_token`) or a block table (`req_to_block` + `block_size`, expanded on the device
+for the batch's rows every step), batches (`ForwardBatch`: requests' `.rid` / `.row` / `.matched`,
+`token_rids` each token's request id) and `engine.cached_entries()` for the sweep. Every launch is
+bound once, at attach, over buffers the manager owns (kv_canary.launch.runtime.PreparedLaunch); a
+step stages the batch's tensors into those buffers (padding rows beyond the batch) and runs the
+prepared launches, so no launch is validated or bound again while serving. A launch fingerprints at
+most MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which (default: the first
+ones, with a CanaryCoverageWarning naming the layers left uncovered).
+
+SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
+SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
+multi-line violation report (WARNING, logger `kv_canary`), in mode `raise` one CanaryViolationError
+carries every new report; every `stats_print_every_n_steps` steps an INFO stats line; from step 100
+on, every 100 steps, the health check raises CanaryHealthError (in every mode) when a launch tag
+that should have run did not advance its kernel-run counter (kv_canary.engine.monitor). The engine calls
+`after_step(step)` once per engine step with an increasing step number.
+
+Across ranks and into monitoring, listeners (`add_listener`): each one's `after_step(step)` runs at
+the end of every `after_step` and its `on_drain()` after every drain (kv_canary.engine.metrics.
+CanaryMetrics, Prometheus). A listener whose `takes_errors` is true (kv_canary.engine.distributed.
+FleetMonitor: one decision for every rank of a torch.distributed group) receives the manager's
+raises through `defer(error)` instead, so no rank raises alone, and runs after the others.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ..launch.runtime import runtime_for
+from ..layer.loader import default_layer
+from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
+from .contract import KvPoolView, check_engine, slot_table_kind
+from .drain import CanaryStats, CanaryViolationError, RingDrain
+from .listeners import Listened
+from .monitor import CanaryHealthError, RuntimeMonitor
+from .reporting import SWEEP_PHASE, ViolationReporter
+from .staging import HostStaging
+from .violations import Violation, ViolationGroup, group_cascades
+
+logger = logging.getLogger("kv_canary")
+
+V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
+__all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
+           "CanaryStats")
+
+
+class CanaryCoverageWarning(UserWarning):
+    """Some KV layers are not fingerprinted (a launch reads at most MAX_REAL_KV_SOURCES layers)."""
+
+
+
+
+@dataclass
+class _Group:
+    name: str                     # the launch-tag group (`full`, `swa`, ...)
+    pool: KvPoolView
+    num_slots: int
+    bufs: dict                    # half -> canary buffer
+    contexts: dict                # (phase, half, kind) -> VerifyOrWriteContext, kind in {"verify", "write"}
+    verify_plan: object
+    write_plan: object
+    sweep_plan: object
+    slot_tables: dict             # input field name -> int64 [num_slots] (allocation epochs, caller tables)
+    out_cache_loc: Optional[torch.Tensor] = None   # int64 [token capacity]: the step's slots in this pool
+    launches: Optional[dict] = None  # (phase, half, kind) or "plan" -> its PreparedLaunch (bound at attach)
+
+    @property
+    def storage(self):
+        return self.pool.storage
+
+
+class CanaryManager(Listened):
+    """The canary of one engine. The plain constructor's defaults check everything (mode log, real-KV
+    fingerprint ALL, expected tokens, V buffers, a sweep every 8 steps); `from_config` starts from
+    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface)."""
+
+    def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
+                 check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
+                 chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
+                 fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
+                 enable_write_input_assert: bool = False, enable_mha_v: bool = True,
+                 stats_print_every_n_steps: int = 0):
+        mode = parse_mode(mode, "mode")
+        self.layer = layer if layer is not None else default_layer()
+        self.L = self.layer.layout
+        self.real_kv_hash_mode = parse_hash_mode(self.L, real_kv_hash_mode)
+        for name, value, low in (("ring_capacity", ring_capacity, 1), ("sweep_interval", sweep_interval, 0),
+                                 ("keep_violations", keep_violations, 0),
+                                 ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
+            check_count(name, value, low)
+        self.mode = mode
+        self.check_verify_expected_token = bool(check_verify_expected_token)
+        self.ring_capacity = ring_capacity
+        self.sweep_interval = sweep_interval
+        self.chain_position_assert = bool(chain_position_assert)
+        self.enable_write_input_assert = bool(enable_write_input_assert)
+        self.enable_mha_v = bool(enable_mha_v)
+        # The K/V halves whose launches run: V only when checked (SGLang's ENABLE_MHA_V gate).
+        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != V_HALF or self.enable_mha_v)
+        self.stats_print_every_n_steps = stats_print_every_n_steps
+        self.backend = backend
+        self.keep_violations = keep_violations
+        self.fingerprint_layers = check_fingerprint_layers(self.L, fingerprint_layers)
+        self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
+        self.rt = runtime_for(self.layer)
+        self.alloc = self.rt.allocators
+        self.reporter = ViolationReporter(self.L)
+        self.tags = tuple(self.L.CanaryLaunchTag)        # index i: kernel_run_counters[i]
+        self.sweep_passes = 0
+        self.last_step = 0                               # the step of the latest after_step (step_when_pumped)
+        self.monitor: Optional[RuntimeMonitor] = None
+        self.ring_drain: Optional[RingDrain] = None
+        self.listeners: list = []                        # add_listener: metrics, the fleet decision
+        self.groups: list[_Group] = []
+        self.engine = None
+        self._per_request = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_request"]
+        self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
+        self.caller_tables = check_caller_tables(self.L, caller_tables)
+        self._no_stats = CanaryStats()
+
+    @classmethod
+    def from_config(cls, config, **engine_options) -> "CanaryManager":
+        """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
+        included) and the engine-side ones given here (layer, backend, fingerprint_layers,
+        caller_tables, chain_position_assert, keep_violations)."""
+        from .config import CanaryConfig
+
+        if not isinstance(config, CanaryConfig):
+            raise ValueError(f"kv-canary: from_config needs a CanaryConfig, got {_describe(config)}")
+        options = config.manager_options()
+        clash = sorted(set(options) & set(engine_options))
+        if clash:
+            raise ValueError(f"kv-canary: from_config takes {', '.join(clash)} from the CanaryConfig; "
+                             f"set it there (flag or environment variable), not as a keyword")
+        return cls(**options, **engine_options)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def stats(self) -> CanaryStats:
+        return self.ring_drain.stats if self.ring_drain is not None else self._no_stats
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Every drained row kept so far (at most keep_violations)."""
+        return self.ring_drain.violations if self.ring_drain is not None else []
+
+    def _choose_layers(self, pools: dict) -> dict:
+        """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
+        cap, chosen, uncovered = self.L.MAX_REAL_KV_SOURCES, {}, []
+        for name, layers in self.fingerprint_layers.items():
+            n = len(pools[name].storage.k) if name in pools else 0
+            if n == 0 or max(layers) >= n:
+                raise ValueError(f"kv-canary: fingerprint_layers[{name!r}] must name layers of the {name} pool, "
+                                 f"which has {n} layer(s); got {list(layers)}")
+        for name, pool in pools.items():
+            n = len(pool.storage.k)
+            chosen[name] = self.fingerprint_layers.get(name, tuple(range(min(n, cap))))
+            if name not in self.fingerprint_layers and n > cap:
+                uncovered.append(f"{n - cap} of {n} {name} layers (layers {cap}..{n - 1})")
+        if uncovered:
+            warnings.warn(f"kv-canary: the real-KV fingerprint does not cover {' and '.join(uncovered)}: one launch "
+                          f"reads at most MAX_REAL_KV_SOURCES={cap} layers; damage there goes unseen. Pass "
+                          f"fingerprint_layers={{group: [layer, ...]}} to choose which layers are covered.",
+                          CanaryCoverageWarning, stacklevel=3)
+        return chosen
+
+    # -- setup ------------------------------------------------------------------------------
+    def _pools(self, engine) -> dict:
+        """The engine's pools the schema has launch tags for (in the schema's group order)."""
+        offered = dict(engine.canary_pools())
+        groups = self.L.LAUNCH_GROUPS
+        if groups[0] not in offered:
+            raise ValueError(f"kv-canary: the engine offers no {groups[0]!r} KV pool (canary_pools() gave "
+                             f"{', '.join(offered) or 'none'}); the schema's launch tags start with group {groups[0]!r}")
+        unserved = [g for g in offered if g not in groups]
+        if unserved:
+            warnings.warn(f"kv-canary: the schema declares no launch tags for the engine's {', '.join(unserved)} KV "
+                          f"pool(s) (launch_tags groups: {', '.join(groups)}); damage there goes unseen",
+                          CanaryCoverageWarning, stacklevel=3)
+        return {g: offered[g] for g in groups if g in offered}
+
+    def _slot_tables(self, name: str, pool: KvPoolView) -> dict:
+        """Per-slot tables of the group's input fields: what writes store and per-slot verifies check."""
+        tables = {}
+        for f in self.L.INPUT_FIELDS:
+            if f.source == "allocation_epoch":
+                tables[f.name] = pool.allocation_epoch
+            elif f.source == "caller_table":
+                table = self.caller_tables[f.name].get(name)
+                if not isinstance(table, torch.Tensor) or table.dtype != torch.int64 or \
+                        tuple(table.shape) != (pool.storage.num_slots,) or table.device != self.device:
+                    raise ValueError(f"kv-canary: caller_tables[{f.name!r}][{name!r}] must be an int64 tensor of "
+                                     f"shape ({pool.storage.num_slots},) on {self.device}, got "
+                                     f"{_describe(table)}")
+                tables[f.name] = table
+        return tables
+
+    def attach(self, engine) -> None:
+        """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
+        check_engine(engine)
+        self.engine = engine
+        if not self.enabled:
+            return
+        dev = engine.device
+        self.device = dev
+        A = self.alloc
+        self.ring, self.write_index = A.allocate_violation_ring(self.ring_capacity, device=dev)
+        self.reason_counts = A.allocate_reason_counts(device=dev)  # shared like the ring; never reset
+        self.slot_run_counter = A.allocate_counter(device=dev)
+        # One kernel-run counter per launch tag (its verify and write share it): the health check
+        # tells which launch stopped running.
+        self.kernel_run_counters = A.allocate_counters(len(self.tags), device=dev)
+        self.chain_flag = A.allocate_chain_position_flag(device=dev, enabled=self.chain_position_assert)
+        cfg = engine.cfg
+        self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
+        self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
+        self._valid_len = [0] * engine.req_rows
+        self._block_table = slot_table_kind(engine) == "blocks"
+        self._slot_table = self._allocate_slot_table(engine, cfg)
+        pools = self._pools(engine)
+        self.fingerprinted = self._choose_layers(pools)
+        self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
+        self._allocate_inputs(cfg)
+        self._buf_of_tag = {int(ctx.kernel_kind): (g, half) for g in self.groups
+                            for (phase, half, kind), ctx in g.contexts.items()}
+        self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
+                                    reason_counts=self.reason_counts, keep_violations=self.keep_violations,
+                                    record_of=self._records_of)
+        self.monitor = self._make_monitor()
+        self._bind_launches()
+
+    def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
+        """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
+        if not self._block_table:
+            return engine.req_to_token
+        cols = torch.arange(cfg.max_ctx, dtype=torch.int64, device=self.device)
+        self._block_col = cols // engine.block_size   # the block-table column of each position
+        self._block_off = cols % engine.block_size    # the position's offset in its block
+        return torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=self.device)
+
+    def _expand_block_table(self, batch) -> None:
+        """Slots of the batch's rows from the engine's block table, on the device (capturable)."""
+        e = self.engine
+        blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
+        slots = blocks * e.block_size + self._block_off
+        self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
+
+    def _make_monitor(self) -> RuntimeMonitor:
+        """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
+        tags only with a sweep interval; the stats line's A counts every tag of the engine's pools."""
+        groups = {g.name for g in self.groups}
+        mine = [(i, self.L.LAUNCH_TAG_COORDINATES[t]) for i, t in enumerate(self.tags)
+                if self.L.LAUNCH_TAG_COORDINATES[t][2] in groups]
+        checked = [(i, phase) for i, (phase, half, _) in mine if half in self.halves]
+        return RuntimeMonitor(kernel_runs=self.kernel_run_counters, slot_runs=self.slot_run_counter,
+                              write_index=self.write_index, tag_names=[t.name for t in self.tags],
+                              per_forward=[i for i, phase in checked if phase != SWEEP_PHASE],
+                              sweep=[i for i, phase in checked if phase == SWEEP_PHASE and self.sweep_interval > 0],
+                              active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
+
+    def _counter_of(self, tag) -> torch.Tensor:
+        i = self.tags.index(tag)
+        return self.kernel_run_counters[i:i + 1]
+
+    def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
+        A, L, dev = self.alloc, self.L, self.device
+        storage = pool.storage
+        bufs, contexts = {}, {}
+        for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
+            if half not in self.halves:
+                continue
+            bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
+            sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
+                                           num_bytes_per_token=storage.bytes_per_token,
+                                           read_bytes=storage.bytes_per_token)
+                            for t in (tensors[i] for i in self.fingerprinted[name]))
+            for phase in L.LAUNCH_PHASES:
+                tag = L.launch_tag(phase, half, name)
+                for kind in ("verify", "write"):
+                    # HEAD writes run before the forward has written K/V: no fingerprint yet.
+                    mode = L.RealKvHashMode.NONE if (phase, kind) == ("head", "write") else self.real_kv_hash_mode
+                    contexts[(phase, half, kind)] = A.VerifyOrWriteContext(
+                        canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
+                        violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
+                        kernel_run_counter=self._counter_of(tag), real_kv_sources=sources,
+                        real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
+                        violation_reason_counts=self.reason_counts)
+        return _Group(name, pool, storage.num_slots, bufs, contexts,
+                      A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev),
+                      A.WritePlan.allocate(write_req_capacity=self.write_capacity, device=dev),
+                      A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
+                      self._slot_tables(name, pool))
+
+    def _allocate_inputs(self, cfg) -> None:
+        """Every device input the manager itself passes to a launch, allocated once: steps refill
+        these in place (HostStaging), so a captured CUDA graph keeps reading the right addresses."""
+        dev = self.device
+
+        def fixed(n: int) -> torch.Tensor:
+            return torch.zeros(n, dtype=torch.int64, device=dev)
+        # No request extends by more than max_ctx tokens in one step; padding rows add one each.
+        self.token_capacity = self.write_capacity * cfg.max_ctx
+        self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
+        self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
+        self._token_inputs = {(g.name, f.name): fixed(self.token_capacity)
+                              for g in self.groups for f in self.L.INPUT_FIELDS}
+        # The write's input assert: what each batch token should be (None when the assert is off).
+        self._expected_tokens = fixed(self.token_capacity) if self.enable_write_input_assert else None
+        self._expected_positions = fixed(self.token_capacity) if self.enable_write_input_assert else None
+        # The batch, staged at every step: request rows beyond the batch are padding (row
+        # REQ_POOL_IDX_PADDING, no prefix, no extend), tokens beyond it are never read.
+        self._req_pool_indices = fixed(self.write_capacity)
+        self._prefix_lens = fixed(self.write_capacity)
+        self._extend_seq_lens = fixed(self.write_capacity)
+        self._input_ids = fixed(self.token_capacity)
+        self._positions = fixed(self.token_capacity)
+        for g in self.groups:
+            g.out_cache_loc = fixed(self.token_capacity)
+        self._scatter_flat = fixed(cfg.max_ctx)
+        self._scatter_offsets = fixed(2)
+        self._scatter_row = fixed(1)
+        sweep_cap = max(g.num_slots for g in self.groups)
+        self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), dev)
+
+    def _bind_launches(self) -> None:
+        """Every launch the manager makes, validated and bound once over its fixed buffers."""
+        bind, b = self.rt.bind, self.backend
+        token_inputs = {g.name: {f.name: self._token_inputs[(g.name, f.name)] for f in self.L.INPUT_FIELDS}
+                        for g in self.groups}
+        expected = {}
+        if self.enable_write_input_assert:
+            expected = {"expected_input_tokens": self._expected_tokens,
+                        "expected_input_positions": self._expected_positions}
+        for g in self.groups:
+            g.launches = {"plan": bind(
+                "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
+                req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
+                extend_seq_lens=self._extend_seq_lens, req_to_token=self._slot_table,
+                swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
+                verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
+                req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
+                kv_token_id_vs_position_offset=0,
+                extra_request_values={n: self._owners for n in self._per_request}, backend=b)}
+            tables = {n: g.slot_tables[n] for n in self._per_slot}
+            for (phase, half, kind), ctx in g.contexts.items():
+                if kind == "verify":
+                    plan = g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan
+                    g.launches[(phase, half, kind)] = bind(
+                        "launch_canary_verify_kernel", context=ctx, plan=plan,
+                        check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables,
+                        backend=b)
+                elif phase != SWEEP_PHASE:
+                    g.launches[(phase, half, kind)] = bind(
+                        "launch_canary_write_kernel", context=ctx, plan=g.write_plan, input_ids=self._input_ids,
+                        positions=self._positions, out_cache_loc=g.out_cache_loc,
+                        enable_write_input_assert=self.enable_write_input_assert,
+                        extra_inputs=token_inputs[g.name], backend=b, **expected)
+        self._scatter = bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
+                             req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=b)
+
+    def set_chain_position_assert(self, enabled: bool) -> None:
+        """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
+        self.chain_position_assert = bool(enabled)
+        if self.enabled:
+            self.chain_flag.fill_(int(self.chain_position_assert))
+
+    # -- expected-token pool ----------------------------------------------------------------
+    def on_tokens(self, row: int, start: int, tokens: list[int]) -> None:
+        """Record a request's known token ids (prompt at admission, then sampled tokens)."""
+        if not self.enabled or not tokens:
+            return
+        n, cols = len(tokens), self.req_pool.shape[1]
+        if start < 0 or start + n > cols:
+            raise ValueError(f"kv-canary: on_tokens needs 0 <= start and start + len(tokens) <= max_ctx={cols}, "
+                             f"got start={start} len(tokens)={n}")
+        if start == 0:
+            self._stage.upload([(tokens, self._scatter_flat), ([0, n], self._scatter_offsets),
+                                ([row], self._scatter_row)])
+            self._scatter.run()
+        else:
+            self._stage.upload([(tokens, self._scatter_flat)])
+            self.req_pool[row, start:start + n].copy_(self._scatter_flat[:n])
+        self._valid_len[row] = start + n
+
+    # -- the step protocol ------------------------------------------------------------------
+    def head(self, batch) -> None:
+        """HEAD of a step: `prepare(batch)` then `launch_head(batch)`."""
+        if not self.enabled:
+            return
+        self.prepare(batch)
+        self.launch_head(batch)
+
+    def prepare(self, batch) -> None:
+        """Host side of a step: refill the manager's fixed inputs in place (outside a CUDA graph)."""
+        if not self.enabled:
+            return
+        bs, n = batch.bs, int(batch.input_ids.shape[0])
+        if bs > self.write_capacity or n > self.token_capacity:
+            raise ValueError(f"kv-canary: a batch may hold at most {self.write_capacity} rows and "
+                             f"{self.token_capacity} tokens (fixed at attach), got {bs} rows and {n} tokens")
+        valid = [self._valid_len[r.row] if r is not None else 0 for r in batch.requests]
+        # -1 disables the owner check: padding rows, and requests whose prefix came from the radix
+        # cache (those slots were written, and are owned, by an earlier request).
+        owners = [r.rid if r is not None and not r.matched else -1 for r in batch.requests]
+        self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
+        self.monitor.on_forward()
+
+    def launch_head(self, batch) -> None:
+        """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
+        write. No host sync, so a CUDA graph can capture it (and `tail`); `prepare` must have refilled
+        the host-side inputs for this batch."""
+        if self.enabled:
+            if self._block_table:
+                self._expand_block_table(batch)
+            self._stage_batch(batch)
+            for g in self.groups:
+                g.launches["plan"].run()
+            if self.enable_write_input_assert:
+                self._fill_expected_inputs(batch)
+            self._verify_and_write("head", batch)
+
+    def tail(self, batch) -> None:
+        """TAIL verify and write, after the forward (device side only, capturable)."""
+        if self.enabled:
+            self._verify_and_write("tail", batch)
+
+    def after_step(self, step: int) -> None:
+        """End of an engine step: the sweep when due, draining, the stats line and the health check;
+        then the metrics exporter and the fleet decision, when attached."""
+        if not self.enabled:
+            return
+        self.last_step = step
+        if self.sweep_interval and step % self.sweep_interval == self.sweep_interval - 1:
+            self.monitor.on_sweep_due()
+            self.sweep()
+        self.ring_drain.snapshot(step)
+        if self.ring_drain.pending():
+            self.drain()
+        health = None
+        try:
+            self.monitor.after_step(step, sweep_passes=self.sweep_passes, drained=self.stats.total)
+        except CanaryHealthError as e:
+            health = e
+        self.notify_step(step, health)  # with a fleet decision, every rank raises a health error together
+
+    def _stage_batch(self, batch) -> None:
+        """The batch's tensors copied into the buffers the launches are bound to (device copies:
+        capturable); request rows past the batch become padding."""
+        bs, n = batch.bs, int(batch.input_ids.shape[0])
+        for buf, src in ((self._req_pool_indices, batch.req_pool_indices), (self._prefix_lens, batch.prefix_lens),
+                         (self._extend_seq_lens, batch.extend_seq_lens)):
+            buf[:bs].copy_(src)
+            buf[bs:].fill_(0 if buf is not self._req_pool_indices else self.L.REQ_POOL_IDX_PADDING)
+        self._input_ids[:n].copy_(batch.input_ids)
+        self._positions[:n].copy_(batch.positions)
+        for g in self.groups:
+            g.out_cache_loc[:n].copy_(g.pool.out_cache_loc(batch))
+            self._write_inputs(g, batch, g.out_cache_loc[:n])
+
+    def _verify_and_write(self, phase: str, batch) -> None:
+        for g in self.groups:
+            for half in self.halves:
+                g.launches[(phase, half, "verify")].run()
+        for g in self.groups:
+            for half in self.halves:
+                g.launches[(phase, half, "write")].run()
+
+    def _fill_expected_inputs(self, batch) -> None:
+        """What the write's input assert compares each batch token with, on the device: position =
+        its request's prefix length + its index in the request's extend; token = the request's known
+        token at that position (the expected-token pool), or the token itself where the pool does not
+        know it yet (a draft). Padding requests own no tokens (as in the write plan)."""
+        n, bs = int(batch.input_ids.shape[0]), batch.bs
+        active = batch.req_pool_indices != self.L.REQ_POOL_IDX_PADDING
+        extend = torch.where(active, batch.extend_seq_lens, torch.zeros_like(batch.extend_seq_lens))
+        ends = torch.cumsum(extend, 0)
+        flat = torch.arange(n, dtype=ends.dtype, device=self.device)
+        req = torch.searchsorted(ends, flat, right=True).clamp_(max=bs - 1)
+        positions = batch.prefix_lens[req] + flat - (ends[req] - extend[req])
+        known = (positions >= 0) & (positions < self._valid_lens[req])
+        column = positions.clamp(0, self.req_pool.shape[1] - 1)
+        tokens = self.req_pool[batch.req_pool_indices[req], column].to(torch.int64)
+        self._expected_tokens[:n].copy_(torch.where(known, tokens, batch.input_ids))
+        self._expected_positions[:n].copy_(positions)
+
+    def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> None:
+        """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
+        n = int(locs.shape[0])
+        for f in self.L.INPUT_FIELDS:
+            buf = self._token_inputs[(g.name, f.name)][:n]
+            if f.source == "request_id":
+                buf.copy_(batch.token_rids)
+            else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots
+                torch.index_select(g.slot_tables[f.name], 0, locs.clamp(0, g.num_slots - 1), out=buf)
+                buf.masked_fill_((locs < 0) | (locs >= g.num_slots), 0)
+
+    # -- sweep ------------------------------------------------------------------------------
+    def sweep(self) -> int:
+        """Verify every radix-held slot (SWEEP_* tags); returns the number of entries per half. A pass
+        with nothing cached still launches (an empty verify), so the health check sees it ran."""
+        if not self.enabled:
+            return 0
+        slots, positions, tokens, prevs = self.engine.cached_entries()
+        self.sweep_passes += 1
+        for g in self.groups:
+            s, p = slots, prevs
+            lut = g.pool.translate
+            if lut is not None:
+                s = [lut(x) for x in slots]
+                p = [lut(x) if x >= 0 else -1 for x in prevs]
+            n, plan = len(s), g.sweep_plan
+            self._stage.upload([(s, plan.verify_slot_indices), (positions, plan.verify_expected_positions),
+                                (tokens, plan.verify_expected_tokens), (p, plan.verify_prev_slot_indices)])
+            for name in self._per_request:  # the owner of a cached page is not tracked: -1 = no check
+                getattr(plan, "verify_expected_" + name)[:n] = -1
+            plan.verify_num_valid.fill_(n)
+            plan.enable.fill_(1)
+            for half in self.halves:
+                g.launches[(SWEEP_PHASE, half, "verify")].run()
+        return len(slots)
+
+    # -- host-offload support (records travel with the K/V bytes) ----------------------------
+    def export_records(self, full_slots: torch.Tensor) -> Optional[dict]:
+        if not self.enabled:
+            return None
+        return {(g.name, half): g.bufs[half][self._group_slots(g, full_slots)].clone()
+                for g in self.groups for half in self.halves}
+
+    def import_records(self, full_slots: torch.Tensor, records: Optional[dict], n: int) -> None:
+        """Paste exported records into new slots and restamp per-slot fields (allocation epochs, caller
+        tables: the new slots' values, as a correct transfer would)."""
+        if not self.enabled or records is None:
+            return
+        words = {f.name: f.word for f in self.L.INPUT_FIELDS}
+        for g in self.groups:
+            idx = self._group_slots(g, full_slots)
+            for half in self.halves:
+                buf = g.bufs[half]
+                buf[idx] = records[(g.name, half)][:n].to(buf.device)
+                view = buf.view(torch.int64)
+                for name, table in g.slot_tables.items():
+                    view[idx, words[name]] = table[idx]
+
+    def _group_slots(self, g: _Group, full_slots: torch.Tensor) -> torch.Tensor:
+        full_slots = full_slots.to(self.device)
+        lut = g.pool.full_to_pool
+        return lut[full_slots] if lut is not None else full_slots
+
+    # -- draining ---------------------------------------------------------------------------
+    def drain(self) -> list[Violation]:
+        """Read every pending row now (waits for the device), decode and record them; then mode `log`
+        logs each row's report once (a WARNING each), mode `raise` raises one CanaryViolationError
+        with all of them (with a FleetMonitor attached: hands it to the fleet decision, which raises
+        on every rank). The write index restarts at 0, so no row is ever reported twice."""
+        if not self.enabled or self.ring_drain is None:
+            return []
+        found = self.ring_drain.drain()
+        if not found:  # nothing appended since the last drain
+            return found
+        st = self.stats
+        # total_violations: rows appended since attach (SGLang's write index never restarts);
+        # ring_overflow: some row was ever dropped for lack of room.
+        reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
+                                         step_when_pumped=self.last_step) for v in found]
+        self.notify_drain()
+        if self.mode == "log":
+            for text in reports:
+                logger.warning(text)
+        elif self.mode == "raise":
+            self.raise_or_defer(CanaryViolationError("\n".join(reports), found))
+        return found
+
+    # -- reporting helpers ------------------------------------------------------------------
+    def _records_of(self, violations: list[Violation]) -> list:
+        """The canary record (int64 words) each verify violation's slot holds now (None: no buffer)."""
+        out = [None] * len(violations)
+        wanted: dict = {}
+        for i, v in enumerate(violations):
+            if v.launch_tag_value in self._buf_of_tag:
+                g, half = self._buf_of_tag[v.launch_tag_value]
+                if 0 <= v.slot < g.num_slots:
+                    wanted.setdefault((g.name, half), []).append(i)
+        for (name, half), idx in wanted.items():
+            g = next(x for x in self.groups if x.name == name)
+            slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
+            for i, words in zip(idx, g.bufs[half][slots].view(torch.int64).cpu().tolist()):
+                out[i] = words
+        return out
+
+    def link_of(self, v: Violation) -> Optional[int]:
+        """Chain link of the record a violation's slot held when it was drained (None if unknown)."""
+        return self.ring_drain.link_of(v) if self.ring_drain is not None else None
+
+    def grouped(self, violations: Optional[list[Violation]] = None) -> list[ViolationGroup]:
+        """Root-cause groups of `violations` (default: everything drained so far)."""
+        return group_cascades(self.violations if violations is None else violations, self.link_of)
+
+    @property
+    def kernel_runs(self) -> int:
+        """Verify and write launches so far, every tag together."""
+        return int(self.kernel_run_counters.sum()) if self.enabled and self.groups else 0
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    return repr(value)

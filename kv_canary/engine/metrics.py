@@ -1,0 +1,207 @@
+"""Prometheus metrics of one CanaryManager (prometheus_client: `pip install 'kv-canary[metrics]'`).
+
+`CanaryMetrics(manager, tp_rank=..., pp_rank=..., dp_rank=...)` exports, under a name prefix
+(default `kv_canary`) and with the three rank labels:
+
+- `<prefix>_violations_total{launch_tag, fail_reason}`: decoded violation rows per launch tag and
+  fail reason (a row with two reasons counts under both): the manager's `stats.by_tag_reason`;
+- `<prefix>_violation_rows_total`: rows appended to the ring, lost ones included (`stats.total`);
+- `<prefix>_ring_rows_lost_total`: rows dropped because the ring was full (`stats.lost`);
+- `<prefix>_kernel_runs_total{launch_tag}`: verify and write launches per launch tag (the device's
+  kernel-run counters);
+- `<prefix>_protected_tokens_total`: slots verified or written (the device's slot-run counter);
+- `<prefix>_healthy`: 1, or 0 while the latest health check found a launch tag that stopped.
+
+The counters follow the manager's own totals: violations from its drains, kernel runs and protected
+tokens from asynchronous copies of its device counters (every `read_every` steps, read once they
+have landed; `refresh()` reads them now). Each update adds the difference to the previous reading,
+so nothing is counted twice. Tags and reasons come from the layer's layout tables.
+
+In prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set before prometheus_client is
+first imported), every rank process writes its own values and one `serve_metrics(...,
+multiprocess_dir=...)` serves them all; the rank labels tell them apart.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+from .counters import CounterSnapshot
+from .violations import sglang_reason_name
+
+RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
+_FAMILIES: dict = {}   # (registry id, prefix, label names) -> the metric families, for `labels=` managers
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+INSTALL_HINT = "pip install 'kv-canary[metrics]' (or prometheus_client)"
+
+
+def _prometheus():
+    try:
+        import prometheus_client
+    except ImportError as e:
+        raise ImportError(f"kv-canary: Prometheus metrics need prometheus_client: {INSTALL_HINT}") from e
+    return prometheus_client
+
+
+class CanaryMetrics:
+    """Prometheus counters and a health gauge for `manager` (attach it to its engine first)."""
+
+    def __init__(self, manager, *, registry=None, prefix: str = "kv_canary", tp_rank: int = 0, pp_rank: int = 0,
+                 dp_rank: int = 0, read_every: int = 1, labels: Optional[Mapping[str, str]] = None):
+        """`labels`: constant labels beside the rank labels (e.g. {"scenario": name}); managers with the
+        same label names share one registry's metric families, told apart by the label values."""
+        prom = _prometheus()
+        if not isinstance(prefix, str) or not _NAME.fullmatch(prefix):
+            raise ValueError(f"kv-canary: CanaryMetrics prefix must be a Prometheus metric name "
+                             f"([a-zA-Z_:][a-zA-Z0-9_:]*), got {prefix!r}")
+        ranks = {"tp_rank": tp_rank, "pp_rank": pp_rank, "dp_rank": dp_rank}
+        for name, value in [*ranks.items(), ("read_every", read_every)]:
+            low = 1 if name == "read_every" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"kv-canary: CanaryMetrics {name} must be an int >= {low}, got {value!r}")
+        if manager.enabled and manager.engine is None:
+            raise ValueError("kv-canary: CanaryMetrics needs a CanaryManager attached to its engine "
+                             "(manager.attach(engine) first); this one is not attached")
+        if manager.listener(CanaryMetrics) is not None:
+            raise ValueError("kv-canary: this CanaryManager already has a CanaryMetrics; close() it first")
+        self.manager = manager
+        self.read_every = read_every
+        extra = {str(k): str(v) for k, v in (labels or {}).items()}
+        self.labels = {**{k: str(v) for k, v in ranks.items()}, **extra}
+        registry = prom.REGISTRY if registry is None else registry
+        names = list(RANK_LABELS) + list(extra)
+        shared = _FAMILIES.get((id(registry), prefix, tuple(names))) if extra else None
+        if shared is not None:
+            (self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
+             self.healthy) = shared
+            self._start(manager)
+            return
+        self.violations = prom.Counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail "
+                                       "reason (a row with two reasons counts under both)",
+                                       names + ["launch_tag", "fail_reason"], registry=registry)
+        self.violation_rows = prom.Counter(f"{prefix}_violation_rows", "Violation rows appended to the ring, "
+                                           "lost rows included", names, registry=registry)
+        self.rows_lost = prom.Counter(f"{prefix}_ring_rows_lost", "Violation rows dropped because the ring was "
+                                      "full", names, registry=registry)
+        self.kernel_runs = prom.Counter(f"{prefix}_kernel_runs", "Verify and write launches per launch tag",
+                                        names + ["launch_tag"], registry=registry)
+        self.protected_tokens = prom.Counter(f"{prefix}_protected_tokens", "Slots verified or written (the "
+                                             "slot-run counter)", names, registry=registry)
+        self.healthy = prom.Gauge(f"{prefix}_healthy", "1, or 0 while the latest health check found a launch "
+                                  "tag that stopped running", names, registry=registry, multiprocess_mode="min")
+        if extra:
+            _FAMILIES[(id(registry), prefix, tuple(names))] = (
+                self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
+                self.healthy)
+        self._start(manager)
+
+    def _start(self, manager) -> None:
+        self.tags = tuple(t.name for t in manager.L.CanaryLaunchTag)   # the kernel-run counters' order
+        for tag in self.tags:
+            self.kernel_runs.labels(**self.labels, launch_tag=tag)     # every tag's series exists from 0
+        for counter in (self.violation_rows, self.rows_lost, self.protected_tokens):
+            counter.labels(**self.labels)
+        self.healthy.labels(**self.labels).set(1)
+        self._seen_rows = {"total": 0, "lost": 0}
+        self._seen_tag_reason: dict = {}
+        self._seen_runs = [0] * len(self.tags)
+        self._seen_tokens = 0
+        self._pending: list[CounterSnapshot] = []
+        manager.add_listener(self)
+        self.on_drain()
+
+    # -- what the manager calls -----------------------------------------------------------------
+    def on_drain(self) -> None:
+        """Add the rows the manager drained since the previous update."""
+        st = self.manager.stats
+        for key, n in st.by_tag_reason.items():
+            delta = n - self._seen_tag_reason.get(key, 0)
+            if delta:
+                tag, reason = key
+                self.violations.labels(**self.labels, launch_tag=tag, fail_reason=sglang_reason_name(reason)).inc(delta)
+                self._seen_tag_reason[key] = n
+        for name, counter in (("total", self.violation_rows), ("lost", self.rows_lost)):
+            delta = getattr(st, name) - self._seen_rows[name]
+            if delta:
+                counter.labels(**self.labels).inc(delta)
+                self._seen_rows[name] = getattr(st, name)
+
+    def after_step(self, step: int) -> None:
+        """Every `read_every` steps, copy the device counters (asynchronously); apply the copies that
+        have landed, and the health check's latest verdict."""
+        if step % self.read_every == 0:
+            self._pending.append(self._snapshot())
+        while self._pending and self._pending[0].ready():
+            self._apply(self._pending.pop(0).values())
+        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
+
+    def refresh(self) -> None:
+        """Bring every metric up to the manager's totals now (waits for the device's counters)."""
+        self.on_drain()
+        if not self.manager.enabled:
+            return
+        self._pending.append(self._snapshot())
+        for snapshot in self._pending:
+            self._apply(snapshot.values())
+        self._pending = []
+        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
+
+    def close(self) -> None:
+        """Stop updating (the metrics stay registered with their last values)."""
+        self.manager.remove_listener(self)
+
+    # -- device counters ----------------------------------------------------------------------
+    def _snapshot(self) -> CounterSnapshot:
+        return CounterSnapshot([self.manager.kernel_run_counters, self.manager.slot_run_counter])
+
+    def _apply(self, values: list[int]) -> None:
+        runs, tokens = values[:len(self.tags)], values[len(self.tags)]
+        for i, (tag, n) in enumerate(zip(self.tags, runs)):
+            if n > self._seen_runs[i]:
+                self.kernel_runs.labels(**self.labels, launch_tag=tag).inc(n - self._seen_runs[i])
+                self._seen_runs[i] = n
+        if tokens > self._seen_tokens:
+            self.protected_tokens.labels(**self.labels).inc(tokens - self._seen_tokens)
+            self._seen_tokens = tokens
+
+
+@dataclass
+class MetricsServer:
+    """A running /metrics HTTP endpoint (`close()` stops it)."""
+    server: object
+    thread: object
+    addr: str
+
+    @property
+    def port(self) -> int:
+        return self.server.server_port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(5)
+
+
+def serve_metrics(port: int, *, addr: str = "127.0.0.1", registry=None,
+                  multiprocess_dir: Optional[str] = None) -> MetricsServer:
+    """Serve `registry` (default: prometheus_client's), or every process's values written under
+    `multiprocess_dir` (multiprocess mode), on http://addr:port/metrics; port 0 picks a free port."""
+    prom = _prometheus()
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"kv-canary: the metrics port must be an int in [0, 65535], got {port!r}")
+    if multiprocess_dir is not None:
+        from prometheus_client import multiprocess
+
+        registry = prom.CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=multiprocess_dir)
+    started = prom.start_http_server(port, addr=addr, registry=prom.REGISTRY if registry is None else registry)
+    if not isinstance(started, tuple):
+        raise ImportError(f"kv-canary: serving /metrics needs prometheus_client >= 0.17: {INSTALL_HINT}")
+    server, thread = started
+    return MetricsServer(server, thread, addr)

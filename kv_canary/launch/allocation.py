@@ -1,0 +1,219 @@
+"""Launch data classes (SGLang's names and keywords) and the allocators of every canary buffer, for
+one generated layer.
+
+Sizes and names come from the layer's layout tables: the record stride, the violation row width,
+the enums, and the plan arrays (one `verify_expected_<field>` array per input field a schema
+verifies per request). `allocators_for(layout, validators)` builds one namespace per layer, so two
+schemas' classes never mix.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
+
+
+def allocators_for(layout, validators) -> SimpleNamespace:
+    """RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan and the allocate_* functions of a layer.
+
+    Sizes are validated before anything is allocated (a capacity must fit the C int the kernels
+    count it in, a buffer's byte size the kernels' 64-bit offsets), and an allocation the device
+    cannot satisfy is a ValueError naming what was asked for, not an allocator traceback.
+    """
+    v = validators
+
+    def allocate_or_explain(what: str, nbytes: int, device: torch.device, make: Callable):
+        try:
+            return make()
+        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
+    per_request_arrays = tuple(f"verify_expected_{f.name}" for f in layout.INPUT_FIELDS
+                               if f.verify_expected == "per_request")
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class RealKvSource:
+        """Real K/V bytes folded into the fingerprint (SEMANTICS.md §4); validated on construction."""
+        tensor: torch.Tensor
+        page_size: int
+        num_bytes_per_token: int
+        read_bytes: int
+
+        def __post_init__(self) -> None:
+            v.check_real_kv_source(tensor=self.tensor, page_size=self.page_size,
+                                   num_bytes_per_token=self.num_bytes_per_token, read_bytes=self.read_bytes)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class VerifyOrWriteContext:
+        """What one verify or write launch works on (SEMANTICS.md §3); the ring is shared by every launch."""
+        canary_buf: torch.Tensor                    # uint8 [num_slots, stride]
+        kernel_kind: layout.CanaryLaunchTag         # stamped into every violation row
+        violation_ring: torch.Tensor                # int64 [ring_capacity, VIOLATION_FIELDS]
+        violation_write_index: torch.Tensor         # int32 [1]
+        slot_run_counter: torch.Tensor              # int64 [1]
+        kernel_run_counter: torch.Tensor            # int64 [1]
+        real_kv_sources: tuple = ()                 # tuple[RealKvSource, ...], at most MAX_REAL_KV_SOURCES
+        real_kv_hash_mode: layout.RealKvHashMode = layout.RealKvHashMode.NONE
+        enable_chain_position_assert: torch.Tensor  # int32 [1]: the write's chain-position assert (0 = off)
+        # [extension] int64 [VIOLATION_REASON_COUNT_COLUMNS]: +1 per FailReason bit of every row a launch
+        # produces, dropped rows included (None = not counted). Share it like the ring.
+        violation_reason_counts: Optional[torch.Tensor] = None
+
+        def __post_init__(self) -> None:
+            # Frozen: what it holds besides tensors is checked once, here; tensors at every launch.
+            v.check_context_fields(self)
+            v.check_context_disjoint(self)
+
+    # int64 arrays of `cap` entries (the expected values start at -1: unknown), then int32 scalars.
+    array_fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                    "verify_prev_slot_indices", *per_request_arrays)
+    unknown_at_start = ("verify_expected_tokens", *per_request_arrays)
+
+    def allocate_verify_plan(cls, *, verify_capacity: int, device):
+        """Zeroed entries, expected values -1 (unknown), num_valid 0 and enable 1 (SGLang's default)."""
+        cap = v.check_verify_capacity(verify_capacity)
+        device = v.check_device("device", device)
+
+        def make():
+            arrays = {name: torch.full((cap,), -1 if name in unknown_at_start else 0, dtype=torch.int64, device=device)
+                      for name in array_fields}
+            return cls(**arrays, verify_num_valid=torch.zeros(1, dtype=torch.int32, device=device),
+                       enable=torch.ones(1, dtype=torch.int32, device=device))
+        return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
+                                   make)
+
+    def verify_plan_bytes(cls, verify_capacity: int) -> int:
+        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
+        cap = v.check_int("verify_capacity", verify_capacity, minimum=0)
+        return len(array_fields) * cap * 8 + 2 * 4
+
+    def zero_verify_plan(self):
+        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values -1 (unknown,
+        as SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
+        verify and write bugs."""
+        for name in array_fields:
+            getattr(self, name).fill_(-1 if name in unknown_at_start else 0)
+        self.verify_num_valid.zero_()
+        self.enable.zero_()
+        return self
+
+    VerifyPlan = dataclasses.make_dataclass(
+        "VerifyPlan",
+        [(name, torch.Tensor) for name in array_fields[:4]] + [("verify_num_valid", torch.Tensor),
+                                                                ("enable", torch.Tensor)]
+        + [(name, torch.Tensor) for name in per_request_arrays],
+        namespace={"__doc__": "Flat verify entries (SEMANTICS.md §5.2), sized to a fixed capacity.",
+                   "ARRAY_FIELDS": array_fields, "allocate": classmethod(allocate_verify_plan),
+                   "allocation_bytes": classmethod(verify_plan_bytes), "zero_for_testing_": zero_verify_plan,
+                   "__module__": __name__},
+        frozen=True, slots=True, kw_only=True)
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class WritePlan:
+        """Per-request write ranges and chain seeds (SEMANTICS.md §5.1)."""
+        write_offsets: torch.Tensor                 # int64 [cap + 1]
+        write_seed_slot_indices: torch.Tensor       # int64 [cap], -1 = chain head
+        write_num_valid_reqs: torch.Tensor          # int32 [1]
+
+        @classmethod
+        def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
+            cap = v.check_write_capacity(write_req_capacity)
+            device = v.check_device("device", device)
+            return allocate_or_explain(
+                f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
+                lambda: cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
+                            write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
+                            write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device)))
+
+        @classmethod
+        def allocation_bytes(cls, write_req_capacity: int) -> int:
+            """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
+            cap = v.check_int("write_req_capacity", write_req_capacity, minimum=0)
+            return (cap + 1) * 8 + cap * 8 + 4
+
+        def zero_for_testing_(self) -> "WritePlan":
+            """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
+            zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
+            self.write_offsets.zero_()
+            self.write_seed_slot_indices.zero_()
+            self.write_num_valid_reqs.zero_()
+            return self
+
+    def allocate_canary_buf(num_slots: int, *, device,
+                            slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
+        """Zeroed uint8 [num_slots, slot_stride_bytes]; the stride must hold the record (multiple of 8)."""
+        num_slots = v.check_int("num_slots", num_slots, minimum=0)
+        slot_stride_bytes = v.check_int("slot_stride_bytes", slot_stride_bytes, minimum=1)
+        v.check_slot_stride(slot_stride_bytes, (num_slots, slot_stride_bytes))
+        v.check_extent("canary_buf", num_slots, "num_slots", slot_stride_bytes, "slot_stride_bytes")
+        device = v.check_device("device", device)
+        return allocate_or_explain(
+            f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
+            lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
+
+    def canary_buf_bytes(num_slots: int, slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> int:
+        return num_slots * slot_stride_bytes
+
+    def allocate_violation_ring(ring_capacity: int, *, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ring int64 [ring_capacity, VIOLATION_FIELDS] zeroed, write index int32 [1] = 0)."""
+        ring_capacity = v.check_ring_capacity(ring_capacity)
+        device = v.check_device("device", device)
+        return allocate_or_explain(
+            f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
+            lambda: (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
+                     torch.zeros(1, dtype=torch.int32, device=device)))
+
+    def violation_ring_bytes(ring_capacity: int) -> int:
+        return ring_capacity * layout.VIOLATION_FIELDS * 8 + 4
+
+    def allocate_reason_counts(*, device) -> torch.Tensor:
+        """Per-reason violation totals: int64 [VIOLATION_REASON_COUNT_COLUMNS] = 0 (column i = bit
+        VIOLATION_REASON_COUNT_BITS[i])."""
+        return torch.zeros(layout.VIOLATION_REASON_COUNT_COLUMNS, dtype=torch.int64,
+                           device=v.check_device("device", device))
+
+    def allocate_counter(*, device) -> torch.Tensor:
+        """A run counter: int64 [1] = 0."""
+        return allocate_counters(1, device=device)
+
+    def allocate_counters(n: int, *, device) -> torch.Tensor:
+        """`n` run counters in one tensor, int64 [n] = 0: `counters[i:i + 1]` is one context's counter,
+        and one copy reads them all."""
+        v.check_int("n", n, minimum=1)
+        return torch.zeros(n, dtype=torch.int64, device=v.check_device("device", device))
+
+    def allocate_chain_position_flag(*, device, enabled: bool = False) -> torch.Tensor:
+        """The write's chain-position-assert flag: int32 [1] (0 during warm-up / graph capture)."""
+        v.check_bool("enabled", enabled)
+        return torch.full((1,), int(enabled), dtype=torch.int32, device=v.check_device("device", device))
+
+    def allocate_context(*, num_slots: int, ring_capacity: int, device, kernel_kind=next(iter(layout.CanaryLaunchTag)),
+                         real_kv_sources: tuple = (), real_kv_hash_mode=layout.RealKvHashMode.NONE,
+                         enable_chain_position_assert: bool = True,
+                         slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES,
+                         count_reasons: bool = True) -> VerifyOrWriteContext:
+        """A fresh context with its own buffer, ring and counters (use dataclasses.replace to share a ring);
+        per-reason totals are allocated unless count_reasons=False."""
+        v.check_bool("count_reasons", count_reasons)
+        kernel_kind = v.check_enum("kernel_kind", kernel_kind, layout.CanaryLaunchTag)
+        real_kv_hash_mode = v.check_enum("real_kv_hash_mode", real_kv_hash_mode, layout.RealKvHashMode)
+        device = v.check_device("device", device)
+        real_kv_sources = v.check_real_kv_sources(real_kv_sources, device=device)  # before anything is allocated
+        ring, index = allocate_violation_ring(ring_capacity, device=device)
+        return VerifyOrWriteContext(
+            canary_buf=allocate_canary_buf(num_slots, device=device, slot_stride_bytes=slot_stride_bytes),
+            kernel_kind=kernel_kind, violation_ring=ring, violation_write_index=index,
+            slot_run_counter=allocate_counter(device=device), kernel_run_counter=allocate_counter(device=device),
+            real_kv_sources=tuple(real_kv_sources), real_kv_hash_mode=real_kv_hash_mode,
+            enable_chain_position_assert=allocate_chain_position_flag(device=device,
+                                                                      enabled=enable_chain_position_assert),
+            violation_reason_counts=allocate_reason_counts(device=device) if count_reasons else None)
+
+    v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
+    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+             "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
+             "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
+    scope = locals()
+    return SimpleNamespace(**{name: scope[name] for name in names}, __all__=names)

@@ -1,0 +1,740 @@
+"""Host-side validation of every launch (SEMANTICS.md §7), for one generated layer.
+
+Every number, name and message comes from the layer's layout tables (generated/layout.py): the
+record and ring sizes, the enums, the §7 texts with the schema's values already in them, and the
+input fields a schema declares. Which Python integers must fit which C integer of the kernels comes
+from the layer's kernel ABI (generated/kernel_abi.py ARGUMENT_KINDS and RANGES, rendered from the
+one description of every kernel parameter), so a value no kernel can hold is refused here, with
+the argument's own name, on every backend alike (the torch reference included). Everything is
+checked from shapes, dtypes, data pointers and Python arguments only: no device value is read, so
+validation never synchronises a GPU. Backends may assume validated inputs. `validate_<operation>`
+returns the keyword arguments the backend operation takes, normalised (input-field mappings become
+dicts with exactly the schema's keys).
+"""
+from __future__ import annotations
+
+import importlib
+import operator
+from typing import Any, Mapping, Optional
+
+import torch
+
+_INT64 = torch.int64
+_INT32 = torch.int32
+_UINT8 = torch.uint8
+_TENSOR = torch.Tensor
+WRITE_PLAN_ARRAYS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+
+
+def _shape(t: torch.Tensor) -> tuple:
+    return tuple(int(d) for d in t.shape)
+
+
+def _bound(value: int) -> str:
+    """2147483647 as '2**31-1 = 2147483647' (the C limits read better as powers of two)."""
+    if value > 0 and (value + 1) & value == 0:
+        return f"2**{(value + 1).bit_length() - 1}-1 = {value}"
+    if value < 0 and (-value) & (-value - 1) == 0:
+        return f"-2**{(-value).bit_length() - 1} = {value}"
+    return str(value)
+
+
+class Validators:
+    """The checks of one layer (`layout`: the layer's generated layout module; `abi`: its generated
+    kernel_abi module, by default the one beside the layout)."""
+
+    def __init__(self, layout, abi=None):
+        self.layout = layout
+        self.abi = abi if abi is not None else importlib.import_module(layout.__name__.rpartition(".")[0] + ".kernel_abi")
+        self.prefix = layout.MESSAGE_PREFIX
+        # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
+        # besides tensors is checked when they are built, not again at every launch.
+        self.frozen_context = self.frozen_source = None
+        self.messages = layout.MESSAGES
+        fields = layout.INPUT_FIELDS
+        self.input_fields = tuple(f.name for f in fields)
+        self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
+        self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
+        self.verify_plan_arrays = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                                   "verify_prev_slot_indices", "verify_num_valid", "enable",
+                                   *("verify_expected_" + n for n in self.per_request_fields))
+
+    def message(self, key: str, **values: Any) -> str:
+        """The full §7 text of `key` with its run-time values filled in."""
+        return self.prefix + self.messages[key].format(**values)
+
+    def fail(self, key: str, **values: Any) -> ValueError:
+        return ValueError(self.message(key, **values))
+
+    def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
+                     device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
+        """Type, dtype, rank, shape (None entries match anything), device, contiguity, alignment and
+        storage extent of one tensor. Runs at every launch (a tensor can change all of these in
+        place): a valid plain tensor takes the first branch; anything else the checks one by one."""
+        if (type(t) is _TENSOR and t.dtype is dtype
+                and (t.shape == shape if shape is not None else ndim is None or len(t.shape) == ndim)
+                and (device is None or t.device == device) and not t.is_meta and t.is_contiguous()):
+            es = t.element_size()
+            if not t.data_ptr() % es and (t.storage_offset() + t.numel()) * es <= t.untyped_storage().nbytes():
+                return t
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype != dtype:
+            raise TypeError(f"{self.prefix}{name} must have dtype {dtype}, got {t.dtype}")
+        size = t.shape
+        want_ndim = len(shape) if shape is not None else ndim
+        if want_ndim is not None and len(size) != want_ndim:
+            raise ValueError(f"{self.prefix}{name} must be {want_ndim}-D, got shape {_shape(t)}")
+        if shape is not None:
+            for w, g in zip(shape, size):
+                if w is not None and w != g:
+                    want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+                    raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
+        if device is not None and t.device != device:
+            raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
+        if t.is_meta:
+            self.check_has_data(name, t)
+        packed = t.is_contiguous()
+        if contiguous and not packed:
+            raise self.fail("not_contiguous", name=name)
+        es = t.element_size()
+        if t.data_ptr() % es:
+            self.check_aligned(name, t, es, f"its {t.dtype} elements")
+        if packed:
+            if (t.storage_offset() + t.numel()) * es > t.untyped_storage().nbytes():
+                self.check_storage(name, t)
+        else:
+            self.check_storage(name, t)
+        return t
+
+    def check_has_data(self, name: str, t: torch.Tensor) -> None:
+        """A meta tensor has a shape but no memory: no backend can read or write it."""
+        if t.is_meta:
+            raise ValueError(f"{self.prefix}{name} is on the meta device, which holds no data; kv-canary launches "
+                             f"need tensors with memory (e.g. on cpu or cuda)")
+
+    def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str) -> None:
+        """The kernels read `t` as `align`-byte words: a misaligned address faults on a GPU and is
+        undefined behaviour on the host (e.g. a uint8 view at an odd offset, an unaligned numpy buffer)."""
+        if t.data_ptr() % align:
+            raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned (the kernels read it as {words}), "
+                             f"got address {t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
+
+    def check_storage(self, name: str, t: torch.Tensor) -> None:
+        """Every element the shape and strides reach lies inside the tensor's storage (a storage
+        resized under a tensor keeps the tensor's shape, and a kernel would run past the memory)."""
+        have, need = t.untyped_storage().nbytes(), self.extent(t)
+        if need and t.storage_offset() * t.element_size() + need > have:
+            raise ValueError(f"{self.prefix}{name} reaches {t.storage_offset() * t.element_size() + need} bytes into its "
+                             f"storage (shape {_shape(t)}, strides {tuple(t.stride())}, storage offset "
+                             f"{t.storage_offset()}), but the storage holds {have} bytes: was it resized under the "
+                             f"tensor?")
+
+    @staticmethod
+    def extent(t: torch.Tensor) -> int:
+        """Bytes from the tensor's first element to one past its last (0 for an empty tensor)."""
+        if t.is_contiguous():
+            return t.nbytes
+        if t.numel() == 0:
+            return 0
+        return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
+
+    def check_disjoint(self, inputs: dict, outputs: dict) -> None:
+        """No input shares memory with an output of the same launch: a kernel reading what it writes
+        gives different results on different backends (thread order, copies), so it is refused."""
+        spans, lo, hi = [], None, 0
+        for name, t in outputs.items():
+            span = self._span(t)
+            if span:
+                spans.append((span, name))
+                lo = span[0] if lo is None or span[0] < lo else lo
+                hi = span[1] if span[1] > hi else hi
+        if lo is None:
+            return
+        for name, t in inputs.items():
+            span = self._span(t)
+            if not span or span[0] >= hi or span[1] <= lo:  # outside every output: the usual case
+                continue
+            for (start, end), out in spans:
+                if span[0] < end and start < span[1]:
+                    raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
+                                     f"outputs must not share memory (pass a copy of {name})")
+
+    def _span(self, t) -> tuple:
+        """(first byte, one past the last) of a tensor with memory; () for anything else."""
+        if type(t) is not _TENSOR and not isinstance(t, torch.Tensor):
+            return ()
+        start, n = t.data_ptr(), t.nbytes
+        if n and not t.is_contiguous():
+            n = self.extent(t)
+        return (start, start + n) if start and n else ()
+
+    # -- integers that reach the kernels as C integers -----------------------------------------------
+    def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
+        """`value` within the C integer of the kernels that takes argument `argument` (default: `name`;
+        the kind comes from the generated kernel ABI, never from a table here)."""
+        kind = self.abi.ARGUMENT_KINDS[argument or name]
+        lo, hi = self.abi.RANGES[kind]
+        if not lo <= value <= hi:
+            side, bound = ("<=", hi) if value > hi else (">=", lo)
+            raise ValueError(f"{self.prefix}{name} must be {side} {_bound(bound)} (the kernels hold it in a C "
+                             f"{self.abi.C_NAMES[kind]}), got {value}")
+        return value
+
+    def check_extent(self, what: str, count: int, count_name: str, size: int, size_name: str,
+                     unit: str = "bytes") -> None:
+        """count x size within int64: the kernels compute such products (slot * stride, row * row
+        stride, the plan's entry total) in signed 64-bit integers."""
+        most = self.abi.RANGES["i64"][1]
+        if count * size > most:
+            raise ValueError(f"{self.prefix}{what} is too large: {count_name}={count} x {size_name}={size} = "
+                             f"{count * size} {unit}, more than a signed 64-bit integer holds "
+                             f"({_bound(most)}); the kernels compute it in one")
+
+    def as_int(self, name: str, value: Any) -> int:
+        """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
+        if not isinstance(value, bool):
+            try:
+                return operator.index(value)
+            except TypeError:
+                pass
+        raise TypeError(f"{self.prefix}{name} must be an int, got {type(value).__name__}")
+
+    def check_int(self, name: str, value: Any, *, minimum: Optional[int] = None) -> int:
+        value = self.as_int(name, value)
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{self.prefix}{name} must be >= {minimum}, got {value}")
+        return value
+
+    def check_enum(self, name: str, value: Any, enum_type):
+        """A member of one of the schema's enums, given as the member or its int value."""
+        if not isinstance(value, bool):
+            try:
+                return enum_type(operator.index(value))
+            except (TypeError, ValueError):
+                pass
+        members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
+        raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}")
+
+    def parse_device(self, name: str, device: Any) -> torch.device:
+        """A well-formed device (a torch.device or a string such as 'cpu' or 'cuda:0')."""
+        try:
+            return torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"{self.prefix}{name} must be a torch.device or a device string such as 'cpu' or "
+                             f"'cuda:0', got {device!r}") from None
+
+    def check_device(self, name: str, device: Any) -> torch.device:
+        """A device to allocate on: well formed, and for CUDA one this torch build can reach."""
+        dev = self.parse_device(name, device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                       else "torch sees no CUDA device")
+                raise ValueError(f"{self.prefix}{name} is {str(dev)!r}, but {why}; allocate on 'cpu' instead")
+            count = torch.cuda.device_count()
+            if dev.index is not None and not 0 <= dev.index < count:
+                raise ValueError(f"{self.prefix}{name} is {str(dev)!r}, but torch sees {count} CUDA device(s) "
+                                 f"(cuda:0 .. cuda:{count - 1})")
+        return dev
+
+    def check_bool(self, name: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{self.prefix}{name} must be a bool, got {type(value).__name__}")
+        return value
+
+    # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
+    def check_real_kv_source(self, *, tensor: Any, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
+        """The §4 rules, in SGLang's order; plus the 16-byte alignment that vector loads need."""
+        self.check_real_kv_params(page_size=page_size, num_bytes_per_token=num_bytes_per_token, read_bytes=read_bytes)
+        self.check_real_kv_tensor(tensor, page_size=page_size, num_bytes_per_token=num_bytes_per_token)
+
+    def check_real_kv_params(self, *, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
+        """A source's integers (fixed once a RealKvSource is built)."""
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        page_size = self.as_int("RealKvSource.page_size", page_size)
+        num_bytes_per_token = self.as_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
+        read_bytes = self.as_int("RealKvSource.read_bytes", read_bytes)
+        if page_size < 1:
+            raise self.fail("real_kv_page_size", page_size=page_size)
+        if num_bytes_per_token <= 0 or num_bytes_per_token % align:
+            raise self.fail("real_kv_num_bytes_per_token", n=num_bytes_per_token)
+        if read_bytes <= 0 or read_bytes % align or read_bytes > num_bytes_per_token:
+            raise self.fail("real_kv_read_bytes", n=num_bytes_per_token, r=read_bytes)
+        # The kernels take these as C ints; their product (< 2**62 then) is computed in 64 bits, and a
+        # row's byte offset (row * row stride) stays inside the tensor's own memory.
+        for field, value in (("page_size", page_size), ("num_bytes_per_token", num_bytes_per_token),
+                             ("read_bytes", read_bytes)):
+            self.check_fits("RealKvSource." + field, value)
+
+    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> None:
+        """A source's tensor (checked at every launch: a tensor can change in place)."""
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.is_meta:
+            self.check_has_data("RealKvSource.tensor", tensor)
+        size, strides = tensor.shape, tensor.stride()
+        if len(size) < 2:
+            raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        es = tensor.element_size()
+        row_stride = strides[0] * es
+        if row_stride % align:
+            raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(strides), dtype=tensor.dtype)
+        # A row's bytes are read as one flat run starting at the row's first element.
+        packed = 1
+        for d in range(len(size) - 1, 0, -1):
+            if size[d] != 1 and strides[d] != packed and size[0] > 0:
+                raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
+                                 f"got shape={_shape(tensor)}, strides={tuple(strides)}")
+            packed *= size[d]
+        needed = page_size * num_bytes_per_token
+        if packed * es < needed:
+            raise self.fail("real_kv_row_width", b=packed * es, p=page_size, n=num_bytes_per_token, m=needed)
+        if tensor.data_ptr() % align:
+            raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
+                             f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
+        self.check_storage("RealKvSource.tensor", tensor)
+
+    def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False) -> tuple:
+        """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
+        when they were built; only their tensors are checked again."""
+        if not frozen:
+            if not isinstance(sources, (tuple, list)):
+                raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
+            if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
+                raise self.fail("real_kv_source_count", n=len(sources))
+        for i, src in enumerate(sources):
+            if not frozen or type(src) is not self.frozen_source:
+                for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
+                    if not hasattr(src, attr):
+                        raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
+                self.check_real_kv_params(page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
+                                          read_bytes=src.read_bytes)
+            self.check_real_kv_tensor(src.tensor, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token)
+            if src.tensor.device != device:
+                raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
+                                 f"got {src.tensor.device}")
+        return tuple(sources)
+
+    # -- buffers and plans --------------------------------------------------------------------------------
+    def check_slot_stride(self, stride: int, shape: tuple) -> None:
+        """A multiple of the word size holding the record (shape: the buffer's, for the message)."""
+        if stride % self.layout.CANARY_WORD_BYTES:
+            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {self.layout.CANARY_WORD_BYTES} bytes, "
+                             f"got {stride} (shape {shape})")
+        if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
+            raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
+
+    def check_canary_buf(self, canary_buf: Any) -> int:
+        """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record, 8-byte
+        aligned (records are read as int64 words); returns num_slots."""
+        self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2)
+        self.check_slot_stride(int(canary_buf.shape[1]), _shape(canary_buf))
+        word = self.layout.CANARY_WORD_BYTES
+        self.check_aligned("canary_buf", canary_buf, word, f"{word}-byte record words")
+        return int(canary_buf.shape[0])
+
+    def check_capacity(self, name: str, value: Any, message: str) -> int:
+        """A positive int (numpy integer scalars too) that fits the C int the kernels count it in."""
+        value = self.as_int(name, value)
+        if value <= 0:
+            raise self.fail(message, n=value)
+        return self.check_fits(name, value)
+
+    def check_verify_capacity(self, verify_capacity: Any) -> int:
+        return self.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
+
+    def check_write_capacity(self, write_req_capacity: Any) -> int:
+        return self.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
+
+    def check_ring_capacity(self, ring_capacity: Any) -> int:
+        """>= 0; the ring's write index is a C int, so rows past 2**31-1 could never be written."""
+        return self.check_fits("ring_capacity", self.check_int("ring_capacity", ring_capacity, minimum=0))
+
+    CONTEXT_FIELDS = ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
+                      "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert")
+
+    def check_context_fields(self, context: Any) -> None:
+        """What a context holds besides its tensors: its fields, launch tag, hash mode and real-KV
+        sources (checked once when this layer's frozen VerifyOrWriteContext is built, else at every launch)."""
+        for attr in self.CONTEXT_FIELDS:
+            if not hasattr(context, attr):
+                raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
+        self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
+        self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
+        sources = context.real_kv_sources
+        if not isinstance(sources, (tuple, list)):
+            raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
+        if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
+            raise self.fail("real_kv_source_count", n=len(sources))
+
+    def check_context(self, context: Any) -> int:
+        """Every tensor of a VerifyOrWriteContext; returns num_slots."""
+        frozen = type(context) is self.frozen_context
+        if not frozen:
+            for attr in self.CONTEXT_FIELDS:
+                if not hasattr(context, attr):
+                    raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
+        num_slots = self.check_canary_buf(context.canary_buf)
+        dev = context.canary_buf.device
+        self.check_tensor("violation_ring", context.violation_ring, dtype=_INT64, shape=(None, self.layout.VIOLATION_FIELDS), device=dev)
+        self.check_fits("violation_ring capacity", int(context.violation_ring.shape[0]), argument="ring_capacity")
+        self.check_tensor("violation_write_index", context.violation_write_index, dtype=_INT32, shape=(1,), device=dev)
+        self.check_tensor("slot_run_counter", context.slot_run_counter, dtype=_INT64, shape=(1,), device=dev)
+        self.check_tensor("kernel_run_counter", context.kernel_run_counter, dtype=_INT64, shape=(1,), device=dev)
+        self.check_tensor("enable_chain_position_assert", context.enable_chain_position_assert, dtype=_INT32, shape=(1,), device=dev)
+        # [extension] optional per-reason totals; getattr: an SGLang-style context object has no such field.
+        counts = getattr(context, "violation_reason_counts", None)
+        if counts is not None:
+            self.check_tensor("violation_reason_counts", counts, dtype=_INT64, shape=(self.layout.VIOLATION_REASON_COUNT_COLUMNS,),
+                              device=dev)
+        if not frozen:
+            self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
+            self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
+        self.check_real_kv_sources(context.real_kv_sources, device=dev, frozen=frozen)
+        return num_slots
+
+    def context_outputs(self, context: Any) -> dict:
+        """The tensors every verify and write launch writes."""
+        out = {"violation_ring": context.violation_ring, "violation_write_index": context.violation_write_index,
+               "slot_run_counter": context.slot_run_counter, "kernel_run_counter": context.kernel_run_counter}
+        counts = getattr(context, "violation_reason_counts", None)
+        if counts is not None:
+            out["violation_reason_counts"] = counts
+        return out
+
+    def context_inputs(self, context: Any) -> dict:
+        """The tensors of a context a launch only reads (the canary buffer is the write's output)."""
+        out = {"enable_chain_position_assert": context.enable_chain_position_assert}
+        for i, src in enumerate(context.real_kv_sources):
+            out[f"real_kv_sources[{i}].tensor"] = getattr(src, "tensor", None)
+        return out
+
+    def check_context_disjoint(self, context: Any) -> None:
+        """No two of a context's tensors share memory: what a launch reads of it (real-KV bytes, the
+        flag, for a verify the canary buffer) is never what it writes (for a write the canary buffer)."""
+        inputs = self.context_inputs(context)
+        self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, self.context_outputs(context))
+        self.check_disjoint(inputs, {"canary_buf": context.canary_buf})
+
+    def check_verify_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
+        """Every array of a VerifyPlan; returns its capacity."""
+        names = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
+                 *("verify_expected_" + n for n in self.per_request_fields))
+        for attr in (*names, "verify_num_valid", "enable"):
+            if not hasattr(plan, attr):
+                raise TypeError(f"{self.prefix}plan must be a VerifyPlan of this schema (missing {attr}), got {type(plan).__name__}")
+        first = getattr(plan, names[0])
+        self.check_tensor("plan.verify_slot_indices", first, dtype=_INT64, ndim=1, device=device, device_of=device_of)
+        cap = int(first.shape[0])
+        if cap <= 0:
+            raise self.fail("verify_capacity", n=cap)
+        self.check_fits("plan.verify_slot_indices capacity", cap, argument="verify_capacity")
+        for attr in names[1:]:
+            self.check_tensor("plan." + attr, getattr(plan, attr), dtype=_INT64, shape=(cap,), device=device, device_of=device_of)
+        self.check_tensor("plan.verify_num_valid", plan.verify_num_valid, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        self.check_tensor("plan.enable", plan.enable, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        return cap
+
+    def check_write_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
+        """Every array of a WritePlan; returns its request capacity."""
+        for attr in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):
+            if not hasattr(plan, attr):
+                raise TypeError(f"{self.prefix}plan must be a WritePlan (missing {attr}), got {type(plan).__name__}")
+        self.check_tensor("plan.write_seed_slot_indices", plan.write_seed_slot_indices, dtype=_INT64, ndim=1, device=device, device_of=device_of)
+        cap = int(plan.write_seed_slot_indices.shape[0])
+        if cap <= 0:
+            raise self.fail("write_capacity", n=cap)
+        self.check_fits("plan.write_seed_slot_indices capacity", cap, argument="write_req_capacity")
+        self.check_tensor("plan.write_offsets", plan.write_offsets, dtype=_INT64, shape=(cap + 1,), device=device, device_of=device_of)
+        self.check_tensor("plan.write_num_valid_reqs", plan.write_num_valid_reqs, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
+        return cap
+
+    def _check_extra(self, kind: str, given: Optional[Mapping], names: tuple, *, length: int, length_of: str,
+                     device: torch.device, device_of: str) -> dict:
+        """A {field name: int64 [length]} mapping with exactly `names` as keys ({} / None when there are none)."""
+        given = {} if given is None else given
+        if not isinstance(given, Mapping):
+            raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
+        if set(given) != set(names):
+            want = ", ".join(names) if names else "no fields (this schema declares none)"
+            raise ValueError(f"{self.prefix}{kind} must have exactly the keys [{want}], got [{', '.join(map(str, given))}]")
+        out = {}
+        for name in names:
+            out[name] = self.check_tensor(f"{kind}[{name!r}]", given[name], dtype=_INT64, shape=(length,), device=device,
+                                          device_of=device_of)
+        return out
+
+    # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
+    def validate_write(self, *, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+                       expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> dict:
+        self.check_context(context)
+        dev = context.canary_buf.device
+        self.check_write_plan(plan, device=dev)
+        self.check_tensor("input_ids", input_ids, dtype=_INT64, ndim=1, device=dev)
+        n = int(input_ids.shape[0])
+        self.check_tensor("positions", positions, dtype=_INT64, shape=(n,), device=dev)
+        self.check_tensor("out_cache_loc", out_cache_loc, dtype=_INT64, shape=(n,), device=dev)
+        self.check_bool("enable_write_input_assert", enable_write_input_assert)
+        if enable_write_input_assert:
+            if expected_input_tokens is None or expected_input_positions is None:
+                raise self.fail("expected_inputs_required")
+            self.check_tensor("expected_input_tokens", expected_input_tokens, dtype=_INT64, shape=(n,), device=dev)
+            self.check_tensor("expected_input_positions", expected_input_positions, dtype=_INT64, shape=(n,), device=dev)
+        elif expected_input_tokens is not None or expected_input_positions is not None:
+            raise self.fail("expected_inputs_forbidden")
+        extra = self._check_extra("extra_inputs", extra_inputs, self.input_fields, length=n, length_of="input_ids",
+                                  device=dev, device_of="canary_buf")
+        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
+            self.check_context_disjoint(context)
+        self.check_disjoint({"plan.write_offsets": plan.write_offsets,
+                             "plan.write_seed_slot_indices": plan.write_seed_slot_indices,
+                             "plan.write_num_valid_reqs": plan.write_num_valid_reqs, "input_ids": input_ids,
+                             "positions": positions, "out_cache_loc": out_cache_loc,
+                             "expected_input_tokens": expected_input_tokens,
+                             "expected_input_positions": expected_input_positions,
+                             **{f"extra_inputs[{k!r}]": t for k, t in extra.items()}},
+                            {"canary_buf": context.canary_buf, **self.context_outputs(context)})
+        return dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
+                    enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
+                    expected_input_positions=expected_input_positions, extra_inputs=extra)
+
+    def validate_verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> dict:
+        num_slots = self.check_context(context)
+        dev = context.canary_buf.device
+        self.check_verify_plan(plan, device=dev)
+        self.check_bool("check_verify_expected_token", check_verify_expected_token)
+        extra = self._check_extra("extra_slot_tables", extra_slot_tables, self.per_slot_fields, length=num_slots,
+                                  length_of="canary_buf", device=dev, device_of="canary_buf")
+        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
+            self.check_context_disjoint(context)
+        self.check_disjoint({**{"plan." + k: getattr(plan, k) for k in self.verify_plan_arrays},
+                             **{f"extra_slot_tables[{k!r}]": t for k, t in extra.items()}},
+                            self.context_outputs(context))
+        return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
+                    extra_slot_tables=extra)
+
+    # -- the plan's inputs: shared by the whole plan and by its two stages ------------------------------
+    def _check_req_to_token(self, req_to_token: Any) -> torch.device:
+        self.check_tensor("req_to_token", req_to_token, dtype=_INT32, ndim=2, contiguous=True)
+        if int(req_to_token.shape[1]) == 0:
+            # A request's seed is its last prefix column: a table without columns has none to read.
+            raise ValueError(f"{self.prefix}req_to_token must have at least 1 column (one per context position), "
+                             f"got shape {_shape(req_to_token)}")
+        return req_to_token.device
+
+    def _check_requests(self, *, req_pool_indices, prefix_lens, extend_seq_lens=None, device: torch.device,
+                        write_capacity: Optional[int] = None, write_capacity_of: str = "") -> int:
+        """req_pool_indices, prefix_lens and (when given) extend_seq_lens, int64 [bs]; returns bs."""
+        on = dict(device=device, device_of="req_to_token")
+        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, **on)
+        bs = int(req_pool_indices.shape[0])
+        if write_capacity is not None and bs > write_capacity:
+            raise ValueError(f"{self.prefix}req_pool_indices holds {bs} requests but {write_capacity_of} is "
+                             f"{write_capacity}")
+        self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), **on)
+        if extend_seq_lens is not None:
+            self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), **on)
+        return bs
+
+    def _check_swa(self, *, swa_window_size, full_to_swa_index_mapping, device: torch.device) -> None:
+        # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
+        # or without a window (SEMANTICS.md §5.3); only a window needs one.
+        swa_window_size = self.check_fits("swa_window_size", self.check_int("swa_window_size", swa_window_size))
+        if swa_window_size > 0 and full_to_swa_index_mapping is None:
+            raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
+        if full_to_swa_index_mapping is not None:
+            self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1,
+                              device=device, device_of="req_to_token")
+
+    def _check_expected_token_pool(self, *, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
+                                   bs: int, device: torch.device):
+        """The optional expected-token pool (int32 [rows, cols]) and its per-request valid lengths; returns
+        the valid lengths the plan reads. Without a pool they are ignored, as SGLang does (its runtime
+        passes them on every forward, pool or not: docs/sglang-compat.md)."""
+        if req_to_verify_expected_tokens is None:
+            return None
+        if req_to_verify_expected_tokens_valid_lens is None:
+            raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
+                             f"must be given together, got only req_to_verify_expected_tokens")
+        on = dict(device=device, device_of="req_to_token")
+        self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2, **on)
+        self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
+                          dtype=_INT64, shape=(bs,), **on)
+        return req_to_verify_expected_tokens_valid_lens
+
+    def _check_offsets_scratch(self, name: str, scratch: Any, *, bs: int, device: torch.device) -> None:
+        """The verify entry offsets handed from the first plan stage to the second: int64, at least bs + 1."""
+        self.check_tensor(name, scratch, dtype=_INT64, ndim=1, device=device, device_of="req_to_token")
+        if int(scratch.shape[0]) < bs + 1:
+            raise ValueError(f"{self.prefix}{name} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
+                             f"req_pool_indices length), got shape {_shape(scratch)}")
+
+    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
+                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
+                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
+        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        cap = self.check_verify_plan(verify_plan_out, device=dev, **on)
+        wcap = self.check_write_plan(write_plan_out, device=dev, **on)
+        self.check_verify_capacity(verify_capacity)
+        if verify_capacity != cap:
+            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {cap}, got {verify_capacity}")
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
+                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
+                                  write_capacity_of="write_plan_out.write_req_capacity")
+        # The verify entries' total (at most bs x columns) is summed in 64 bits by the kernels.
+        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
+                          unit="entries at most")
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
+            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
+        self.check_fits("kv_token_id_vs_position_offset",
+                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
+        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
+                                  length_of="req_pool_indices", device=dev, **on)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
+             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping,
+             "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
+             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
+             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
+            {**{"verify_plan_out." + k: getattr(verify_plan_out, k) for k in self.verify_plan_arrays},
+             **{"write_plan_out." + k: getattr(write_plan_out, k) for k in WRITE_PLAN_ARRAYS}})
+        return dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
+                    prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
+                    swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
+                    verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra)
+
+    def validate_plan_offsets(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+                              full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
+                              out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
+                              out_write_num_valid_reqs, swa_window_size, verify_capacity) -> dict:
+        """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        self.check_tensor("out_write_seed_slot_indices", out_write_seed_slot_indices, dtype=_INT64, ndim=1,
+                          device=dev, **on)
+        wcap = int(out_write_seed_slot_indices.shape[0])
+        if wcap <= 0:
+            raise self.fail("write_capacity", n=wcap)
+        self.check_tensor("out_write_offsets", out_write_offsets, dtype=_INT64, shape=(wcap + 1,), device=dev, **on)
+        for name, t in (("out_verify_num_valid", out_verify_num_valid), ("out_verify_enable", out_verify_enable),
+                        ("out_write_num_valid_reqs", out_write_num_valid_reqs)):
+            self.check_tensor(name, t, dtype=_INT32, shape=(1,), device=dev, **on)
+        self.check_verify_capacity(verify_capacity)
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
+                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
+                                  write_capacity_of="the write request capacity (out_write_seed_slot_indices length)")
+        self._check_offsets_scratch("out_verify_offsets_scratch", out_verify_offsets_scratch, bs=bs, device=dev)
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
+             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping},
+            {"out_verify_offsets_scratch": out_verify_offsets_scratch, "out_write_offsets": out_write_offsets,
+             "out_write_seed_slot_indices": out_write_seed_slot_indices, "out_verify_num_valid": out_verify_num_valid,
+             "out_verify_enable": out_verify_enable, "out_write_num_valid_reqs": out_write_num_valid_reqs})
+        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
+                    req_to_token=req_to_token, full_to_swa_index_mapping=full_to_swa_index_mapping,
+                    out_verify_offsets_scratch=out_verify_offsets_scratch, out_write_offsets=out_write_offsets,
+                    out_write_seed_slot_indices=out_write_seed_slot_indices, out_verify_num_valid=out_verify_num_valid,
+                    out_verify_enable=out_verify_enable, out_write_num_valid_reqs=out_write_num_valid_reqs,
+                    swa_window_size=swa_window_size, verify_capacity=verify_capacity)
+
+    def validate_plan_entries(self, *, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
+                              verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
+                              req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices,
+                              out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices,
+                              kv_token_id_vs_position_offset, swa_window_size, extra_request_values=None,
+                              out_extra_verify_expected=None) -> dict:
+        """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
+        on = dict(device_of="req_to_token")
+        dev = self._check_req_to_token(req_to_token)
+        self.check_tensor("out_verify_slot_indices", out_verify_slot_indices, dtype=_INT64, ndim=1, device=dev, **on)
+        cap = int(out_verify_slot_indices.shape[0])
+        if cap <= 0:
+            raise self.fail("verify_capacity", n=cap)
+        for name, t in (("out_verify_expected_tokens", out_verify_expected_tokens),
+                        ("out_verify_expected_positions", out_verify_expected_positions),
+                        ("out_verify_prev_slot_indices", out_verify_prev_slot_indices)):
+            self.check_tensor(name, t, dtype=_INT64, shape=(cap,), device=dev, **on)
+        self.check_tensor("verify_enable", verify_enable, dtype=_INT32, shape=(1,), device=dev, **on)
+        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, device=dev)
+        self._check_offsets_scratch("verify_offsets_scratch", verify_offsets_scratch, bs=bs, device=dev)
+        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
+        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
+            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
+        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
+                          unit="entries at most")
+        self.check_fits("kv_token_id_vs_position_offset",
+                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
+        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
+                                  length_of="req_pool_indices", device=dev, **on)
+        out_extra = self._check_extra("out_extra_verify_expected", out_extra_verify_expected, self.per_request_fields,
+                                      length=cap, length_of="out_verify_slot_indices", device=dev, **on)
+        self.check_disjoint(
+            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "req_to_token": req_to_token,
+             "full_to_swa_index_mapping": full_to_swa_index_mapping, "verify_offsets_scratch": verify_offsets_scratch,
+             "verify_enable": verify_enable, "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
+             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
+             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
+            {"out_verify_slot_indices": out_verify_slot_indices, "out_verify_expected_tokens": out_verify_expected_tokens,
+             "out_verify_expected_positions": out_verify_expected_positions,
+             "out_verify_prev_slot_indices": out_verify_prev_slot_indices,
+             **{f"out_extra_verify_expected[{k!r}]": t for k, t in out_extra.items()}})
+        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
+                    full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets_scratch=verify_offsets_scratch,
+                    verify_enable=verify_enable, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
+                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
+                    out_verify_slot_indices=out_verify_slot_indices, out_verify_expected_tokens=out_verify_expected_tokens,
+                    out_verify_expected_positions=out_verify_expected_positions,
+                    out_verify_prev_slot_indices=out_verify_prev_slot_indices,
+                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, swa_window_size=swa_window_size,
+                    extra_request_values=extra, out_extra_verify_expected=out_extra)
+
+    def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
+        # pool_out may be a view with padded rows (SGLang's scatter steps rows by stride(0) too); its
+        # rows must be contiguous and must not overlap, or requests would land in each other's cells.
+        self.check_tensor("pool_out", pool_out, dtype=_INT32, ndim=2, contiguous=False)
+        rows, cols = _shape(pool_out)
+        if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
+            raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
+                             f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
+        dev = pool_out.device
+        self.check_tensor("flat_in", flat_in, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
+        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
+        bs = int(req_pool_indices.shape[0])
+        self.check_tensor("offsets", offsets, dtype=_INT64, shape=(bs + 1,), device=dev, device_of="pool_out")
+        self.check_disjoint({"flat_in": flat_in, "offsets": offsets, "req_pool_indices": req_pool_indices},
+                            {"pool_out": pool_out})
+        return dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+
+    def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
+        """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)
+        or the uint8 canary_buf (viewed as int64 here), and a slot below num_slots (negative: HEAD)."""
+        if not isinstance(buf_i64, torch.Tensor):
+            raise TypeError(f"{self.prefix}buf_i64 must be a torch.Tensor, got {type(buf_i64).__name__}")
+        if buf_i64.dtype == _UINT8:
+            self.check_canary_buf(buf_i64)
+            buf_i64 = buf_i64.view(_INT64)
+        elif buf_i64.dtype == _INT64:
+            self.check_tensor("buf_i64", buf_i64, dtype=_INT64, ndim=2, contiguous=False)
+            if int(buf_i64.shape[1]) < self.layout.CANARY_FIELDS_PER_SLOT:
+                raise ValueError(f"{self.prefix}buf_i64 must hold at least {self.layout.CANARY_FIELDS_PER_SLOT} int64 "
+                                 f"fields per slot (dim 1), got shape {_shape(buf_i64)}")
+        else:
+            raise TypeError(f"{self.prefix}buf_i64 must have dtype torch.int64 (the canary buffer viewed as int64 "
+                            f"[num_slots, words]) or be the uint8 canary_buf, got {buf_i64.dtype}")
+        slot = self.as_int("source_slot_idx", source_slot_idx)
+        num_slots = int(buf_i64.shape[0])
+        if slot >= num_slots:
+            raise ValueError(f"{self.prefix}source_slot_idx must be < {num_slots} (the slots of buf_i64) or negative "
+                             f"(the chain head), got {slot}")
+        return dict(buf_i64=buf_i64, source_slot_idx=slot)

@@ -1,0 +1,92 @@
+"""Build the emulation library of a generated layer with g++, cached by content.
+
+The library is one translation unit: the generated launchers file includes the shim and every
+generated .cu. Its cache key covers the compiler, the flags and the text of every input, so an
+edited template or schema always rebuilds, and an unchanged tree is built once per machine.
+
+With KV_CANARY_EMULATION_SANITIZE=1 (what `make sanitize` sets) the library is built with
+AddressSanitizer and UndefinedBehaviorSanitizer, every finding fatal, as its own cache entry. Such a
+library only loads into a process that has the ASan runtime first in its library list (LD_PRELOAD);
+`make sanitize` arranges that, and loading refuses with a clear error otherwise.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from .cache import cache_dir, content_key, entry
+from .sources import kernel_abi, read_source, tree_dir
+
+SHIM_DIR = Path(__file__).resolve().parent.parent / "emulation"  # the hand-written shim (package data)
+SHIM_HEADER = SHIM_DIR / "cuda_host_shim.h"
+CXX_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
+             "-Wno-unknown-pragmas", "-Werror")
+ENV_SANITIZE = "KV_CANARY_EMULATION_SANITIZE"
+SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                  "-fno-sanitize-recover=all")
+
+
+def sanitize_enabled() -> bool:
+    return os.environ.get(ENV_SANITIZE, "") not in ("", "0")
+
+
+def cxx_flags() -> tuple[str, ...]:
+    return CXX_FLAGS + SANITIZE_FLAGS if sanitize_enabled() else CXX_FLAGS
+
+
+def asan_runtime_loaded() -> bool:
+    """Whether this process has the ASan runtime mapped (it must come first: LD_PRELOAD)."""
+    try:
+        return "libasan" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+
+
+class EmulationBuildError(RuntimeError):
+    """g++ rejected the generated sources; the message quotes its diagnostics."""
+
+
+@functools.lru_cache(maxsize=None)
+def compiler() -> tuple[str, str]:
+    """(path, version) of g++, or raise when there is none."""
+    path = shutil.which("g++")
+    if path is None:
+        raise EmulationBuildError("kv-canary: the emulated backend needs g++ on PATH, found none")
+    version = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    return path, version
+
+
+def library_inputs(layer) -> list[tuple[str, str]]:
+    """(name, text) of every file the library is built from, in a fixed order."""
+    abi = kernel_abi(layer)
+    names = [abi.EMULATION_SOURCE, abi.HEADER] + [k.source for k in abi.KERNELS.values()]
+    return ([("cuda_host_shim.h", SHIM_HEADER.read_text(encoding="utf-8"))]
+            + [(name, read_source(layer, name)) for name in names])
+
+
+def build_library(layer) -> Path:
+    """Path of the layer's emulation library, compiling it on a cache miss."""
+    gxx, version = compiler()
+    flags = cxx_flags()
+    sanitized = sanitize_enabled()
+    if sanitized and not asan_runtime_loaded():
+        raise EmulationBuildError(f"kv-canary: {ENV_SANITIZE}=1 builds the emulation library with AddressSanitizer, "
+                                  f"which loads only into a process started with the ASan runtime first "
+                                  f"(LD_PRELOAD=$(g++ -print-file-name=libasan.so)); run `make sanitize`, or unset "
+                                  f"{ENV_SANITIZE}")
+    inputs = library_inputs(layer)
+    key = content_key("kv-canary-emulation-1", version, " ".join(flags),
+                      *(part for name, text in inputs for part in (name, text)))
+    out = cache_dir("emulation") / f"kv_canary_emu_{'asan_ubsan_' if sanitized else ''}{key[:32]}.so"
+    source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
+
+    def compile_to(tmp: Path) -> None:
+        cmd = [gxx, *flags, f"-I{SHIM_DIR}", str(source), "-o", str(tmp)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EmulationBuildError(f"kv-canary: g++ could not build the emulation library from {source}:\n"
+                                      f"{proc.stderr.strip()}\ncommand: {' '.join(cmd)}")
+    return entry(out, compile_to)

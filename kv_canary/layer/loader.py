@@ -1,0 +1,107 @@
+"""Import a generated tree (generated/) as a Python package, and find the generator.
+
+The default tree is `kv_canary.generated` (`default_layer()`); tests and tools load trees generated from other
+schemas (kv_canary.layer.schemas.generate_layer) side by side under unique module names.
+
+Installed wheels carry `kv_canary/generated` and `kv_canary/codegen` inside the package; a source
+checkout keeps them at its root (`generated/`, `codegen/`), so that the schema, the generator and
+its output sit side by side for review. Both are imported under their `kv_canary.` names either way.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Optional
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kv_canary/
+CODEGEN_PACKAGE = "kv_canary.codegen"
+
+
+def _installed_or_checkout(name: str) -> Path:
+    """kv_canary/<name> in an installed wheel, <checkout root>/<name> in a source checkout."""
+    installed = PACKAGE_DIR / name
+    if (installed / "__init__.py").is_file():
+        return installed
+    return PACKAGE_DIR.parent / name
+
+
+def default_generated_dir() -> Path:
+    return _installed_or_checkout("generated")
+
+
+def codegen_dir() -> Path:
+    return _installed_or_checkout("codegen")
+
+
+def _import_package(path: Path, module_name: str) -> ModuleType:
+    init = path / "__init__.py"
+    spec = importlib.util.spec_from_file_location(module_name, init, submodule_search_locations=[str(path)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def register_codegen() -> None:
+    """Make `kv_canary.codegen` importable from a source checkout (a wheel has it in place).
+
+    Cheap: the generator package's __init__ imports nothing; its modules load on first use.
+    """
+    if CODEGEN_PACKAGE in sys.modules or (PACKAGE_DIR / "codegen" / "__init__.py").is_file():
+        return
+    path = codegen_dir()
+    if (path / "__init__.py").is_file():
+        _import_package(path, CODEGEN_PACKAGE)
+
+
+def regenerate_command(layer) -> str:
+    """What regenerates a generated layer's tree, for messages about it (the layer records it:
+    `make generate` in kv-canary's checkout, `kv-canary generate` in an engine's repository)."""
+    return getattr(layer, "REGENERATE_COMMAND", None) or "make generate"
+
+
+# How a loaded layer gets its runtime (validation, backends, allocators): set once by the package
+# root (kv_canary/__init__.py), which sits above every layer, so this one never imports upward.
+_runtime_factory: Optional[Callable] = None
+
+
+def set_runtime_factory(factory: Callable) -> None:
+    """`factory(layer)` -> the layer's runtime; called lazily, at a layer's first launch."""
+    global _runtime_factory
+    _runtime_factory = factory
+
+
+def _runtime_of(layer):
+    if _runtime_factory is None:
+        raise RuntimeError(f"kv-canary: no runtime for {layer.__name__}; import kv_canary first")
+    return _runtime_factory(layer)
+
+
+def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
+    """Import the generated package at `path` (cached per module name) and hand it its runtime."""
+    path = Path(path).resolve()
+    if not (path / "__init__.py").is_file():
+        raise ImportError(f"kv-canary: no generated package at {path} (run `make generate`)")
+    if module_name is None:
+        module_name = "kv_canary_generated_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    layer = _import_package(path, module_name)
+    layer.runtime_factory = functools.partial(_runtime_of, layer)
+    return layer
+
+
+DEFAULT_MODULE = "kv_canary.generated"
+
+
+def default_layer() -> ModuleType:
+    """The default generated layer, `kv_canary.generated` (kernels.yaml's tree)."""
+    return sys.modules.get(DEFAULT_MODULE) or load_generated(default_generated_dir(), DEFAULT_MODULE)

@@ -1,0 +1,69 @@
+"""Schemas, generated layers and the golden vectors the tests share (the fixtures over them are in
+tests/conftest.py)."""
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from kv_canary.layer import schemas as layers
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_SCHEMA = ROOT / "kernels.yaml"
+EXAMPLE_SCHEMAS = layers.example_schemas()
+# The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
+SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh temporary directory, removed when the test process exits."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+@functools.cache
+def _gen_root() -> Path:
+    return scratch_dir("kv_canary_gen_")
+
+
+def default_schema_text(*, stride: int | None = None, abi_version: int | None = None) -> str:
+    """kernels.yaml's text, optionally with another canary slot stride and/or abi_version.
+
+    Tests that derive a mutated schema start from here, so they keep working whatever stride and
+    abi_version the checked-in schema uses (the schema-change workflow: edit kernels.yaml, bump
+    abi_version as `make abi-check` demands, `make generate`, and `make test` must stay green).
+    """
+    text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
+    if stride is not None:
+        text, n = re.subn(r"(?m)^(\s*slot_stride_bytes:\s*)\d+", rf"\g<1>{stride}", text)
+        assert n == 1, "kernels.yaml must declare exactly one slot_stride_bytes"
+    if abi_version is not None:
+        text, n = re.subn(r"(?m)^abi_version:[ \t]*\d+", f"abi_version: {abi_version}", text)
+        assert n == 1, "kernels.yaml must declare exactly one top-level abi_version"
+    return text
+
+
+def sglang_schema_text() -> str:
+    """kernels.yaml normalised to SGLang's default ABI (stride 32, abi_version 1): the fixed base of
+    tests that spell out exact offsets, strides or abi_versions."""
+    return default_schema_text(stride=32, abi_version=1)
+
+
+def load_vectors() -> dict:
+    """SEMANTICS.md's golden vectors; a missing file is an error, never a silent skip."""
+    path = SPEC_DIR / "vectors.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"golden vectors not found at {path}: put the spec beside the checkout "
+                                f"(../shared/spec) or set KV_CANARY_SPEC_DIR")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def generate_layer(schema_path: Path):
+    """Generate `schema_path` into this test session's scratch cache (never checked in) and import it."""
+    return layers.generate_layer(schema_path, _gen_root())
