@@ -4,6 +4,7 @@ kv-canary itself comes only from the wheel. Used by test_wheel_install.py and te
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
