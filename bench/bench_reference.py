@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
-import scenarios  # noqa: E402
-from oracle import Oracle  # noqa: E402
+from tests.support import scenarios  # noqa: E402
+from tests.support.oracle import Oracle  # noqa: E402
 
 import kv_canary  # noqa: E402
 

@@ -7,7 +7,9 @@ scripts/gpu_check.py puts those lines in its summary."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -103,3 +105,15 @@ def test_gpu_bench_renders_host_figures_into_the_gpu_check_summary():
     assert "verify 12.0 us vs 10.0 us (1.20x)" in text and "target <= 2x MET" in text
     assert "256 requests x 2,048 prefix tokens" in text and "9 launches = 56 us per launch" in text
     assert bench.host_launch_result(dict(costs, plan={**costs["plan"], "ratio": 2.5}))["met"] is False
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (Path(__file__).resolve().parents[2] / "bench").glob("bench_*.py")))
+def test_every_bench_script_imports_what_it_uses(script):
+    """`make bench` runs each script as a program: its module-level imports (the test support
+    modules among them) must resolve from a plain interpreter, outside pytest."""
+    bench = Path(__file__).resolve().parents[2] / "bench"
+    code = ("import runpy, sys; sys.argv = [sys.argv[0]]; "
+            f"runpy.run_path({str(bench / script)!r}, run_name='bench_import_check')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
