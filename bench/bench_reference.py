@@ -21,10 +21,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import kv_canary  # noqa: E402
 from tests.support import scenarios  # noqa: E402
 from tests.support.oracle import Oracle  # noqa: E402
-
-import kv_canary  # noqa: E402
 
 LAYER = kv_canary.generated
 ALLOC = kv_canary.allocators
