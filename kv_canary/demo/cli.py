@@ -32,13 +32,27 @@ DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults
                            enable_verify_token_assert=True, enable_mha_v=True)
 
 
+def _live(stream) -> str:
+    """The prefix of a line that later output overwrites: a carriage return on a terminal; elsewhere
+    (a log file, CI) nothing, and such lines are not written at all."""
+    isatty = getattr(stream, "isatty", None)
+    return "\r" if isatty is not None and isatty() else ""
+
+
+def _transient(stream, text: str) -> None:
+    """A progress line shown on a terminal only (overwritten by what follows)."""
+    if _live(stream):
+        stream.write("\r" + text)
+        stream.flush()
+
+
 def _progress(label: str, stream):
     def show(done: int, total: int) -> None:
-        if done == total or done % 20 == 0:
-            stream.write(f"\r  {label}: step {done}/{total}")
-            if done == total:
-                stream.write("\n")
+        if done == total:
+            stream.write(f"{_live(stream)}  {label}: step {done}/{total}\n")
             stream.flush()
+        elif done % 20 == 0:
+            _transient(stream, f"  {label}: step {done}/{total}")
     return show
 
 
@@ -53,7 +67,7 @@ def _canary_log_shown(stream):
     """The kv_canary logger's INFO and above on `stream`, each line on its own (over the progress line)."""
     log = logging.getLogger("kv_canary")
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(logging.Formatter("\r  %(message)s"))
+    handler.setFormatter(logging.Formatter(_live(stream) + "  %(message)s"))
     old_level, old_propagate = log.level, log.propagate
     log.addHandler(handler)
     log.setLevel(logging.INFO)
@@ -154,10 +168,9 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backen
               f"{clean['kernel_runs']} canary launches, violations: {clean['violations']}\n")
     results = []
     for i, sc in enumerate(chosen, 1):
-        out.write(f"\r  scenario {i}/{len(chosen)}: {sc.name:<45}")
-        out.flush()
+        _transient(out, f"  scenario {i}/{len(chosen)}: {sc.name:<45}")
         results.append(faults.run_scenario(sc, backend=args.backend, device=device, metrics_registry=registry))
-    out.write("\n\n" + report.format_table(results) + "\n\n")
+    out.write(("\n" if _live(out) else "") + "\n" + report.format_table(results) + "\n\n")
     real = _real_engine_section(args, canary, device, registry, out, *real_selection)
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
     ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
@@ -202,11 +215,10 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         section["clean"] = {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0, "violations": 0,
                             "unchanged": True, "version": transformers.__version__, "model": "not run"}
     for i, sc in enumerate(chosen, 1):
-        out.write(f"\r  scenario {i}/{len(chosen)}: {sc.name:<55}")
-        out.flush()
+        _transient(out, f"  scenario {i}/{len(chosen)}: {sc.name:<55}")
         section["results"].append(tf.run_scenario(sc, backend=args.backend, metrics_registry=registry))
     if chosen:
-        out.write("\n\n" + report.format_table(section["results"]) + "\n\n")
+        out.write(("\n" if _live(out) else "") + "\n" + report.format_table(section["results"]) + "\n\n")
         first = next((r for r in section["results"] if r.first is not None), None)
         if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
             from .. import generated

@@ -12,6 +12,7 @@ def test_demo_writes_table_and_report(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0
     assert "scenario" in out and "first detection (damage step)" in out and "first decoded line" not in out
+    assert "\r" not in out and "scenario 1/" not in out  # not a terminal: no progress lines to overwrite
     lines = out.splitlines()
     table = lines[lines.index(next(x for x in lines if x.startswith("scenario "))):]
     assert "[ok] out_of_range_slot" in out and max(len(line) for line in table[:table.index('')]) <= 120
@@ -26,6 +27,24 @@ def test_demo_writes_table_and_report(tmp_path, capsys):
     assert "- canary: schema kernels.yaml, expected-token check on, real-KV fingerprint ALL" in details
     png = (tmp_path / "violations_per_step.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_progress_lines_are_shown_on_a_terminal_only(tmp_path, monkeypatch):
+    """On a terminal the clean run's progress and each scenario's name overwrite each other (\\r);
+    the table then starts on a line of its own."""
+    import io
+    import sys
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    assert demo.main(["--steps", "40", "--out", str(tmp_path), "--only", "out_of_range_slot"]) == 0
+    out = terminal.getvalue()
+    assert "\r  clean run: step 20/40\r  clean run: step 40/40\n" in out
+    assert "\r  scenario 1/1: out_of_range_slot" in out
+    assert "\n\nscenario " in out
 
 
 def test_demo_rejects_unknown_scenario(tmp_path, capsys):
