@@ -77,6 +77,10 @@ LAYOUT_FIXED_NAMES = frozenset({
     "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
 
+# Names the generated package's __init__.py defines beside `from .layout import *` (python/__init__.py.j2):
+# a schema name equal to one would replace it, or be hidden by it, in the package.
+PACKAGE_FIXED_NAMES = frozenset({"REGENERATE_COMMAND", "runtime_factory"})
+
 PYTHON_BUILTINS = frozenset(dir(builtins))
 
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
@@ -112,6 +116,7 @@ def _generated_names(schema: Schema) -> dict[str, str]:
     """Every module-level name layout.py derives from the schema's records -> what defines it. (The
     C++ header needs no such table: its schema-derived names are prefixed per kind.)"""
     names = {n: "a fixed name of the generated layout" for n in LAYOUT_FIXED_NAMES}
+    names.update({n: "a name of the generated package's __init__" for n in PACKAGE_FIXED_NAMES})
     for f in schema.canary.fields:
         names[f"CANARY_FIELD_{f.name.upper()}"] = f"canary field '{f.name}'"
     for f in schema.violation.fields:
@@ -133,8 +138,20 @@ def _check_generated_names(schema: Schema, d: Diagnostics) -> None:
                                f"generate {rec.name.upper()}_FIELD_{upper}")
             seen.setdefault(upper, f.name)
     generated = _generated_names(schema)
-    for item, what in [(c, "constant") for c in schema.constants] + \
-                      [(vs, f"{vs.kind} set") for vs in schema.flags + schema.enums]:
+    # Constants and flag/enum sets share one namespace: layout.py's module level (re-exported by the
+    # package). The later of two same-named definitions would silently replace the earlier one there.
+    # Duplicates within a kind are _duplicates' (constants, sets); this catches a pair across kinds.
+    defined: dict[str, tuple[str, Loc]] = {}
+    items = sorted([(c, "constant") for c in schema.constants] +
+                   [(vs, f"{vs.kind} set") for vs in schema.flags + schema.enums],
+                   key=lambda pair: (pair[0].loc.line, pair[0].loc.col))
+    for item, what in items:
+        first = defined.setdefault(item.name, (what, item.loc))
+        if first[1] != item.loc and first[0] != what:
+            d.error(item.loc, f"{what} '{item.name}' has the name of the {first[0]} defined at line "
+                              f"{first[1].line}: both would be {item.name} in the generated layout module; "
+                              f"rename one")
+            continue
         if item.name in generated:
             d.error(item.loc, f"{what} '{item.name}' collides with the generated name {item.name} "
                               f"({generated[item.name]}); rename it")
