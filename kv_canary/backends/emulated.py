@@ -20,12 +20,12 @@ import ctypes
 import functools
 import struct
 import sys
-import threading
 from pathlib import Path
 
 import torch
 
 from ..layer.identity import check_identity
+from ..layer.memo import PerLayer
 from ..layer.sources import kernel_abi
 from . import BackendUnavailable
 from .host_checks import HostChecks
@@ -116,18 +116,17 @@ class EmulationLibrary:
                                     f"failed: {reason}")
 
 
-_libraries: dict = {}
-_lock = threading.Lock()
+def _load_library(layer) -> EmulationLibrary:
+    from ..layer.emulation_build import build_library
+    return EmulationLibrary(layer, build_library(layer))
+
+
+_libraries: PerLayer[EmulationLibrary] = PerLayer(_load_library)
 
 
 def library_for(layer) -> EmulationLibrary:
     """The layer's loaded emulation library: built (or found in the cache) once per process."""
-    from ..layer.emulation_build import build_library
-    with _lock:
-        lib = _libraries.get(layer.__name__)
-        if lib is None or lib.layer is not layer:
-            lib = _libraries[layer.__name__] = EmulationLibrary(layer, build_library(layer))
-        return lib
+    return _libraries.get(layer)
 
 
 class EmulatedBackend(KernelBackend):

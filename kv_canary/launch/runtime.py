@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 
 import torch
 
 from ..backends import KNOWN_BACKENDS, Prepared, get_backend
+from ..layer.memo import PerLayer
 from .allocation import allocators_for
 from .validation import Validators
 
@@ -169,14 +169,9 @@ class Runtime:
         self._public("scatter_req_token_ids", arguments, reference=True)
 
 
-_runtimes: dict = {}
-_lock = threading.Lock()
+_runtimes: PerLayer[Runtime] = PerLayer(Runtime)
 
 
 def runtime_for(layer) -> Runtime:
     """The Runtime of a generated package (e.g. kv_canary.generated or kv_canary.load_generated(path))."""
-    with _lock:
-        rt = _runtimes.get(layer.__name__)
-        if rt is None or rt.layer is not layer:
-            rt = _runtimes[layer.__name__] = Runtime(layer)
-        return rt
+    return _runtimes.get(layer)
