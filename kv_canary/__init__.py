@@ -1,11 +1,7 @@
 """kv-canary: KV-cache integrity canaries generated from kernels.yaml.
 
-The package shows its layers (docs/architecture.md; imports only go down, `make lint` checks it):
-`layer` (generated trees, compile cache, toolchain) <- `backends` (torch, emulated, cuda) <-
-`launch` (runtime, validation, allocation) <- `engine` (the engine contract, CanaryManager, config,
-monitor, reporting, metrics, distributed) <- `demo`. This root only names the public API.
-
-SGLang-compatible names come from the default generated layer; no layout literal lives here.
+This root names the public API above the package's layers (docs/architecture.md): SGLang-compatible
+names from the default generated layer (no layout literal lives here), the rest loaded on first use.
 """
 from __future__ import annotations
 

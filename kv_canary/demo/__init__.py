@@ -1,9 +1,5 @@
-"""The demo: a CPU serving simulation (`sim`), named fault scenarios (`faults`) and the report.
-
-`kv-canary demo` (or `make demo`) runs a clean simulated serving run, then every fault scenario,
-and writes a report; `kv_canary.demo.cli` holds its command line. `kv-canary demo --world-size N`
-runs the fleet demo (`fleet`): the engine on N gloo ranks, a fault on rank 1 only. The example schema one scenario
-needs ships with the package (kv_canary/schemas/), so an installed wheel runs the demo too.
+"""The demo (`kv-canary demo`, `make demo`): a CPU serving simulation (`sim`), named fault scenarios
+(`faults`), the report, and the fleet demo on local gloo ranks (`fleet`); `cli` is its command line.
 """
 from __future__ import annotations
 

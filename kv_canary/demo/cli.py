@@ -1,16 +1,10 @@
 """`make demo` / `kv-canary demo`: a clean serving run, then every fault scenario, then a report.
 
-Runs on the default backend (CUDA when a GPU is present, else the CPU torch reference); exits 0
-when the clean run is silent and every scenario behaves as documented. SGLang's canary flags and
-SGLANG_KV_CANARY_* environment variables configure the clean run (the scenarios keep the settings
-their expectations need); its log lines, the stats line included, are shown as it runs.
-Without SGLang's flags the clean run checks everything (the demo's settings); once any of them is
-given, the others take SGLang's defaults too (a stats line every 100 steps among them). Then the
-real-engine section: HF transformers' continuous batching guarded by kv_canary.integrations.
-transformers, a clean run and faults injected through the engine's own objects (skipped, saying how
-to get it, where transformers is not installed). `--metrics-port PORT` serves the Prometheus
-metrics of every run (label `scenario`) on 127.0.0.1 while the demo runs.
-`--world-size N` runs the fleet demo instead (kv_canary.demo.fleet): N gloo ranks, a fault on rank 1.
+Exits 0 when the clean run is silent and every scenario behaves as documented. SGLang's canary flags
+and SGLANG_KV_CANARY_* variables configure the clean run (once any flag is given, the others take
+SGLang's defaults too; without them it checks everything). Then the same for HF transformers'
+continuous batching (skipped, saying how to get it, without transformers). `--world-size N`: the
+fleet demo (kv_canary.demo.fleet).
 """
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """Named, seeded fault-injection scenarios: each injects one real serving bug into the simulation
 and states which canary check must fire (launch tag, fail reason) and at which step, or, for a
-control, that the canary cannot see it.
-
-A fault is an engine hook (kv_canary.demo.sim.Engine calls before_schedule / edit_batch /
-during_forward) that records `damage_step`, the step in which the damage happened; the expected
-first detection is `damage_step + expect.delay`.
+control, that the canary cannot see it. A fault is an engine hook (before_schedule / edit_batch /
+during_forward) that records `damage_step`; the first detection is expected `expect.delay` later.
 """
 from __future__ import annotations
 
@@ -149,11 +146,8 @@ class StaleSwaTranslation(Fault):
 
 
 class LateWriteIntoFreedPage(Fault):
-    """A delayed write of a finished request lands in its former page after the page was reused.
-
-    what: "bytes" (K/V only), "records" (K/V bytes and canary records), "bytes_past_16" (only K
-    bytes 16..31 of one slot: what PARTIAL mode cannot see).
-    """
+    """A delayed write of a finished request lands in its former page after the page was reused:
+    "bytes" (K/V), "records" (K/V and canary records), "bytes_past_16" (K bytes PARTIAL cannot see)."""
 
     def __init__(self, start: int, what: str):
         super().__init__(start)
@@ -200,10 +194,7 @@ class LateWriteIntoFreedPage(Fault):
 
 class ColdPageBitFlip(Fault):
     """One bit of a cached page nobody is reading flips (silent memory damage); only a sweep sees it.
-
-    The flipped byte is the last one PARTIAL mode still reads, so every fingerprint mode but NONE
-    covers it.
-    """
+    The byte is the last one PARTIAL mode still reads: every fingerprint mode but NONE covers it."""
     FLIP_MASK = 0x10  # which bit of that byte flips
 
     def __init__(self, start: int, sweep_interval: int):
@@ -262,12 +253,9 @@ def _common_prefix(a: list, b: list) -> int:
 class StaleTransfer(Fault):
     """Host offload + restore hands a request (part of) another request's K/V and canary records.
 
-    shared_prompt=True: only the prefix both requests hold with the same tokens (a shared prompt)
-    is taken from the other request's copy, so tokens, positions, chain links and K/V bytes are
-    exactly what a correct restore gives: stale but self-consistent, invisible to the default
-    record; only an owner field (owner_epoch.yaml's request_id) shows whose copy it is.
-    shared_prompt=False: the request's whole context comes from another request's (longer) copy
-    with other tokens; the expected-token check sees that.
+    shared_prompt=True: only the shared-prompt prefix (same tokens) comes from the other copy: stale
+    but self-consistent, invisible to the default record; only an owner field (owner_epoch.yaml's
+    request_id) shows it. shared_prompt=False: the whole context, with other tokens.
     """
 
     def __init__(self, start: int, shared_prompt: bool):
@@ -421,10 +409,8 @@ def scenarios() -> list[Scenario]:
 def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
                  stop_after_detection: bool = False, metrics_registry=None, **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
-
-    `stop_after_detection`: end the run two steps after the first violation is reported (its launch
-    and reasons are complete by then) instead of running every step; the judgement is the same,
-    the totals cover the steps run. Controls, which must stay silent, always run every step."""
+    `stop_after_detection`: end two steps after the first violation (the judgement is the same, the
+    totals cover the steps run); controls always run every step."""
     if layer is None and sc.layer == "owner_epoch":
         layer = owner_epoch_layer()
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}

@@ -1,10 +1,7 @@
-"""`kv-canary demo --world-size N`: the simulated engine on N gloo ranks (local processes joined on
-127.0.0.1), one fault scenario injected on rank 1 only, and the fleet's view of it: which rank saw
-what, and that every rank acted on it at the same step (kv_canary.engine.distributed.FleetMonitor).
-
-Every rank serves the same workload (as tensor-parallel ranks do); only rank 1's engine has the
-bug. With a metrics port, the ranks write Prometheus values in multiprocess mode and this process
-serves them all, told apart by their `tp_rank` label.
+"""`kv-canary demo --world-size N`: the simulated engine on N local gloo ranks, all serving the same
+workload, one fault scenario injected on rank 1 only, and the fleet's view of it: which rank saw
+what, and that every rank acted on it at the same step. With a metrics port, this process serves
+every rank's Prometheus values (multiprocess mode, label `tp_rank`).
 """
 from __future__ import annotations
 

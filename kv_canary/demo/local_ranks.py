@@ -1,11 +1,7 @@
 """Run a function on N local processes joined in one gloo process group on 127.0.0.1 (the fleet
-demo and the fleet tests use it).
-
-The parent holds the rendezvous store on a free port for the whole run (no race for the port),
-starts the ranks (by default from a forkserver that imported torch and kv-canary once, so N ranks
-do not pay N imports), waits for them at most `timeout_s` and kills whatever is still running then:
-every run ends, and leaves no process behind. Each rank's return value (or exception) comes back
-as a RankOutcome.
+demo and the fleet tests use it). The parent holds the rendezvous store for the whole run, starts
+the ranks (from a forkserver that imported torch once), and kills whatever still runs after
+`timeout_s`: every run ends and leaves no process behind. Each rank's result comes back as a RankOutcome.
 """
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """CanaryConfig: SGLang's canary options, from its CLI flags and environment variables (SEMANTICS.md §9).
 
-The names, values and defaults are SGLang's, so an engine that passes `--kv-canary log` or sets
-`SGLANG_KV_CANARY_RING_CAPACITY` gets the same canary here. Every bad value is a ValueError that
-names the flag, variable or field, what it expects and what it got; the environment is read once,
-when the config is built. `CanaryManager.from_config(config, ...)` maps a config onto a manager.
+The names, values and defaults are SGLang's; every bad value is a ValueError naming the flag,
+variable or field. The environment is read once; `CanaryManager.from_config` maps a config onto a manager.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""One asynchronous host copy of a manager's device counters (kernel runs, slot runs, reason totals,
-the ring's write index): what the stats line, the health check, the fleet stats and the Prometheus
-exporter read, without ever stalling a step.
-
-On CUDA the values go to pinned memory behind an event, so they are there once the device has run
-past the copy (`ready()`); on the CPU the copy is immediate.
+"""One asynchronous host copy of a manager's device counters, which the stats line, the health check,
+the fleet and the metrics read without stalling a step: on CUDA into pinned memory behind an event
+(`ready()` once the device has run past it); on the CPU at once.
 """
 from __future__ import annotations
 

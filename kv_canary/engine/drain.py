@@ -1,10 +1,9 @@
 """Reading a manager's violation ring without stalling a step: snapshots, the drain, and its totals.
 
-Every step ends with an asynchronous snapshot of the ring's write index (kv_canary.engine.counters:
-pinned memory behind an event on CUDA); the ring is read only once a landed snapshot shows rows,
-so a clean step never waits for the device. A drain decodes the rows, records them (CanaryStats,
-the kept violations, the chain link each verify row's slot held) and restarts the write index, so
-no row is reported twice. What to do with the rows (log, raise) is the manager's.
+Every step ends with an asynchronous snapshot of the ring's write index; the ring is read only once
+a landed snapshot shows rows, so a clean step never waits for the device. A drain decodes and
+records the rows and restarts the write index (no row is reported twice); what to do with them
+(log, raise) is the manager's.
 """
 from __future__ import annotations
 

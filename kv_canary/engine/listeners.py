@@ -1,9 +1,6 @@
 """What follows a canary's steps and drains: listeners (Prometheus metrics, the fleet decision).
-
 A listener has `after_step(step)` and `on_drain()`; one whose `takes_errors` is true also takes the
-raises of what it listens to (`defer(error)`: the fleet raises on every rank at once) and runs after
-the others. The CanaryManager is a Listened; so is anything else metrics follow (the SGLang
-plugin's view of SGLang's own canary).
+raises of what it listens to (`defer(error)`) and runs after the others.
 """
 from __future__ import annotations
 

@@ -1,52 +1,17 @@
 """CanaryManager: the canary state of one KV pool and the per-step protocol an engine drives.
 
 Per forward step: plan -> HEAD verify + write -> (the model's forward) -> TAIL verify + write, and
-every `sweep_interval` steps a SWEEP over the radix-held (cached) slots. HEAD writes claim the new
-slots before the forward (fingerprint off: the K/V bytes are not written yet), so a request that
-reads a slot someone else just claimed fails its TAIL verify in the same step; TAIL writes store
-the real K/V fingerprint.
+every `sweep_interval` steps a SWEEP over the cached slots. HEAD writes claim the new slots before
+the forward (no fingerprint: the K/V bytes are not written yet), so a request that reads a slot
+someone else just claimed fails its TAIL verify in the same step; TAIL writes store the real K/V
+fingerprint. What it needs from an engine is kv_canary.engine.contract (checked at attach).
 
-Everything is allocated once at fixed capacity when the manager attaches, and every step refills
-its inputs in place (kv_canary.engine.staging), so the device addresses never change: for CUDA-graph
-capture, call `prepare(batch)` (host side) outside the graph and capture `launch_head(batch)` and
-`tail(batch)` (device side only; `head` = prepare + launch_head). Draining never stalls the
-device: the ring's write index is copied asynchronously (pinned memory on CUDA) at the end of every
-step and the rows are read only once such a copy shows it non-zero. Layout (tags, columns, fields,
-input fields) comes from the generated layer the manager is built for.
-
-What the manager launches comes from the schema (the generated layer), never from names: every
-launch tag states its phase (head, tail, sweep), K/V half and pool group (`launch_tags` in
-kernels.yaml), and every input field states its value source (SEMANTICS.md §8): `request_id` (the
-owning request's id, checked per request), `allocation_epoch` (the allocator's epoch of the slot,
-checked per slot) or `caller_table` (a per-slot table the caller passes as
-`caller_tables={field: {group: tensor}}`, checked per slot).
-
-What the manager needs from an engine is the engine contract, kv_canary.engine.contract (Protocol
-classes, checked by `check_engine` at attach): `engine.canary_pools()` -> {group: KvPool} (one per KV
-pool, keyed by the schema's launch-tag groups: `full`, and `swa` for sliding-window layers),
-`engine.device`, `engine.cfg` (`max_running`, `max_ctx`), `engine.req_rows`, the requests' slots as a
-slot table (`req_to_token`) or a block table (`req_to_block` + `block_size`, expanded on the device
-for the batch's rows every step), batches (`ForwardBatch`: requests' `.rid` / `.row` / `.matched`,
-`token_rids` each token's request id) and `engine.cached_entries()` for the sweep. Every launch is
-bound once, at attach, over buffers the manager owns (kv_canary.launch.runtime.PreparedLaunch); a
-step stages the batch's tensors into those buffers (padding rows beyond the batch) and runs the
-prepared launches, so no launch is validated or bound again while serving. A launch fingerprints at
-most MAX_REAL_KV_SOURCES layers per group: `fingerprint_layers` chooses which (default: the first
-ones, with a CanaryCoverageWarning naming the layers left uncovered).
-
-SGLang's runtime surface (SEMANTICS.md §9): `CanaryManager.from_config(CanaryConfig...)` takes
-SGLang's flags and environment variables; in mode `log` every drained row is logged once as the
-multi-line violation report (WARNING, logger `kv_canary`), in mode `raise` one CanaryViolationError
-carries every new report; every `stats_print_every_n_steps` steps an INFO stats line; from step 100
-on, every 100 steps, the health check raises CanaryHealthError (in every mode) when a launch tag
-that should have run did not advance its kernel-run counter (kv_canary.engine.monitor). The engine calls
-`after_step(step)` once per engine step with an increasing step number.
-
-Across ranks and into monitoring, listeners (`add_listener`): each one's `after_step(step)` runs at
-the end of every `after_step` and its `on_drain()` after every drain (kv_canary.engine.metrics.
-CanaryMetrics, Prometheus). A listener whose `takes_errors` is true (kv_canary.engine.distributed.
-FleetMonitor: one decision for every rank of a torch.distributed group) receives the manager's
-raises through `defer(error)` instead, so no rank raises alone, and runs after the others.
+Every launch is bound once, at attach, over buffers the manager owns at fixed capacity; a step
+stages the batch into them (device copies), so a CUDA graph can capture `launch_head(batch)` and
+`tail(batch)` once `prepare(batch)` (host side) ran outside it. What it launches comes from the
+schema: each launch tag's phase, K/V half and pool group, each input field's value source
+(SEMANTICS.md §8). SGLang's runtime surface (modes, stats line, health check: SEMANTICS.md §9) is
+`from_config(CanaryConfig)`; metrics and the fleet decision attach as listeners (engine.listeners).
 """
 from __future__ import annotations
 
@@ -80,8 +45,6 @@ class CanaryCoverageWarning(UserWarning):
     """Some KV layers are not fingerprinted (a launch reads at most MAX_REAL_KV_SOURCES layers)."""
 
 
-
-
 @dataclass
 class _Group:
     name: str                     # the launch-tag group (`full`, `swa`, ...)
@@ -95,10 +58,6 @@ class _Group:
     slot_tables: dict             # input field name -> int64 [num_slots] (allocation epochs, caller tables)
     out_cache_loc: Optional[torch.Tensor] = None   # int64 [token capacity]: the step's slots in this pool
     launches: Optional[dict] = None  # (phase, half, kind) or "plan" -> its PreparedLaunch (bound at attach)
-
-    @property
-    def storage(self):
-        return self.pool.storage
 
 
 class CanaryManager(Listened):
@@ -293,10 +252,6 @@ class CanaryManager(Listened):
                               sweep=[i for i, phase in checked if phase == SWEEP_PHASE and self.sweep_interval > 0],
                               active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
 
-    def _counter_of(self, tag) -> torch.Tensor:
-        i = self.tags.index(tag)
-        return self.kernel_run_counters[i:i + 1]
-
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         A, L, dev = self.alloc, self.L, self.device
         storage = pool.storage
@@ -311,13 +266,14 @@ class CanaryManager(Listened):
                             for t in (tensors[i] for i in self.fingerprinted[name]))
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
+                i = self.tags.index(tag)  # its kernel-run counter
                 for kind in ("verify", "write"):
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
                     mode = L.RealKvHashMode.NONE if (phase, kind) == ("head", "write") else self.real_kv_hash_mode
                     contexts[(phase, half, kind)] = A.VerifyOrWriteContext(
                         canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
                         violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
-                        kernel_run_counter=self._counter_of(tag), real_kv_sources=sources,
+                        kernel_run_counter=self.kernel_run_counters[i:i + 1], real_kv_sources=sources,
                         real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
                         violation_reason_counts=self.reason_counts)
         return _Group(name, pool, storage.num_slots, bufs, contexts,

@@ -1,25 +1,12 @@
 """Prometheus metrics of one CanaryManager (prometheus_client: `pip install 'kv-canary[metrics]'`).
 
-`CanaryMetrics(manager, tp_rank=..., pp_rank=..., dp_rank=...)` exports, under a name prefix
-(default `kv_canary`) and with the three rank labels:
-
-- `<prefix>_violations_total{launch_tag, fail_reason}`: decoded violation rows per launch tag and
-  fail reason (a row with two reasons counts under both): the manager's `stats.by_tag_reason`;
-- `<prefix>_violation_rows_total`: rows appended to the ring, lost ones included (`stats.total`);
-- `<prefix>_ring_rows_lost_total`: rows dropped because the ring was full (`stats.lost`);
-- `<prefix>_kernel_runs_total{launch_tag}`: verify and write launches per launch tag (the device's
-  kernel-run counters);
-- `<prefix>_protected_tokens_total`: slots verified or written (the device's slot-run counter);
-- `<prefix>_healthy`: 1, or 0 while the latest health check found a launch tag that stopped.
-
-The counters follow the manager's own totals: violations from its drains, kernel runs and protected
-tokens from asynchronous copies of its device counters (every `read_every` steps, read once they
-have landed; `refresh()` reads them now). Each update adds the difference to the previous reading,
-so nothing is counted twice. Tags and reasons come from the layer's layout tables.
-
-In prometheus_client's multiprocess mode (PROMETHEUS_MULTIPROC_DIR set before prometheus_client is
-first imported), every rank process writes its own values and one `serve_metrics(...,
-multiprocess_dir=...)` serves them all; the rank labels tell them apart.
+`CanaryMetrics(manager, tp_rank=..., pp_rank=..., dp_rank=...)` exports, under a name prefix (default
+`kv_canary`), the manager's own totals (README: the metric names): violations from its drains, kernel
+runs and protected tokens from asynchronous copies of its device counters (every `read_every`
+steps, applied once landed; `refresh()` reads them now), and its health. Each update adds the
+difference to the previous reading, so nothing is counted twice. In prometheus_client's
+multiprocess mode every rank writes its own values and one `serve_metrics(...,
+multiprocess_dir=...)` serves them all, told apart by the rank labels.
 """
 from __future__ import annotations
 
@@ -28,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
+from .config import check_count
 from .counters import CounterSnapshot
 from .violations import sglang_reason_name
 
@@ -58,9 +46,7 @@ class CanaryMetrics:
                              f"([a-zA-Z_:][a-zA-Z0-9_:]*), got {prefix!r}")
         ranks = {"tp_rank": tp_rank, "pp_rank": pp_rank, "dp_rank": dp_rank}
         for name, value in [*ranks.items(), ("read_every", read_every)]:
-            low = 1 if name == "read_every" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"kv-canary: CanaryMetrics {name} must be an int >= {low}, got {value!r}")
+            check_count(f"CanaryMetrics {name}", value, 1 if name == "read_every" else 0)
         if manager.enabled and manager.engine is None:
             raise ValueError("kv-canary: CanaryMetrics needs a CanaryManager attached to its engine "
                              "(manager.attach(engine) first); this one is not attached")
@@ -72,32 +58,14 @@ class CanaryMetrics:
         self.labels = {**{k: str(v) for k, v in ranks.items()}, **extra}
         registry = prom.REGISTRY if registry is None else registry
         names = list(RANK_LABELS) + list(extra)
-        shared = _FAMILIES.get((id(registry), prefix, tuple(names))) if extra else None
-        if shared is not None:
-            (self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
-             self.healthy) = shared
-            self._start(manager)
-            return
-        self.violations = prom.Counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail "
-                                       "reason (a row with two reasons counts under both)",
-                                       names + ["launch_tag", "fail_reason"], registry=registry)
-        self.violation_rows = prom.Counter(f"{prefix}_violation_rows", "Violation rows appended to the ring, "
-                                           "lost rows included", names, registry=registry)
-        self.rows_lost = prom.Counter(f"{prefix}_ring_rows_lost", "Violation rows dropped because the ring was "
-                                      "full", names, registry=registry)
-        self.kernel_runs = prom.Counter(f"{prefix}_kernel_runs", "Verify and write launches per launch tag",
-                                        names + ["launch_tag"], registry=registry)
-        self.protected_tokens = prom.Counter(f"{prefix}_protected_tokens", "Slots verified or written (the "
-                                             "slot-run counter)", names, registry=registry)
-        self.healthy = prom.Gauge(f"{prefix}_healthy", "1, or 0 while the latest health check found a launch "
-                                  "tag that stopped running", names, registry=registry, multiprocess_mode="min")
-        if extra:
-            _FAMILIES[(id(registry), prefix, tuple(names))] = (
-                self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
-                self.healthy)
-        self._start(manager)
-
-    def _start(self, manager) -> None:
+        key = (id(registry), prefix, tuple(names))
+        families = _FAMILIES.get(key) if extra else None
+        if families is None:
+            families = _families(prom, prefix, names, registry)
+            if extra:
+                _FAMILIES[key] = families
+        (self.violations, self.violation_rows, self.rows_lost, self.kernel_runs, self.protected_tokens,
+         self.healthy) = families
         self.tags = tuple(t.name for t in manager.L.CanaryLaunchTag)   # the kernel-run counters' order
         for tag in self.tags:
             self.kernel_runs.labels(**self.labels, launch_tag=tag)     # every tag's series exists from 0
@@ -165,6 +133,21 @@ class CanaryMetrics:
         if tokens > self._seen_tokens:
             self.protected_tokens.labels(**self.labels).inc(tokens - self._seen_tokens)
             self._seen_tokens = tokens
+
+
+def _families(prom, prefix: str, names: list, registry) -> tuple:
+    return (prom.Counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail reason (a row "
+                         "with two reasons counts under both)", names + ["launch_tag", "fail_reason"], registry=registry),
+            prom.Counter(f"{prefix}_violation_rows", "Violation rows appended to the ring, lost rows included", names,
+                         registry=registry),
+            prom.Counter(f"{prefix}_ring_rows_lost", "Violation rows dropped because the ring was full", names,
+                         registry=registry),
+            prom.Counter(f"{prefix}_kernel_runs", "Verify and write launches per launch tag",
+                         names + ["launch_tag"], registry=registry),
+            prom.Counter(f"{prefix}_protected_tokens", "Slots verified or written (the slot-run counter)", names,
+                         registry=registry),
+            prom.Gauge(f"{prefix}_healthy", "1, or 0 while the latest health check found a launch tag that stopped "
+                       "running", names, registry=registry, multiprocess_mode="min"))
 
 
 @dataclass

@@ -1,11 +1,7 @@
 """The periodic host checks of a CanaryManager (SEMANTICS.md §9): the stats line every N steps, and
-the health check every HEALTH_CHECK_EVERY steps from step HEALTH_CHECK_FROM on.
-
-Both judge one reading of the device counters (each launch tag's kernel runs, the slot runs, the
-ring's write index) copied at the cadence step, after that step's launches. On CUDA the copy goes
-to pinned memory behind an event and is judged at a later step, once the event has completed, so
-no step ever waits for the device (the health error then still names the step that was read); on
-the CPU the copy is immediate and judged at once.
+the health check every HEALTH_CHECK_EVERY steps from step HEALTH_CHECK_FROM on. Both judge one
+asynchronous copy of the device counters taken at the cadence step (kv_canary.engine.counters),
+once it has landed: no step waits for the device, and a health error names the step it read.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The runtime's texts that engines and their test harnesses parse (SEMANTICS.md §9): the multi-line
-violation report, the periodic stats line and the health-check error.
-
-What a row means comes from the layer's layout, never from names: the canary kind from the launch
-tag's phase coordinate, the write/verify body from the row's FailReason kinds, the expected-token
-column from TOKEN_REASON_BITS.
+"""The runtime's texts that engines and their test harnesses parse (SEMANTICS.md §9): the violation
+report, the stats line and the health-check error. What a row means comes from the layer's layout
+(phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
 """
 from __future__ import annotations
 

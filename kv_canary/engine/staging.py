@@ -1,14 +1,13 @@
-"""Refill fixed device tensors in place from host values (what CUDA-graph replay needs).
-
-A captured graph reads its inputs from the addresses it saw at capture, so the manager allocates
-every input once and refills it with `copy_`. On CUDA the copy reads a pinned host buffer
-asynchronously (no stall), so a buffer may only be overwritten once the copy that last read it ran:
-a small ring of pinned buffers, each guarded by the event recorded after its copies, keeps the
-host from waiting in the common case. On the CPU the copies are synchronous and one buffer does.
+"""Refill fixed device tensors in place from host values (what CUDA-graph replay needs: a captured
+graph reads the addresses it saw). On CUDA the copy reads pinned host memory asynchronously, so a
+buffer is reused only once the event recorded after its copies completed: a small ring of them
+keeps the host from waiting. On the CPU the copies are synchronous and one buffer does.
 """
 from __future__ import annotations
 
 import torch
+
+from .config import check_count
 
 DEPTH = 4  # pinned staging buffers in flight on CUDA
 
@@ -17,9 +16,7 @@ class HostStaging:
     """int64 host staging of `capacity` elements per upload, for tensors on `device`."""
 
     def __init__(self, capacity: int, device: torch.device, depth: int = DEPTH):
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
-            raise ValueError(f"kv-canary: HostStaging capacity must be an int >= 1, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = check_count("HostStaging capacity", capacity, 1)
         self.device = torch.device(device)
         self._async = self.device.type == "cuda"
         n = depth if self._async else 1
@@ -28,11 +25,8 @@ class HostStaging:
         self._next = 0
 
     def upload(self, pairs) -> None:
-        """Copy each (values, dst) pair's host values into `dst[:len(values)]`, in order.
-
-        `values`: a list of ints or a CPU tensor; `dst`: a 1-D int64 tensor on `device` (same
-        dtype, so an asynchronous copy never converts through a pageable temporary).
-        """
+        """Copy each (values: ints or a CPU tensor, dst) pair into `dst[:len(values)]`, in order; dst is
+        1-D int64 (so an asynchronous copy never converts through a pageable temporary)."""
         pairs = [(v, d) for v, d in pairs]
         total = sum(len(v) for v, _ in pairs)
         if total > self.capacity:

@@ -154,13 +154,9 @@ class ViolationGroup:
 
 
 def group_cascades(violations: list[Violation], link_of: Callable[[Violation], Optional[int]]) -> list[ViolationGroup]:
-    """Group chained verify violations behind their chain's first bad slot, root first.
-
-    A verify row's expected_aux is the link of its predecessor's record, so within one launch (same
-    step and tag) row v follows row u when link_of(u) == expected_aux(v); link_of(u) gives the link
-    (u64) of the record that launch saw at u's slot, or None when unknown. Rows that follow no other
-    violating row are roots; groups keep the ring order of their roots.
-    """
+    """Group chained verify violations behind their chain's first bad slot, in the ring order of the
+    roots. Within one launch (step, tag) row v follows u when link_of(u) (the link of the record
+    that launch saw at u's slot, None if unknown) == expected_aux(v)."""
     by_launch: dict = {}
     for i, v in enumerate(violations):
         if v.is_verify:

@@ -1,11 +1,7 @@
-"""Import a generated tree (generated/) as a Python package, and find the generator.
-
-The default tree is `kv_canary.generated` (`default_layer()`); tests and tools load trees generated from other
-schemas (kv_canary.layer.schemas.generate_layer) side by side under unique module names.
-
-Installed wheels carry `kv_canary/generated` and `kv_canary/codegen` inside the package; a source
-checkout keeps them at its root (`generated/`, `codegen/`), so that the schema, the generator and
-its output sit side by side for review. Both are imported under their `kv_canary.` names either way.
+"""Import a generated tree as a Python package (the default one is `kv_canary.generated`; trees of
+other schemas load side by side under unique module names), and find the generator: a wheel carries
+`generated/` and `codegen/` inside kv_canary/, a source checkout at its root, imported under their
+`kv_canary.` names either way.
 """
 from __future__ import annotations
 
@@ -51,10 +47,7 @@ def _import_package(path: Path, module_name: str) -> ModuleType:
 
 
 def register_codegen() -> None:
-    """Make `kv_canary.codegen` importable from a source checkout (a wheel has it in place).
-
-    Cheap: the generator package's __init__ imports nothing; its modules load on first use.
-    """
+    """Make `kv_canary.codegen` importable from a source checkout (cheap: its __init__ imports nothing)."""
     if CODEGEN_PACKAGE in sys.modules or (PACKAGE_DIR / "codegen" / "__init__.py").is_file():
         return
     path = codegen_dir()

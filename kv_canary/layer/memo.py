@@ -1,7 +1,5 @@
-"""One object per generated package, made once per process.
-
-Keyed by the package's name and held with the package itself: a package imported again under the
-same name (a regenerated tree loaded anew) gets a new object, never one bound to the old tables.
+"""One object per generated package, made once per process, held with the package itself: a package
+imported again under the same name gets a new object, never one bound to the old tables.
 """
 from __future__ import annotations
 

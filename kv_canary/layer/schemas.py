@@ -1,9 +1,6 @@
-"""Generated layers of other schemas: render a schema into a cached tree and import it.
-
-One function serves the demo (examples' owner_epoch schema), the tests and the benchmarks. The
-tree is cached under the kv-canary cache directory, keyed by the schema's text and the generator's
-own hash, so a changed template never reuses a stale tree, and it is written to a temporary
-directory first and renamed into place, so concurrent processes never import half a tree.
+"""Generated layers of other schemas: render a schema into a cached tree and import it. The cache key
+is the schema's text and the generator's own hash; a tree is written to a temporary directory and
+renamed into place, so concurrent processes never import half a tree.
 """
 from __future__ import annotations
 
@@ -33,12 +30,8 @@ def example_schemas() -> list[Path]:
 
 
 def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> ModuleType:
-    """Generate `schema` (a kernels.yaml-format file) into a cached tree and import it.
-
-    Raises kv_canary.codegen.diagnostics.SchemaError (every diagnostic, located) for a bad schema.
-    `cache_dir` defaults to `<kv-canary cache>/layers`; the module name is unique per schema text
-    and generator, so layers of several schemas (or versions of one) live side by side.
-    """
+    """Generate `schema` (a kernels.yaml-format file) into a cached tree (default under
+    `<kv-canary cache>/layers`) and import it; a bad schema raises SchemaError (every diagnostic)."""
     register_codegen()
     from ..codegen.load import load_schema_bytes
     from ..codegen.render import generator_sha256, render_all

@@ -1,9 +1,6 @@
 """The serving loop: admission with prefix matching, chunked prefill, (speculative) decode, finish.
-
-Each step builds a ForwardBatch the way an engine does (req_pool_indices, prefix/extend lengths,
-flat input_ids/positions/out_cache_loc, CUDA-graph padding rows) and calls the canary hooks around
-the stand-in model's forward: `head(batch)` -> forward -> `tail(batch)`, then `after_step(step)`
-(sweep and drain). Fault objects in `hooks` may edit any of it (see kv_canary.demo.faults).
+Each step builds a ForwardBatch as an engine does (CUDA-graph padding rows included) and runs the
+canary around the stand-in model's forward; fault `hooks` may edit any of it (kv_canary.demo.faults).
 """
 from __future__ import annotations
 
@@ -185,11 +182,8 @@ class Engine:
         self._release(req, cache=False)
 
     def restore(self, req: Request, snapshot_of: Optional[int] = None, upto: Optional[int] = None) -> None:
-        """Bring a retracted request back into fresh slots from its host copy.
-
-        With `snapshot_of` (the stale-transfer bug) its first `upto` tokens (default: all) come from
-        request `snapshot_of`'s host copy instead, K/V bytes and canary records alike.
-        """
+        """Bring a retracted request back into fresh slots from its host copy; with `snapshot_of` (the
+        stale-transfer bug) its first `upto` tokens come from that request's copy instead."""
         own = self.host_snapshots[req.rid]
         n = req.kv_len
         other = self.host_snapshots[snapshot_of] if snapshot_of is not None else None

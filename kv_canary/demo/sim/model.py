@@ -1,7 +1,5 @@
-"""Deterministic stand-in model: K/V bytes are a pure function of (token, position, layer, half).
-
-So a correct engine always writes the same bytes for the same token at the same position, and any
-misplaced, stale or damaged byte shows up in the canary's real-KV fingerprint.
+"""Deterministic stand-in model: K/V bytes are a pure function of (token, position, layer, half), so
+any misplaced, stale or damaged byte shows up in the canary's real-KV fingerprint.
 """
 from __future__ import annotations
 

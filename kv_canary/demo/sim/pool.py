@@ -11,11 +11,8 @@ SWA = "swa"
 
 
 class KvStorage:
-    """K and V byte tensors per layer: uint8 [num_rows, rows_slots * bytes_per_token].
-
-    A slot s lives in row s // row_slots at byte (s % row_slots) * bytes_per_token, which is exactly
-    how a RealKvSource reads it.
-    """
+    """K and V byte tensors per layer: uint8 [num_rows, rows_slots * bytes_per_token], slot s at
+    row s // row_slots, byte (s % row_slots) * bytes_per_token (how a RealKvSource reads it)."""
 
     def __init__(self, num_layers: int, num_slots: int, row_slots: int, bytes_per_token: int, device):
         if num_slots % row_slots:
@@ -39,12 +36,9 @@ class KvStorage:
 
 
 class PageAllocator:
-    """Refcounted pages of `page_size` slots; page 0 is reserved (slot 0 is the padding slot).
-
-    Freed pages go to the front of the free list (most recently freed is reused first, which is
-    what makes use-after-free bugs bite quickly); the initial order is a seeded permutation.
-    Every allocation bumps the allocation epoch of the page's slots.
-    """
+    """Refcounted pages of `page_size` slots; page 0 is reserved (slot 0 is the padding slot). The
+    most recently freed page is reused first (use-after-free bugs bite quickly); the initial order
+    is seeded. Every allocation bumps the allocation epoch of the page's slots."""
 
     def __init__(self, num_pages: int, page_size: int, seed: int, device="cpu"):
         if num_pages < 2:
@@ -104,11 +98,8 @@ class PageAllocator:
 
 
 class SwaPool:
-    """SWA slots (one per written full slot) and the full->SWA translation table (0 = none).
-
-    SWA slots live as long as their full slot's page; the SWA allocator hands them out in a seeded
-    order so the translation is never the identity.
-    """
+    """SWA slots (one per written full slot, living as long as its page) and the full->SWA table
+    (0 = none); handed out in a seeded order, so the translation is never the identity."""
 
     def __init__(self, num_full_slots: int, seed: int, device):
         ids = list(range(1, num_full_slots))

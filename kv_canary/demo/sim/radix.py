@@ -1,7 +1,6 @@
-"""Radix-style prefix cache over whole pages: a trie keyed by each page's tokens.
-
-A node owns one page (one cache reference). Running requests lock the nodes they matched, and
-eviction only takes unlocked leaves, least recently used first.
+"""Radix-style prefix cache over whole pages: a trie keyed by each page's tokens. A node owns one
+page (one cache reference); running requests lock the nodes they matched, and eviction only takes
+unlocked leaves, least recently used first.
 """
 from __future__ import annotations
 
@@ -47,10 +46,10 @@ class RadixCache:
         for n in path:
             n.lock += delta
 
-    def insert(self, tokens, pages) -> set[int]:
-        """Cache the full pages of (tokens, pages); returns the pages the cache now references."""
+    def insert(self, tokens, pages) -> None:
+        """Cache the full pages of (tokens, pages)."""
         self._clock += 1
-        node, held = self.root, set()
+        node = self.root
         for key, page in zip(self._keys(tokens), pages):
             child = node.children.get(key)
             if child is None:
@@ -60,9 +59,7 @@ class RadixCache:
             if child.page != page:
                 break  # same tokens cached on another page; later pages would hang off the wrong chain
             child.last_use = self._clock
-            held.add(page)
             node = child
-        return held
 
     def nodes(self):
         stack, out = list(self.root.children.values()), []
@@ -71,14 +68,6 @@ class RadixCache:
             out.append(n)
             stack.extend(n.children.values())
         return out
-
-    def chain(self, node: Node) -> list[Node]:
-        """Root-to-node path."""
-        path = []
-        while node is not self.root:
-            path.append(node)
-            node = node.parent
-        return path[::-1]
 
     def evict(self, pages_needed: int) -> int:
         """Evict unlocked LRU leaves until `pages_needed` pages were freed (or nothing is left)."""

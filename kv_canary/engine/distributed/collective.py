@@ -1,11 +1,8 @@
-"""Process-group plumbing of the fleet: which device its tensors live on, the group's timeout, and
-one MAX all-reduce started asynchronously and read later, never waiting past the group's timeout.
-
-Every fleet exchange is a MAX all-reduce of a [world_size, width] int64 matrix in which each rank
-fills only its own row (all values >= 0): the result is every rank's row on every rank, which is
-what lets a message name the ranks. A group that can reduce CPU tensors (gloo) gets them directly;
-an NCCL-only group gets them on the manager's CUDA device through pinned memory, with the result
-copied back behind an event, so starting an exchange never blocks the host.
+"""Process-group plumbing of the fleet: the device its tensors live on, the group's timeout, and one
+MAX all-reduce of a [world_size, width] int64 matrix in which each rank fills only its own row
+(values >= 0: the result is every rank's row, so a message can name the ranks). It is started
+asynchronously and read later, never waiting past the group's timeout; an NCCL-only group reduces
+on the manager's CUDA device through pinned memory, so starting an exchange never blocks the host.
 """
 from __future__ import annotations
 
@@ -55,10 +52,8 @@ def group_timeout(group, device: torch.device) -> timedelta:
 
 
 class RowReducer:
-    """MAX all-reduce of a [world_size, width] int64 matrix in which this rank fills its own row:
-    `start(row)` begins one (asynchronously), `result()` returns every rank's row, waiting at most
-    until the group's `timeout` after the start. One exchange is in flight at a time, so the buffers
-    are allocated once and reused (on CUDA: pinned staging, the device matrix, a pinned result)."""
+    """`start(row)` begins one exchange, `result()` returns every rank's row (waiting at most the
+    group's `timeout` after the start). One is in flight at a time: the buffers are reused."""
 
     def __init__(self, *, group, device: torch.device, timeout: timedelta, rank: int, world_size: int, width: int):
         self.group, self.device, self.timeout, self.rank = group, device, timeout, rank

@@ -1,22 +1,14 @@
 """FleetMonitor: one canary decision for every rank of a torch.distributed process group.
 
-Each rank's CanaryManager sees only its own KV pool. Attached to it, a FleetMonitor makes the ranks
-act together: at the end of every step (the manager's `after_step` calls it) each rank starts an
-asynchronous MAX all-reduce of its row (new violation rows per fail reason, a failed health check
-and its stalled tags; kv_canary.engine.distributed.rows), and reads the result one step later, so no step
-waits on the network and nothing runs inside a captured CUDA graph. At that later step every rank
-holds the same decision and acts on it:
-- violations somewhere, mode `raise`: every rank raises FleetViolationError (a CanaryViolationError)
-  naming the ranks and what each saw, followed by its own reports; a rank's local raise is deferred
-  to this decision, so no rank raises alone while the others block in their next collective;
-- violations somewhere, mode `log`: rank 0 logs the fleet line (each rank still logs its own rows);
-- a failed health check somewhere (any mode): every rank raises FleetHealthError.
-Every `stats_every` steps the ranks' cumulative counters ride along (one step later, so a CUDA
-device's copy has landed) and rank 0 logs the `[canary fleet]` stats line.
-
-A rank that dies or stalls makes the others' next read fail with FleetCollectiveError, naming the
-exchange and the group's timeout, instead of hanging. Without an initialised process group, or in a
-world of one rank, the monitor stays inactive and the manager behaves as without it.
+Each rank's CanaryManager sees only its own KV pool. At the end of every step each rank starts an
+asynchronous MAX all-reduce of its row (kv_canary.engine.distributed.rows) and reads the result one
+step later, so no step waits on the network. Then every rank holds the same decision: violations
+somewhere raise FleetViolationError on every rank in mode `raise` (a rank's own raise is deferred
+to it, so no rank raises alone while the others block in their next collective) or make rank 0 log
+the fleet line in mode `log`; a failed health check somewhere raises FleetHealthError on every
+rank. Every `stats_every` steps the ranks' counters ride along and rank 0 logs `[canary fleet]`.
+A rank that dies or stalls makes the others' next read fail with FleetCollectiveError instead of
+hanging. Without an initialised process group, or for one rank, the monitor stays inactive.
 """
 from __future__ import annotations
 
@@ -28,7 +20,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config import MODES
+from ..config import MODES, check_count
 from ..counters import CounterSnapshot
 from ..drain import CanaryViolationError
 from ..manager import CanaryManager
@@ -64,18 +56,10 @@ class FleetHealthError(CanaryHealthError):
 
 
 class FleetMonitor:
-    """One rank's seat in the fleet: `FleetMonitor(manager, group=None)` on every rank, once the
-    manager is attached to its engine.
-
-    group: the process group (default: the default group); stats_every: steps between fleet stats
-    lines (default: the manager's stats_print_every_n_steps; 0 = none); timeout: seconds or a
-    timedelta (default: the group's timeout); active: None runs the fleet when the group has more
-    than one rank, True also for a single rank, False never.
-
-    Construction is a collective (the ranks compare their canary settings), so is `close()`, which
-    every rank calls once at the end of the run. `decisions` holds every decision that reported
-    something, `last_stats` the latest fleet stats.
-    """
+    """One rank's seat in the fleet, made on every rank once the manager is attached. stats_every:
+    default the manager's stats_print_every_n_steps; timeout: default the group's; active: None runs
+    the fleet for more than one rank, True also for one, False never. Construction (the ranks
+    compare their settings) and `close()` (once per rank, at the end) are collectives."""
 
     takes_errors = True  # the manager's listener that raises for it: every rank at the same step
 
@@ -89,8 +73,7 @@ class FleetMonitor:
         if manager.listener(FleetMonitor) is not None:
             raise ValueError("kv-canary: this CanaryManager already has a FleetMonitor; close() it first")
         stats_every = manager.stats_print_every_n_steps if stats_every is None else stats_every
-        if isinstance(stats_every, bool) or not isinstance(stats_every, int) or stats_every < 0:
-            raise ValueError(f"kv-canary: FleetMonitor stats_every must be an int >= 0, got {stats_every!r}")
+        check_count("FleetMonitor stats_every", stats_every, 0)
         if active is not None and not isinstance(active, bool):
             raise ValueError(f"kv-canary: FleetMonitor active must be None, True or False, got {active!r}")
         timeout = _check_timeout(timeout)

@@ -1,11 +1,7 @@
-"""What one rank puts into a fleet exchange (its row), and what the reduced rows say.
-
-A row has a decision part (what the rank saw since its previous exchange: new violation rows, new
-rows per fail reason, a failed health check and its stalled launch tags) and a stats part (the
-rank's cumulative counters, carried every N steps). Its columns come from the layer's layout
-tables: the launch tags (`CanaryLaunchTag`, the kernel-run counters' order) and the per-reason
-totals (`VIOLATION_REASON_COUNT_NAMES`), never from names. Every value is >= 0, so the MAX
-all-reduce of rows that only their own rank fills returns every rank's row.
+"""What one rank puts into a fleet exchange (its row), and what the reduced rows say. A row has a
+decision part (what the rank saw since its previous exchange: new rows, new rows per fail reason, a
+failed health check and its stalled tags) and a stats part (its cumulative counters, every N
+steps); its columns come from the layer's layout tables, never from names. Every value is >= 0.
 """
 from __future__ import annotations
 
