@@ -114,7 +114,6 @@ def main(argv=None) -> int:
         return _fleet_demo(ap, args, canary, device)
     if device == "cpu":
         torch.set_num_threads(1)  # the simulation's tensors are tiny: thread fan-out only costs time
-    out = sys.stdout
     known, real = faults.scenarios(), tf.scenarios()
     chosen = known if not args.only else [s for s in known if s.name in args.only]
     real_chosen = real if not args.only else [s for s in real if s.name in args.only]
@@ -122,16 +121,13 @@ def main(argv=None) -> int:
     if args.only and len(chosen) + len(real_chosen) + real_clean != len(set(args.only)):
         names = ", ".join([s.name for s in known] + [tf.PREFIX + "clean"] + [s.name for s in real])
         ap.error(f"--only must name scenarios from: {names}; got {', '.join(args.only)}")
-    t0 = time.perf_counter()
+    t0, out = time.perf_counter(), sys.stdout
     backend_name = args.backend or ("cuda (default dispatch)" if device == "cuda" else "torch reference (CPU)")
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
     with contextlib.ExitStack() as stack:
-        registry = None
-        if args.metrics_port is not None:
-            registry = _serve_metrics(stack, args.metrics_port, out)
-        rc = _single_process_demo(args, canary, device, chosen, backend_name, registry, out, t0,
-                                  (real_clean, real_chosen))
-    return rc
+        registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
+        return _single_process_demo(args, canary, device, backend_name, chosen, registry, out, t0, real_clean,
+                                    real_chosen)
 
 
 def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
@@ -147,8 +143,8 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
     return registry
 
 
-def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backend_name: str, registry, out,
-                         t0: float, real_selection=(True, ())) -> int:
+def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: str, chosen, registry, out,
+                         t0: float, real_clean: bool, real_chosen) -> int:
     out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA; canary: {_describe(canary)}):\n")
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
@@ -160,18 +156,25 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, chosen, backen
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}
     out.write(f"  {clean['finished']} requests finished ({clean['shared']} with a shared prefix), "
               f"{clean['kernel_runs']} canary launches, violations: {clean['violations']}\n")
-    results = []
-    for i, sc in enumerate(chosen, 1):
-        _transient(out, f"  scenario {i}/{len(chosen)}: {sc.name:<45}")
-        results.append(faults.run_scenario(sc, backend=args.backend, device=device, metrics_registry=registry))
-    out.write(("\n" if _live(out) else "") + "\n" + report.format_table(results) + "\n\n")
-    real = _real_engine_section(args, canary, device, registry, out, *real_selection)
+    results = _run_scenarios(chosen, 45, out, lambda sc: faults.run_scenario(
+        sc, backend=args.backend, device=device, metrics_registry=registry))
+    real = _real_engine_section(args, canary, device, registry, out, real_clean, real_chosen)
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
     ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
     out.write(f"report: {md}  " + (f"chart: {chart}\n" if chart else f"no chart: {no_chart}\n"))
     out.write(f"{'all scenarios behaved as documented' if ok else 'SOME SCENARIOS FAILED'} "
               f"({time.perf_counter() - t0:.1f}s)\n")
     return 0 if ok else 1
+
+
+def _run_scenarios(chosen, width: int, out, run) -> list:
+    """Each scenario run (a progress line on a terminal), then the results table."""
+    results = []
+    for i, sc in enumerate(chosen, 1):
+        _transient(out, f"  scenario {i}/{len(chosen)}: {sc.name:<{width}}")
+        results.append(run(sc))
+    out.write(("\n" if _live(out) else "") + "\n" + report.format_table(results) + "\n\n")
+    return results
 
 
 def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out, run_clean: bool, chosen) -> dict:
@@ -208,11 +211,9 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
     else:
         section["clean"] = {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0, "violations": 0,
                             "unchanged": True, "version": transformers.__version__, "model": "not run"}
-    for i, sc in enumerate(chosen, 1):
-        _transient(out, f"  scenario {i}/{len(chosen)}: {sc.name:<55}")
-        section["results"].append(tf.run_scenario(sc, backend=args.backend, metrics_registry=registry))
     if chosen:
-        out.write(("\n" if _live(out) else "") + "\n" + report.format_table(section["results"]) + "\n\n")
+        section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
+            sc, backend=args.backend, metrics_registry=registry))
         first = next((r for r in section["results"] if r.first is not None), None)
         if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
             from .. import generated

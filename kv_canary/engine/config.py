@@ -6,6 +6,7 @@ variable or field. The environment is read once; `CanaryManager.from_config` map
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -168,14 +169,10 @@ def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
 
 
 def _int(value, where: str, *, minimum: int) -> int:
-    parsed = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        parsed = value
-    elif isinstance(value, str):
-        try:
+    parsed = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
             parsed = int(value.strip())
-        except ValueError:
-            parsed = None
     if parsed is None or parsed < minimum:
         raise ValueError(f"kv-canary: {where} must be an integer >= {minimum}, got {value!r}")
     return parsed

@@ -567,12 +567,11 @@ class CanaryManager(Listened):
         out = [None] * len(violations)
         wanted: dict = {}
         for i, v in enumerate(violations):
-            if v.launch_tag_value in self._buf_of_tag:
-                g, half = self._buf_of_tag[v.launch_tag_value]
-                if 0 <= v.slot < g.num_slots:
-                    wanted.setdefault((g.name, half), []).append(i)
-        for (name, half), idx in wanted.items():
-            g = next(x for x in self.groups if x.name == name)
+            g, _ = self._buf_of_tag.get(v.launch_tag_value, (None, None))
+            if g is not None and 0 <= v.slot < g.num_slots:
+                wanted.setdefault(v.launch_tag_value, []).append(i)
+        for tag, idx in wanted.items():
+            g, half = self._buf_of_tag[tag]
             slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
             for i, words in zip(idx, g.bufs[half][slots].view(torch.int64).cpu().tolist()):
                 out[i] = words

@@ -12,10 +12,6 @@ MASK64 = (1 << 64) - 1
 # What each standard column carries (the layer names its column VIOLATION_COL_<CARRIES>).
 STANDARD_CARRIES = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token",
                     "stored_chain_hash", "expected_aux", "fail_reason")
-# Row kinds, from the schema's FailReason kinds: a row with a write bit comes from a write; a row
-# whose bits are all verify bits from a verify (its expected_aux is the expected chain hash);
-# anything else (e.g. only SLOT_OUT_OF_RANGE, raised by both) is "other".
-ROW_KINDS = ("verify", "write", "other")
 
 
 def sglang_reason_name(member_name: str) -> str:
@@ -43,7 +39,7 @@ class Violation:
     reasons: tuple[str, ...]        # FailReason member names, lowest bit first
     extra: tuple[tuple[str, int], ...] = ()   # schema columns beyond the standard ones, by column name
     step: Optional[int] = field(default=None, compare=False)  # forward step that produced the row
-    kind: str = field(default="other", compare=False)          # one of ROW_KINDS (derived from the bits)
+    kind: str = field(default="other", compare=False)          # "verify", "write" or "other": row_kind(bits)
 
     def has(self, reason: str) -> bool:
         return reason in self.reasons
@@ -71,7 +67,7 @@ class Violation:
 
 
 class ViolationDecoder:
-    """Decodes and encodes ring rows of one generated layer (`layer.layout`)."""
+    """Decodes ring rows of one generated layer (`layer.layout`)."""
 
     def __init__(self, layout):
         self.layout = layout
@@ -85,7 +81,8 @@ class ViolationDecoder:
         self._write_bits = int(layout.WRITE_REASON_BITS)
 
     def row_kind(self, bits: int) -> str:
-        """"write" if any bit is a write reason, "verify" if every bit is a verify reason, else "other"."""
+        """"write" if any bit is a write reason, "verify" if every bit is a verify reason (its expected_aux
+        is then the expected chain hash), else "other" (e.g. only SLOT_OUT_OF_RANGE, raised by both)."""
         if bits & self._write_bits:
             return "write"
         if bits and not bits & ~self._verify_bits:
@@ -118,20 +115,6 @@ class ViolationDecoder:
         if len(steps) != len(rows):
             raise ValueError(f"kv-canary: steps must have one entry per row ({len(rows)}), got {len(steps)}")
         return [self.decode_row(r, s) for r, s in zip(rows, steps)]
-
-    def encode(self, v: Violation) -> list[int]:
-        """The ring row a Violation decodes from (round trip)."""
-        row = [0] * self.width
-        c = self.cols
-        for carries, value in (("launch_tag", v.launch_tag_value), ("slot", v.slot), ("stored_position", v.position),
-                               ("stored_token", v.stored_token), ("expected_token", v.expected_token),
-                               ("stored_chain_hash", v.stored_chain_hash), ("expected_aux", v.expected_aux),
-                               ("fail_reason", v.reason_bits)):
-            row[c[carries]] = value
-        extra = dict(v.extra)
-        for name, i in self.extra_cols:
-            row[i] = extra.get(name, 0)
-        return row
 
 
 def record_link(layout, words) -> int:

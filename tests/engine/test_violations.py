@@ -42,7 +42,7 @@ def test_negative_hashes_print_as_u64(default_layer):
     assert "expected_token=-1" in line
 
 
-def test_decoder_round_trips_every_field(any_layer):
+def test_decoder_reads_every_field(any_layer):
     L = any_layer.layout
     dec = ViolationDecoder(L)
     rng = random.Random(7)
@@ -59,7 +59,6 @@ def test_decoder_round_trips_every_field(any_layer):
         assert v.launch_tag == L.CanaryLaunchTag(values["launch_tag"]).name
         assert set(v.reasons) == {m.name for m in L.FailReason if values["fail_reason"] & int(m)}
         assert v.step == 3
-        assert dec.encode(v) == row
 
 
 def test_unknown_tag_and_bits_are_named(default_layer):

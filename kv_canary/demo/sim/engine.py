@@ -251,24 +251,18 @@ class Engine:
             return None
         decode_only = len(drafts) == len(rows)
         if c.pad_batch and decode_only:
-            # CUDA-graph replay pads to the captured batch size with padding rows at the end.
-            while len(rows) & (len(rows) - 1):
-                rows.append(None)
-                pre.append(0)
-                ext.append(1)
-                ids.append(0)
-                pos.append(0)
-                locs.append(PADDING_SLOT)
-                rids.append(0)
+            # CUDA-graph replay pads to the captured batch size (a power of two) with padding rows at the end.
+            pad = (1 << (len(rows) - 1).bit_length()) - len(rows)
+            rows += [None] * pad
+            for column, value in ((pre, 0), (ext, 1), (ids, 0), (pos, 0), (locs, PADDING_SLOT), (rids, 0)):
+                column += [value] * pad
         t = lambda v: torch.tensor(v, dtype=torch.int64, device=self.device)  # noqa: E731
-        out_loc = t(locs)
         swa_loc = None
         if self.swa_pool is not None:
             self.swa_pool.assign([s for s in locs if s > 0])
-            swa_loc = torch.tensor([self.swa_pool.lookup(s) if s > 0 else PADDING_SLOT for s in locs],
-                                   dtype=torch.int64, device=self.device)
+            swa_loc = t([self.swa_pool.lookup(s) if s > 0 else PADDING_SLOT for s in locs])
         return ForwardBatch(self.step_no, rows, t([r.row if r else PADDING_ROW for r in rows]), t(pre), t(ext),
-                            t(ids), t(pos), out_loc, swa_loc, t(rids), drafts)
+                            t(ids), t(pos), t(locs), swa_loc, t(rids), drafts)
 
     def _draft(self, req: Request, pos: int) -> int:
         # The draft model is right 60% of the time (seeded), so steps accept 0..d drafts.
