@@ -45,10 +45,9 @@ class RankOutcome:
 def loopback_interface() -> Optional[str]:
     """The loopback network interface's name (gloo's GLOO_SOCKET_IFNAME), e.g. 'lo'."""
     try:
-        names = [name for _, name in socket.if_nameindex()]
+        return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
     except OSError:
         return None
-    return next((n for n in names if n == "lo" or n.startswith("lo")), None)
 
 
 def run_local_ranks(fn: Callable, world_size: int, *, args: tuple = (), timeout_s: float = 120.0,

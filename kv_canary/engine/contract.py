@@ -1,30 +1,11 @@
 """The engine contract: what `CanaryManager` needs from a serving engine, as `typing.Protocol` classes.
 
-An engine implements these by duck typing (no base class to inherit); `check_engine(engine)` tells,
-before anything is allocated, which part is missing. Two engines implement them in this project:
-the simulation (kv_canary.demo.sim.Engine, a slot-table engine) and HF transformers' continuous
-batching (kv_canary.integrations.transformers, a block-table engine). docs/attach-your-engine.md
-walks through attaching a third.
-
-The per-step protocol the engine drives (CanaryManager's methods):
-
-    manager.attach(engine)                 # once: pools, request rows, capacities
-    manager.on_tokens(row, start, tokens)  # a request's known token ids (prompt, then each sampled token)
-    manager.head(batch)                    # before the forward: plan, HEAD verify + write
-    ...the model's forward writes K/V...
-    manager.tail(batch)                    # after the forward: TAIL verify + write (real-K/V fingerprints)
-    manager.after_step(step)               # sweep when due, drain, stats line, health check
-
-Slots: a slot is a token's index into one KV pool (`group`); slot s of a pool lives in row
-`s // row_slots` of each per-layer K and V tensor, at byte `(s % row_slots) * bytes_per_token`
-(what a RealKvSource reads, SEMANTICS.md §4). Slot 0 is the padding slot (never a real token's),
-request row 0 the padding row.
-
-Request rows: every running request owns a row (1 .. req_rows-1). Its slots are found either
-  - per token (`SlotTableEngine.req_to_token[row, position]`, SGLang's req_to_token), or
-  - per block (`BlockTableEngine.req_to_block[row, position // block_size]`, a paged engine's block
-    table; slot = block * block_size + position % block_size). The manager expands the batch's rows
-    on the device each step, so a block-table engine needs no per-token work on the host.
+An engine implements these by duck typing; `check_engine(engine)` names, before anything is
+allocated, every part that is missing. docs/attach-your-engine.md walks through them and the step
+protocol (attach, on_tokens, head, forward, tail, after_step). A slot is a token's index into one
+KV pool; slot 0 is the padding slot and request row 0 the padding row. A request's slots are found
+per token (`SlotTableEngine.req_to_token`, SGLang's) or per block (`BlockTableEngine.req_to_block`,
+expanded on the device for the batch's rows each step).
 """
 from __future__ import annotations
 

@@ -195,8 +195,7 @@ class CanaryManager(Listened):
         self.engine = engine
         if not self.enabled:
             return
-        dev = engine.device
-        self.device = dev
+        self.device = dev = engine.device
         A = self.alloc
         self.ring, self.write_index = A.allocate_violation_ring(self.ring_capacity, device=dev)
         self.reason_counts = A.allocate_reason_counts(device=dev)  # shared like the ring; never reset
@@ -293,8 +292,8 @@ class CanaryManager(Listened):
         self.token_capacity = self.write_capacity * cfg.max_ctx
         self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
         self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
-        self._token_inputs = {(g.name, f.name): fixed(self.token_capacity)
-                              for g in self.groups for f in self.L.INPUT_FIELDS}
+        self._token_inputs = {g.name: {f.name: fixed(self.token_capacity) for f in self.L.INPUT_FIELDS}
+                              for g in self.groups}
         # The write's input assert: what each batch token should be (None when the assert is off).
         self._expected_tokens = fixed(self.token_capacity) if self.enable_write_input_assert else None
         self._expected_positions = fixed(self.token_capacity) if self.enable_write_input_assert else None
@@ -316,8 +315,6 @@ class CanaryManager(Listened):
     def _bind_launches(self) -> None:
         """Every launch the manager makes, validated and bound once over its fixed buffers."""
         bind, b = self.rt.bind, self.backend
-        token_inputs = {g.name: {f.name: self._token_inputs[(g.name, f.name)] for f in self.L.INPUT_FIELDS}
-                        for g in self.groups}
         expected = {}
         if self.enable_write_input_assert:
             expected = {"expected_input_tokens": self._expected_tokens,
@@ -345,7 +342,7 @@ class CanaryManager(Listened):
                         "launch_canary_write_kernel", context=ctx, plan=g.write_plan, input_ids=self._input_ids,
                         positions=self._positions, out_cache_loc=g.out_cache_loc,
                         enable_write_input_assert=self.enable_write_input_assert,
-                        extra_inputs=token_inputs[g.name], backend=b, **expected)
+                        extra_inputs=self._token_inputs[g.name], backend=b, **expected)
         self._scatter = bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                              req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=b)
 
@@ -478,7 +475,7 @@ class CanaryManager(Listened):
         """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
         n = int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
-            buf = self._token_inputs[(g.name, f.name)][:n]
+            buf = self._token_inputs[g.name][f.name][:n]
             if f.source == "request_id":
                 buf.copy_(batch.token_rids)
             else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots
