@@ -41,6 +41,7 @@ def _version() -> str:
 def cmd_init(args) -> int:
     from .codegen import scaffold
     from .codegen.cli import cmd_generate
+    from .codegen.project import CONFIG_NAME
 
     root = Path.cwd()
     sources = _schema_sources()
@@ -79,14 +80,9 @@ def cmd_init(args) -> int:
               f"imported as {package.replace('/', '.')} once it has one")
     args.schema, args.out, args.tree, args.config = None, None, None, None
     status = cmd_generate(args)
-    print(f"next: import {package.replace('/', '.')} in your engine, commit {args_files(s)}, and run "
-          f"`pre-commit install`")
+    print(f"next: import {package.replace('/', '.')} in your engine, commit {s.schema}, {CONFIG_NAME}, "
+          f"{s.package}/, .pre-commit-config.yaml and .github/workflows/kv-canary.yml, and run `pre-commit install`")
     return status
-
-
-def args_files(s) -> str:
-    from .codegen.project import CONFIG_NAME
-    return f"{s.schema}, {CONFIG_NAME}, {s.package}/, .pre-commit-config.yaml and .github/workflows/kv-canary.yml"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ multiprocess_dir=...)` serves them all, told apart by the rank labels.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -136,16 +137,13 @@ class CanaryMetrics:
 
 
 def _families(prom, prefix: str, names: list, registry) -> tuple:
-    return (prom.Counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail reason (a row "
-                         "with two reasons counts under both)", names + ["launch_tag", "fail_reason"], registry=registry),
-            prom.Counter(f"{prefix}_violation_rows", "Violation rows appended to the ring, lost rows included", names,
-                         registry=registry),
-            prom.Counter(f"{prefix}_ring_rows_lost", "Violation rows dropped because the ring was full", names,
-                         registry=registry),
-            prom.Counter(f"{prefix}_kernel_runs", "Verify and write launches per launch tag",
-                         names + ["launch_tag"], registry=registry),
-            prom.Counter(f"{prefix}_protected_tokens", "Slots verified or written (the slot-run counter)", names,
-                         registry=registry),
+    counter = functools.partial(prom.Counter, registry=registry)
+    return (counter(f"{prefix}_violations", "Decoded violation rows per launch tag and fail reason (a row with two "
+                    "reasons counts under both)", names + ["launch_tag", "fail_reason"]),
+            counter(f"{prefix}_violation_rows", "Violation rows appended to the ring, lost rows included", names),
+            counter(f"{prefix}_ring_rows_lost", "Violation rows dropped because the ring was full", names),
+            counter(f"{prefix}_kernel_runs", "Verify and write launches per launch tag", names + ["launch_tag"]),
+            counter(f"{prefix}_protected_tokens", "Slots verified or written (the slot-run counter)", names),
             prom.Gauge(f"{prefix}_healthy", "1, or 0 while the latest health check found a launch tag that stopped "
                        "running", names, registry=registry, multiprocess_mode="min"))
 
