@@ -5,6 +5,7 @@
 #include "cuda_host_shim.h"
 
 #include <chrono>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -145,8 +146,14 @@ static void check(bool ok, const std::string& name, const std::string& detail = 
   }
 }
 
-static bool contains(const char* hay, const char* needle) {
-  return std::string(hay).find(needle) != std::string::npos;
+// A launch that must fail with each of `needles` in its error (shown with `show`).
+static void check_fails(int rc, const std::string& name, std::initializer_list<const char*> needles,
+                        bool show = false) {
+  const std::string e = kvc_emu::last_error();
+  bool ok = rc != 0;
+  for (const char* needle : needles) ok = ok && e.find(needle) != std::string::npos;
+  check(ok, name, "rc=" + std::to_string(rc) + " " + e);
+  if (show) std::printf("  message: %s\n", e.c_str());
 }
 
 static kvc_emu::LaunchConfig cfg1(unsigned grid, unsigned block) {
@@ -221,17 +228,12 @@ int main() {
           "partial_warp", kvc_emu::last_error());
     int out[48];
     rc = launch(cfg1(1, 48), [&] { full_mask_kernel(out); });
-    check(rc != 0 && contains(kvc_emu::last_error(), "does not exist"),
-          "partial_warp_strict_full_mask", kvc_emu::last_error());
+    check_fails(rc, "partial_warp_strict_full_mask", {"does not exist"});
   }
   {  // strict mode: a shuffle whose mask names an exited lane
     int out[32] = {};
     int rc = launch(cfg1(4, 32), [&] { exited_lane_kernel(out); });
-    const char* e = kvc_emu::last_error();
-    check(rc != 0 && contains(e, "strict warp check: lane 5 of warp 0 block 0") &&
-              contains(e, "has exited"),
-          "strict_exited_lane", std::string("rc=") + std::to_string(rc) + " " + e);
-    std::printf("  message: %s\n", e);
+    check_fails(rc, "strict_exited_lane", {"strict warp check: lane 5 of warp 0 block 0", "has exited"}, true);
     kvc_emu::set_strict(false);
     for (int& v : out) v = -1;
     rc = launch(cfg1(1, 32), [&] { exited_lane_kernel(out); });
@@ -244,27 +246,17 @@ int main() {
   {  // deadlocks / barrier misuse fail the launch instead of hanging
     int counter = 0;
     int rc = launch(cfg1(1, 64), [&] { skip_sync_exit_kernel(&counter); });
-    const std::string e1 = kvc_emu::last_error();
-    check(rc != 0 && contains(e1.c_str(), "__syncthreads with exited threads"),
-          "strict_sync_exited", e1);
-    std::printf("  message: %s\n", e1.c_str());
+    check_fails(rc, "strict_sync_exited", {"__syncthreads with exited threads"}, true);
     kvc_emu::set_strict(false);
     counter = 0;
     rc = launch(cfg1(1, 64), [&] { skip_sync_exit_kernel(&counter); });
     check(rc == 0 && counter == 63, "nonstrict_sync_exited", kvc_emu::last_error());
     int out[64];
     rc = launch(cfg1(1, 64), [&] { skip_sync_shfl_kernel(out); });
-    const std::string e2 = kvc_emu::last_error();
-    check(rc != 0 && contains(e2.c_str(), "deadlock") &&
-              contains(e2.c_str(), "is waiting at __syncthreads"),
-          "nonstrict_deadlock", e2);
+    check_fails(rc, "nonstrict_deadlock", {"deadlock", "is waiting at __syncthreads"});
     kvc_emu::set_strict(true);
     rc = launch(cfg1(1, 64), [&] { skip_sync_shfl_kernel(out); });
-    const std::string e3 = kvc_emu::last_error();
-    check(rc != 0 && contains(e3.c_str(), "strict warp check: lane 1 of warp 0") &&
-              contains(e3.c_str(), "is waiting at __syncthreads"),
-          "strict_deadlock", e3);
-    std::printf("  message: %s\n", e3.c_str());
+    check_fails(rc, "strict_deadlock", {"strict warp check: lane 1 of warp 0", "is waiting at __syncthreads"}, true);
   }
   {  // multi-dimensional grid and block indices
     std::vector<int> out(6 * 32, -1);
@@ -277,10 +269,9 @@ int main() {
   {  // __trap and invalid configurations fail the launch, not the process
     int out[32] = {};
     int rc = launch(cfg1(1, 32), [&] { trap_kernel(out); });
-    check(rc != 0 && contains(kvc_emu::last_error(), "__trap"), "trap", kvc_emu::last_error());
+    check_fails(rc, "trap", {"__trap"});
     rc = launch(cfg1(1, 2048), [&] { trap_kernel(out); });
-    check(rc != 0 && contains(kvc_emu::last_error(), "invalid launch"), "invalid_config",
-          kvc_emu::last_error());
+    check_fails(rc, "invalid_config", {"invalid launch"});
   }
   {  // repeated launches reuse the fiber pool (and recover after failures)
     u64 acc = 0;
