@@ -17,20 +17,10 @@ PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kv_canary/
 CODEGEN_PACKAGE = "kv_canary.codegen"
 
 
-def _installed_or_checkout(name: str) -> Path:
-    """kv_canary/<name> in an installed wheel, <checkout root>/<name> in a source checkout."""
-    installed = PACKAGE_DIR / name
-    if (installed / "__init__.py").is_file():
-        return installed
-    return PACKAGE_DIR.parent / name
-
-
 def default_generated_dir() -> Path:
-    return _installed_or_checkout("generated")
-
-
-def codegen_dir() -> Path:
-    return _installed_or_checkout("codegen")
+    """kv_canary/generated in an installed wheel, <checkout root>/generated in a source checkout."""
+    installed = PACKAGE_DIR / "generated"
+    return installed if (installed / "__init__.py").is_file() else PACKAGE_DIR.parent / "generated"
 
 
 def _import_package(path: Path, module_name: str) -> ModuleType:
@@ -50,7 +40,7 @@ def register_codegen() -> None:
     """Make `kv_canary.codegen` importable from a source checkout (cheap: its __init__ imports nothing)."""
     if CODEGEN_PACKAGE in sys.modules or (PACKAGE_DIR / "codegen" / "__init__.py").is_file():
         return
-    path = codegen_dir()
+    path = PACKAGE_DIR.parent / "codegen"  # a source checkout's
     if (path / "__init__.py").is_file():
         _import_package(path, CODEGEN_PACKAGE)
 
