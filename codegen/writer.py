@@ -257,9 +257,8 @@ def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str,
     regenerate = hints.regenerate
     drifts = []
     on_disk = files_on_disk(out_dir)
-    identity = next(f for f in files if f.path == IDENTITY_FILE)
-    fields = split_header(identity.text)[0]
-    fresh, written = _Identity(fields["schema"], fields["generator"]), _identity_on_disk(out_dir)
+    identity = next((split_header(f.text)[0] for f in files if f.path == IDENTITY_FILE), {})
+    fresh, written = _Identity(identity.get("schema"), identity.get("generator")), _identity_on_disk(out_dir)
     for f in files:
         shown = f"{display_dir}/{f.path}"
         p = on_disk.get(f.path)

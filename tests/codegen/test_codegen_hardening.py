@@ -23,7 +23,7 @@ from kv_canary.codegen import cli
 from kv_canary.codegen.diagnostics import Diagnostic, Loc, SchemaError, escape_text, quote
 from kv_canary.codegen.limits import MAX_SET_MEMBERS
 from kv_canary.codegen.load import load_schema_text, read_schema
-from kv_canary.codegen.render import make_environment, render_all, sha256_text, split_header
+from kv_canary.codegen.render import Provenance, make_environment, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import LOCK_NAME, compare_tree, tree_lock, write_tree
 from support.layers import DEFAULT_SCHEMA, default_schema_text
 
@@ -195,8 +195,8 @@ def two_generations(tmp_path_factory, env):
     root = tmp_path_factory.mktemp("generations")
     schema, text = read_schema(DEFAULT_SCHEMA)
     trees = []
-    for name, provenance in (("old", cli.Provenance()), ("new", cli.Provenance("canary.yaml", "canary.yaml",
-                                                                               "kv-canary generate"))):
+    for name, provenance in (("old", Provenance()), ("new", Provenance("canary.yaml", "canary.yaml",
+                                                                       "kv-canary generate"))):
         write_tree(root / name, render_all(schema, text, env, provenance=provenance))
         trees.append(root / name)
     return trees
