@@ -15,7 +15,7 @@ import pytest
 from kv_canary.codegen import render
 from kv_canary.codegen.cli import main, provenance_for
 from kv_canary.codegen.load import load_schema, read_schema
-from kv_canary.codegen.render import render_all
+from kv_canary.codegen.render import COMMENT_STYLES, HEADER_MARKER, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import compare_tree, write_tree
 from support.layers import default_schema_text
 
@@ -103,6 +103,28 @@ def test_generator_change_is_named_as_such(tmp_path, monkeypatch):
     assert layout.detail == "stale: the generator (codegen/) changed since this file was generated"
     assert layout.fix == "run `make generate` and commit the result"
     assert "-# -- consts" in layout.diff and "+# -- constants" in layout.diff
+
+
+def test_a_tree_of_a_generator_older_than_the_identity_file_is_generator_changed(tmp_path):
+    """Such a tree has the hashes in every header (and no FILE_SHA256): each file vouches for itself."""
+    schema, text = read_schema(ROOT / "kernels.yaml")
+    files = render_all(schema, text)
+    schema_sha = split_header(files[0].text)[0]["schema"]
+    for f in files:
+        body = split_header(f.text)[1]
+        open_, close = COMMENT_STYLES[Path(f.path).suffix]
+        old = "".join(f"{open_}{line}{close}\n" for line in (
+            f"{HEADER_MARKER} kernels.yaml. DO NOT EDIT: edit kernels.yaml, then run `make generate`.",
+            f"schema-sha256: {schema_sha}", f"generator-sha256: {'0' * 64}", f"generation-id: {'0' * 16}",
+            f"body-sha256: {sha256_text(body)}"))
+        (tmp_path / f.path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path).write_text(old + body)
+    drifts = compare_tree(tmp_path, files, "gen")
+    assert [d.path for d in drifts] == sorted(f"gen/{f.path}" for f in files)
+    assert {d.kind for d in drifts} == {"generator-changed"}
+    (tmp_path / "layout.py").write_text((tmp_path / "layout.py").read_text() + "# edit\n")
+    drifts = {d.path: d.kind for d in compare_tree(tmp_path, files, "gen")}
+    assert drifts.pop("gen/layout.py") == "hand-edited" and set(drifts.values()) == {"generator-changed"}
 
 
 def test_a_hand_edit_after_a_generator_change_is_still_a_hand_edit(repo, capsys, monkeypatch):
