@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml scripts/setup_venv.py
 	$(PY) scripts/setup_venv.py
 	touch $(STAMP)
 
+# Both write or check kernels.yaml's tree (generated/) and each example schema's golden tree
+# (kv_canary/schemas/NAME.yaml -> examples/generated/NAME/, codegen/project.py own_trees).
 generate: $(STAMP)
 	$(PY) -m codegen generate
 

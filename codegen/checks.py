@@ -74,12 +74,11 @@ LAYOUT_FIXED_NAMES = frozenset({
     "LAUNCH_PHASES", "LAUNCH_HALVES", "LAUNCH_GROUPS", "LAUNCH_TAG_COORDINATES", "LAUNCH_TAG_BY_COORDINATES",
     "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS", "TOKEN_REASON_BITS",
     "MESSAGE_PREFIX", "MESSAGES", "message", "fail",
-    "GENERATION_ID",  # every generated module's generator run (python/_generation.j2)
 })
 
 # Names the generated package's __init__.py defines beside `from .layout import *` (python/__init__.py.j2):
 # a schema name equal to one would replace it, or be hidden by it, in the package.
-PACKAGE_FIXED_NAMES = frozenset({"REGENERATE_COMMAND", "runtime_factory"})
+PACKAGE_FIXED_NAMES = frozenset({"REGENERATE_COMMAND", "runtime_factory", "GENERATION_ID", "FILE_SHA256"})
 
 PYTHON_BUILTINS = frozenset(dir(builtins))
 

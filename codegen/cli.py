@@ -70,19 +70,23 @@ def _parse_tree(value: str) -> tuple[Path, Path]:
     return Path(schema), Path(out)
 
 
-def trees_of(args) -> list[Tree]:
-    """The trees a command works on: --tree pairs, else --schema/--out, else kv-canary.yaml, else the default."""
+def trees_of(args, *, goldens: bool = False) -> list[Tree]:
+    """The trees a command works on: --tree pairs, else --schema/--out, else kv-canary.yaml, else the
+    default; with `goldens` (generate, check) the default in kv-canary's checkout brings the example
+    schemas' golden trees along."""
     cwd = Path.cwd()
     config = getattr(args, "config", None)
     pairs = getattr(args, "tree", None) or [(args.schema, args.out)]
     trees = []
     for schema, out in pairs:
         trees += resolve_trees(schema, out, cwd, config)
+    if goldens and pairs == [(None, None)] and len(trees) == 1:
+        trees += trees[0].goldens()
     return list({t.out: t for t in trees}.values())
 
 
 def cmd_generate(args) -> int:
-    for tree in trees_of(args):
+    for tree in trees_of(args, goldens=True):
         start = time.perf_counter()
         args.schema = tree.schema  # what an internal error is reported against
         schema, text = _load(tree.schema)
@@ -111,7 +115,7 @@ def check_tree(tree: Tree) -> tuple[int, list]:
 
 def cmd_check(args) -> int:
     results = []
-    for tree in trees_of(args):
+    for tree in trees_of(args, goldens=True):
         args.schema = tree.schema
         results.append((tree, *check_tree(tree)))
     if args.format == "json":

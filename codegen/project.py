@@ -1,7 +1,8 @@
 """Where the generator runs: the schema/output pairs it works on, and what its hints tell the user.
 
 Three places run the same commands:
-- kv-canary's own checkout: `kernels.yaml` -> `generated/`, regenerated with `make generate`;
+- kv-canary's own checkout: `kernels.yaml` -> `generated/`, and each example schema
+  `kv_canary/schemas/NAME.yaml` -> its golden `examples/generated/NAME/`, regenerated with `make generate`;
 - an engine's repository with a `kv-canary.yaml` config (made by `kv-canary init`): its pairs, regenerated
   with `kv-canary generate` and no arguments;
 - anywhere else: the paths given on the command line, regenerated with `kv-canary generate --schema S --out O`.
@@ -11,6 +12,7 @@ own checkout is told about codegen/templates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shlex
 import subprocess
@@ -25,6 +27,23 @@ CONFIG_FORMAT = 1
 _CONFIG_KEYS = ("kv-canary", "trees", "base_branch")
 _TREE_KEYS = ("schema", "out")
 CODEGEN_DIR = Path(__file__).resolve().parent
+EXAMPLE_SCHEMAS_DIR = "kv_canary/schemas"
+# The example schemas' generated trees, checked in so that a pull request that changes an example's
+# output shows it (`make generate` writes them, `make check-generated` checks them). Only for review:
+# nothing imports them (kv_canary.layer.schemas generates its own cached trees).
+GOLDENS_DIR = "examples/generated"
+
+
+@functools.cache
+def own_trees() -> tuple[tuple[Path, Path], ...]:
+    """(schema, out) of kv-canary's own trees in its source checkout: kernels.yaml -> generated/ first,
+    then each example schema -> its golden. Empty outside a source checkout (an installed wheel)."""
+    top = CODEGEN_DIR.parent
+    if not (top / "Makefile").is_file():
+        return ()
+    examples = sorted((top / EXAMPLE_SCHEMAS_DIR).glob("*.yaml"))
+    return ((top / "kernels.yaml").resolve(), (top / "generated").resolve()), \
+        *(((p.resolve(), (top / GOLDENS_DIR / p.stem).resolve()) for p in examples))
 
 
 @dataclass(frozen=True)
@@ -38,10 +57,16 @@ class Tree:
 
     @property
     def own_checkout(self) -> bool:
-        """kv-canary's own kernels.yaml -> generated/, in a source checkout (there `make generate` exists)."""
-        top = CODEGEN_DIR.parent
-        return (top / "Makefile").is_file() and self.schema == (top / "kernels.yaml").resolve() and \
-            self.out == (top / "generated").resolve()
+        """One of kv-canary's own trees (own_trees), in a source checkout (there `make generate` exists)."""
+        return (self.schema, self.out) in own_trees()
+
+    def goldens(self) -> list[Tree]:
+        """The example schemas' golden trees when this is kv-canary's default tree (what `generate` and
+        `check` add to it when no paths are given), else none."""
+        pairs = own_trees()
+        if not pairs or (self.schema, self.out) != pairs[0]:
+            return []
+        return [Tree(schema, out, CODEGEN_DIR.parent, False) for schema, out in pairs[1:]]
 
     def rel(self, path: Path) -> str:
         try:
@@ -69,7 +94,9 @@ class Tree:
     def file_schema_name(self) -> str:
         """The schema as generated files name it: its path in the project when kv-canary.yaml lists the
         tree, else its file name (so the files do not depend on where the tree was generated from)."""
-        return self.schema_name if self.configured or self.own_checkout else self.schema.name
+        if self.own_checkout:
+            return self.schema.relative_to(CODEGEN_DIR.parent.resolve()).as_posix()
+        return self.schema_name if self.configured else self.schema.name
 
     @property
     def file_regenerate(self) -> str:
@@ -81,7 +108,7 @@ class Tree:
     @property
     def edit_hint(self) -> str:
         """What to edit instead of a generated file."""
-        return "kernels.yaml (or codegen/)" if self.own_checkout else self.file_schema_name
+        return f"{self.file_schema_name} (or codegen/)" if self.own_checkout else self.file_schema_name
 
 
 def _relative(path: Path, base: Path) -> str:

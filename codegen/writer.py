@@ -3,10 +3,12 @@
 Each file is replaced atomically (a temporary `.NAME.XXXXXXXX.tmp` renamed into place), and writers
 of one tree take turns (an exclusive lock on `OUT/.kv-canary-generate.lock`; readers such as
 `check` take it shared). A kill between two files can still leave a tree of two generator runs:
-the generated package refuses to load one (every file carries its generation id).
+the generated package refuses to load one (its identity file, __init__.py, lists the sha256 of every
+other file).
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import difflib
 import os
@@ -22,7 +24,7 @@ try:
 except ImportError:  # not POSIX: writers are not serialised there
     fcntl = None
 
-from .render import GeneratedFile, sha256_text, split_header
+from .render import IDENTITY_FILE, GeneratedFile, sha256_text, split_header
 
 IGNORED_DIRS = {"__pycache__"}
 LOCK_NAME = ".kv-canary-generate.lock"
@@ -161,33 +163,84 @@ class Hints:
     own_checkout: bool = True
 
 
-def _classify(current: str, wanted: GeneratedFile, hints: Hints) -> tuple[str, str, str]:
-    """(kind, detail, fix) for a file whose text differs from what the generator produces."""
+@dataclass(frozen=True)
+class _Identity:
+    """What the identity file on disk says about the run that wrote the tree (None: nothing readable)."""
+    schema: str | None = None
+    generator: str | None = None
+    files: dict | None = None  # path -> sha256 of its text (FILE_SHA256)
+
+
+def _file_table(body: str) -> dict | None:
+    """The FILE_SHA256 literal of the identity file's body (None when it has none)."""
+    try:
+        module = ast.parse(body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # not Python: no table
+        return None
+    for node in module.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["FILE_SHA256"]:
+            try:
+                table = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                return None
+            return table if isinstance(table, dict) else None
+    return None
+
+
+def _identity_on_disk(out_dir: Path) -> _Identity:
+    try:
+        parsed = split_header((out_dir / IDENTITY_FILE).read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return _Identity()
+    if parsed is None or parsed[0].get("body") != sha256_text(parsed[1]):
+        return _Identity()  # missing, hand-edited or not generated: it vouches for nothing
+    return _Identity(parsed[0].get("schema"), parsed[0].get("generator"), _file_table(parsed[1]))
+
+
+def _classify(current: str, wanted: GeneratedFile, fresh: _Identity, on_disk: _Identity, identity_shown: str,
+              hints: Hints) -> tuple[str, str, str]:
+    """(kind, detail, fix) for a file whose text differs from what the generator produces. `fresh` is
+    the identity the generator would write, `on_disk` the one the tree's identity file (shown as
+    `identity_shown`) holds."""
     regenerate = hints.regenerate
     if hints.own_checkout:
         source = f"codegen/templates/{wanted.template}" if wanted.template else "its template in codegen/templates/"
         edit = f"make the change in {hints.schema} or {source}"
     else:
         edit = f"make the change in {hints.schema}"
-    parsed, fresh = split_header(current), split_header(wanted.text)
+    parsed = split_header(current)
     if parsed is None:
         return ("hand-edited", "hand-edited: its do-not-edit header was removed or changed",
                 f"{edit}, then run `{regenerate}`")
-    if parsed[0].get("body") != sha256_text(parsed[1]):
-        return ("hand-edited", "hand-edited: its body no longer matches the body-sha256 in its header",
-                f"{edit}, then run `{regenerate}` (it overwrites this file)")
-    if parsed[0].get("schema") != fresh[0]["schema"]:
+    fields = parsed[0]
+    if "schema" in fields:  # the identity file, or a file of a generator older than it (hashes in every header)
+        if fields.get("body") != sha256_text(parsed[1]):
+            return ("hand-edited", "hand-edited: its body no longer matches the body-sha256 in its header",
+                    f"{edit}, then run `{regenerate}` (it overwrites this file)")
+        written_by = _Identity(fields["schema"], fields.get("generator"))
+    else:
+        listed = (on_disk.files or {}).get(wanted.path)
+        if listed is None:
+            return ("changed", f"differs from what the generator produces, and {identity_shown} lists no sha256 "
+                               f"for it to tell a hand edit from a stale tree",
+                    f"run `{regenerate}`")
+        if listed != sha256_text(current):
+            return ("hand-edited", f"hand-edited: its text no longer matches the sha256 that {identity_shown} lists "
+                                   f"for it",
+                    f"{edit}, then run `{regenerate}` (it overwrites this file)")
+        written_by = on_disk
+    if written_by.schema != fresh.schema:
         return ("stale", "stale: the schema changed since this file was generated",
                 f"run `{regenerate}` and commit the result")
-    if parsed[0].get("generator") != fresh[0]["generator"]:
+    if written_by.generator != fresh.generator:
         if hints.own_checkout:
             return ("generator-changed", "stale: the generator (codegen/) changed since this file was generated",
                     f"run `{regenerate}` and commit the result")
         return ("generator-changed", "stale: generated by another version of kv-canary than the one running "
-                                     "(the generator-sha256 in its header differs)",
+                                     f"(the generator-sha256 in {identity_shown}'s header differs)",
                 f"run `{regenerate}` with the kv-canary version this repository pins, and commit the result")
-    if parsed[0].get("schema") == fresh[0]["schema"] and split_header(current)[1] == fresh[1]:
-        return ("changed", "differs only in its header's first line (the schema path or regenerate command it names)",
+    if parsed[1] == split_header(wanted.text)[1]:
+        return ("changed", "differs only in its header (the schema path, regenerate command or template it names)",
                 f"run `{regenerate}`")
     outside = "outside codegen/" if hints.own_checkout else "besides the schema and kv-canary's version"
     return ("changed", "differs from what the generator produces (same schema and generator hashes)",
@@ -204,6 +257,8 @@ def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str,
     regenerate = hints.regenerate
     drifts = []
     on_disk = files_on_disk(out_dir)
+    identity = next((split_header(f.text)[0] for f in files if f.path == IDENTITY_FILE), {})
+    fresh, written = _Identity(identity.get("schema"), identity.get("generator")), _identity_on_disk(out_dir)
     for f in files:
         shown = f"{display_dir}/{f.path}"
         p = on_disk.get(f.path)
@@ -217,7 +272,8 @@ def compare_tree(out_dir: Path, files: list[GeneratedFile], display_dir: str,
         diff = "".join(difflib.unified_diff(
             current.splitlines(keepends=True), f.text.splitlines(keepends=True),
             fromfile=f"{shown} (on disk)", tofile=f"{shown} (generated)", n=2))
-        drifts.append(Drift(shown, *_classify(current, f, hints), diff))
+        drifts.append(Drift(shown, *_classify(current, f, fresh, written, f"{display_dir}/{IDENTITY_FILE}", hints),
+                                diff))
     wanted_paths = {f.path for f in files}
     for rel in on_disk:
         if rel not in wanted_paths:

@@ -3,6 +3,7 @@ the kernels store where the host backends raise, strict warp mode, device checks
 and build errors that point at template lines."""
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 import shutil
@@ -107,7 +108,12 @@ def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, mo
     scatter = tree / "cuda" / "canary_scatter_req_token_ids.cu"
     text = scatter.read_text()
     m = list(re.finditer(r'#line (\d+) "(codegen/templates/cuda/scatter\.cu\.j2)"\n', text))[-1]
-    scatter.write_text(text[:m.end()] + "  undeclared_identifier = 1;\n" + text[m.end():])
+    broken_text = text[:m.end()] + "  undeclared_identifier = 1;\n" + text[m.end():]
+    scatter.write_text(broken_text)
+    # As a generator whose template rendered it so lists it (else the layer refuses it before the build).
+    init = tree / "__init__.py"
+    init.write_text(init.read_text().replace(hashlib.sha256(text.encode()).hexdigest(),
+                                             hashlib.sha256(broken_text.encode()).hexdigest()))
     broken = load_generated(tree, "kv_canary_test_broken_tree")
     with pytest.raises(EmulationBuildError) as err:
         build_library(broken)

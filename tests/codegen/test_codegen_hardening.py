@@ -23,7 +23,7 @@ from kv_canary.codegen import cli
 from kv_canary.codegen.diagnostics import Diagnostic, Loc, SchemaError, escape_text, quote
 from kv_canary.codegen.limits import MAX_SET_MEMBERS
 from kv_canary.codegen.load import load_schema_text, read_schema
-from kv_canary.codegen.render import make_environment, render_all, sha256_text, split_header
+from kv_canary.codegen.render import Provenance, make_environment, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import LOCK_NAME, compare_tree, tree_lock, write_tree
 from support.layers import DEFAULT_SCHEMA, default_schema_text
 
@@ -190,29 +190,29 @@ def test_concurrent_generate_runs_all_succeed(tmp_path):
 # -- mixed trees: one file from another generator run -----------------------------------------
 @pytest.fixture(scope="module")
 def two_generations(tmp_path_factory, env):
-    """Two trees of the same layout from schemas that differ in one doc string: one generation each."""
+    """Two trees of one schema from two generator runs that differ in every file: the second names
+    another schema file and regenerate command (as a tree of an engine's repository does)."""
     root = tmp_path_factory.mktemp("generations")
-    text = default_schema_text()
-    other = text.replace('doc: "request row reserved for CUDA-graph padding"', 'doc: "padding request row"', 1)
-    assert other != text
+    schema, text = read_schema(DEFAULT_SCHEMA)
     trees = []
-    for name, schema_text in (("old", text), ("new", other)):
-        write_tree(root / name, render_all(load_schema_text(schema_text), schema_text, env))
+    for name, provenance in (("old", Provenance()), ("new", Provenance("canary.yaml", "canary.yaml",
+                                                                       "kv-canary generate"))):
+        write_tree(root / name, render_all(schema, text, env, provenance=provenance))
         trees.append(root / name)
     return trees
 
 
-def test_every_generated_python_module_checks_its_generation(env):
+def test_every_generated_python_module_checks_it_is_the_file_its_package_lists(env):
     files = [f for f in render_all(*read_schema(DEFAULT_SCHEMA), env) if f.path.endswith(".py")]
     assert {f.path for f in files} >= {"__init__.py", "layout.py", "api.py", "kernel_abi.py"}
     for f in files:  # a new template must include python/_generation.j2 too
-        fields, body = split_header(f.text)
-        assert f'\nGENERATION_ID = "{fields["generation"]}"\n' in body, f.path
-        assert (f.path == "__init__.py") != ("if _package_generation != GENERATION_ID:" in body), f.path
+        body = split_header(f.text)[1]
+        assert (f.path == "__init__.py") != ("\n_check_generated_file(__file__)\n" in body), f.path
 
 
 def _mixed(tmp_path: Path, trees, rel: str) -> Path:
     """The first tree with `rel` copied from the second: what a kill between two writes leaves."""
+    assert (trees[0] / rel).read_text() != (trees[1] / rel).read_text(), f"{rel} is the same in both trees"
     out = tmp_path / "mixed"
     shutil.copytree(trees[0], out)
     shutil.copyfile(trees[1] / rel, out / rel)
@@ -232,14 +232,26 @@ def test_the_package_refuses_a_lazily_loaded_module_of_another_generation(tmp_pa
     layer = kv_canary.load_generated(out, f"kv_canary_mixed_{rel[:-3]}")
     with pytest.raises(ImportError) as err:
         getattr(layer, rel[:-3])
-    assert str(err.value).startswith(f"kv-canary: generated module kv_canary_mixed_{rel[:-3]}.{rel[:-3]} is from "
-                                     f"generation ")
-    assert f"but its package kv_canary_mixed_{rel[:-3]} is from generation {layer.GENERATION_ID}" in str(err.value)
+    assert str(err.value) == (f"kv-canary: generated file {out / rel} is not the one its package kv_canary_mixed_"
+                              f"{rel[:-3]} lists (FILE_SHA256 in {out / '__init__.py'}): it was edited by hand, or "
+                              f"the tree mixes files of two generator runs (an interrupted generator run?); run "
+                              f"`make generate`")
+
+
+def test_a_module_under_a_package_that_lists_no_files_is_refused(tmp_path, two_generations):
+    """A package of a generator older than the identity file (no _check_generated_file)."""
+    out = tmp_path / "old_package"
+    shutil.copytree(two_generations[0], out)
+    init = out / "__init__.py"
+    init.write_text(init.read_text().replace("def _check_generated_file(", "def _renamed("))
+    with pytest.raises(ImportError, match=r"generated module kv_canary_unlisted\.layout: its package kv_canary_unlisted "
+                                          r"lists no files .*; run `make generate`"):
+        kv_canary.load_generated(out, "kv_canary_unlisted")
 
 
 def test_an_unmixed_tree_loads(two_generations):
     layer = kv_canary.load_generated(two_generations[1], "kv_canary_unmixed")
-    assert layer.api.GENERATION_ID == layer.GENERATION_ID == layer.kernel_abi.GENERATION_ID
+    assert layer.api and layer.kernel_abi and layer.reference
     assert read_source(layer, "cuda/canary_write.cu")
 
 
@@ -250,7 +262,19 @@ def test_cuda_sources_of_another_generation_are_refused_before_a_build(tmp_path,
 
     out = _mixed(tmp_path, two_generations, rel)
     layer = kv_canary.load_generated(out, f"kv_canary_mixed_src_{rel.replace('/', '_').replace('.', '_')}")
-    with pytest.raises(MixedTreeError, match=rf"{rel} is from generation [0-9a-f]{{16}} but its Python layer"):
+    with pytest.raises(MixedTreeError, match=rf"{rel} is not the one its Python layer .* lists \(FILE_SHA256 in "):
         read_source(layer, rel)
     with pytest.raises(MixedTreeError):
         library_inputs(layer)  # what the emulated build hashes and compiles
+
+
+def test_a_layer_that_lists_no_files_has_its_sources_refused(tmp_path, two_generations):
+    """A tree of a generator older than the identity file: its package has no FILE_SHA256."""
+    out = tmp_path / "unlisted"
+    shutil.copytree(two_generations[0], out)
+    layer = kv_canary.load_generated(out, "kv_canary_unlisted_sources")
+    del layer.FILE_SHA256
+    with pytest.raises(MixedTreeError, match=r"generated layer kv_canary_unlisted_sources lists no files \(FILE_SHA256: "
+                                             r"generated by an older kv-canary\?\), so its source .*canary_write\.cu "
+                                             r"cannot be vouched for; run `make generate`"):
+        read_source(layer, "cuda/canary_write.cu")

@@ -17,6 +17,7 @@ import yaml
 from kv_canary.codegen import diff as diff_module
 from kv_canary.codegen.diff import KINDS, Change, DiffReport, diff_schemas, format_json
 from kv_canary.codegen.load import load_schema_text
+from support.layers import files_changed_by
 from test_diff import BASE, CASES, STRIDE_64, edit
 
 from kv_canary.cli import main as kv_main
@@ -183,7 +184,8 @@ def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
     (engine / "myengine" / "_canary" / "mine.py").write_text("x = 1\n")
     assert kv_main(["check", "--quiet"]) == 1
     err = capsys.readouterr().err
-    assert ("myengine/_canary/layout.py: hand-edited: its body no longer matches the body-sha256 in its header\n"
+    assert ("myengine/_canary/layout.py: hand-edited: its text no longer matches the sha256 that "
+            "myengine/_canary/__init__.py lists for it\n"
             "    fix: make the change in canary.yaml, then run `kv-canary generate` (it overwrites this file)\n") in err
     assert "keep your own files outside it" in err
     for word in ("codegen/", "python -m codegen", "make generate", "kernels.yaml"):
@@ -297,7 +299,8 @@ def test_pr_report_writes_summary_comment_and_outputs(engine, tmp_path, monkeypa
         schema.write_text(schema.read_text().replace('"{name} must be contiguous"', '"{name} is not contiguous"'))
         assert kv_main(["generate"]) == 0
     elif change == "stale":
-        schema.write_text(schema.read_text().replace('"{name} must be contiguous"', '"{name} is not contiguous"'))
+        before = schema.read_text()
+        schema.write_text(before.replace('"{name} must be contiguous"', '"{name} is not contiguous"'))
     else:
         _break(engine, bump=change == "bumped", commit=False)
     capsys.readouterr()
@@ -327,8 +330,10 @@ def test_pr_report_writes_summary_comment_and_outputs(engine, tmp_path, monkeypa
         assert ("**1 breaking change(s) but abi_version is still 1: bump `abi_version` in canary.yaml (to 2) and run "
                 "`kv-canary generate`.**") in comment
     if change == "stale":
-        assert "**Generated tree out of date: 13 file(s).** Run `kv-canary generate` and commit `myengine/_canary/`." \
-            in comment
+        stale = files_changed_by(before, schema.read_text())
+        assert 1 < stale < 13  # __init__.py and the files holding the message
+        assert f"**Generated tree out of date: {stale} file(s).** Run `kv-canary generate` and commit " \
+               f"`myengine/_canary/`." in comment
 
 
 def test_pr_report_without_the_base_branch_in_the_clone_says_how_to_fetch_it(engine, tmp_path, monkeypatch, capsys):

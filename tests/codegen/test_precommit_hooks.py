@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.layers import files_changed_by
 
 from kv_canary.cli import main as kv_main
 
@@ -105,10 +106,11 @@ def test_the_hooks_pass_clean_fail_stale_fail_breaking_and_pass_bumped(try_repo,
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "kv-canary generated tree is up to date" in clean.stdout and "Passed" in clean.stdout
 
-    stale = outcome(original.replace('"{name} must be contiguous"', '"{name} is not contiguous"'), generate=False)
+    message_edit = original.replace('"{name} must be contiguous"', '"{name} is not contiguous"')
+    stale = outcome(message_edit, generate=False)
     assert stale.returncode == 1
-    assert "13 generated file(s) out of date with canary.yaml; run `kv-canary generate` and commit myengine/_canary/" \
-        in stale.stdout
+    assert f"{files_changed_by(original, message_edit)} generated file(s) out of date with canary.yaml; run " \
+           "`kv-canary generate` and commit myengine/_canary/" in stale.stdout
     assert stale.stdout.count("Failed") == 1  # the ABI hook passes: a message change is compatible
 
     breaking = outcome(original.replace("slot_stride_bytes: 32", "slot_stride_bytes: 64"), generate=True)

@@ -67,3 +67,13 @@ def load_vectors() -> dict:
 def generate_layer(schema_path: Path):
     """Generate `schema_path` into this test session's scratch cache (never checked in) and import it."""
     return layers.generate_layer(schema_path, _gen_root())
+
+
+def files_changed_by(old: str, new: str) -> int:
+    """How many generated files the schema edit `old` -> `new` changes (what `check` lists for it).
+    Only the identity file, __init__.py, carries the schema hash; the others change with their text."""
+    from kv_canary.codegen.load import load_schema_text
+    from kv_canary.codegen.render import render_all
+
+    before, after = (render_all(load_schema_text(text), text) for text in (old, new))
+    return sum(a.text != b.text for a, b in zip(before, after, strict=True))
