@@ -100,7 +100,7 @@ def real_kv_sources_init(schema: Schema) -> str:
     """`kvc::RealKvSources{ {ptr_0, ptr_1, ...}, ..., num_sources, hash_mode}` over the kernel parameters."""
     n = schema.constant("MAX_REAL_KV_SOURCES").value
     groups = ["{" + ", ".join(f"{name}_{i}" for i in range(n)) + "}" for name, _, _ in REAL_KV_SOURCE_PARAMS]
-    return "kvc::RealKvSources{ " + ", ".join(groups + [name for name, _, _ in REAL_KV_TAIL_PARAMS]) + "}"
+    return "kvc::RealKvSources{\n" + ",\n".join(" " * 10 + g for g in groups + [name for name, _, _ in REAL_KV_TAIL_PARAMS]) + "}"
 
 
 def layout_header(schema: Schema) -> LayoutHeader:
@@ -128,15 +128,19 @@ def launchers(schema: Schema) -> Launchers:
                            for k in schema.kernels if kernel_source_template(k) is not None))
 
 
-def cuda_context(template: str, schema: Schema, kernel: Kernel | None) -> dict | None:
-    """The variables of a CUDA or emulation template (its typed context's fields), or None for the
-    other templates (which take render.template_context)."""
+def typed_context(template: str, schema: Schema, kernel: Kernel | None):
+    """The typed context of a CUDA or emulation template, or None for the other templates (which
+    take render.template_context)."""
     if template == "cuda/kv_canary_layout.cuh.j2":
-        ctx = layout_header(schema)
-    elif template == "emulation/launchers.cpp.j2":
-        ctx = launchers(schema)
-    elif template.startswith("cuda/") and kernel is not None:
-        ctx = kernel_source(schema, kernel)
-    else:
-        return None
-    return {f.name: getattr(ctx, f.name) for f in fields(ctx)}
+        return layout_header(schema)
+    if template == "emulation/launchers.cpp.j2":
+        return launchers(schema)
+    if template.startswith("cuda/") and kernel is not None:
+        return kernel_source(schema, kernel)
+    return None
+
+
+def cuda_context(template: str, schema: Schema, kernel: Kernel | None) -> dict | None:
+    """The variables of a CUDA or emulation template: its typed context's fields (None for the others)."""
+    ctx = typed_context(template, schema, kernel)
+    return None if ctx is None else {f.name: getattr(ctx, f.name) for f in fields(ctx)}

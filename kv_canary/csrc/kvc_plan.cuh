@@ -57,14 +57,19 @@ __device__ __forceinline__ kvc_i64 window_start(kvc_i64 prefix, kvc_i64 window) 
   return prefix > window ? prefix - window : 0;
 }
 
-// -- offsets: the first kernel ---------------------------------------------------------------------
-struct OffsetsArgs {
+// The batch both kernels plan: each request's pool row and prefix length, and where its tokens' slots are.
+struct Batch {
   const kvc_i64* __restrict__ req_pool_indices;
   const kvc_i64* __restrict__ prefix_lens;
   kvc_i64 batch_size;
   ReqToToken req_to_token;
   kvc_i64 swa_window_size;
   SwaLut swa_lut;
+};
+
+// -- offsets: the first kernel ---------------------------------------------------------------------
+struct OffsetsArgs {
+  Batch batch;
   const kvc_i64* __restrict__ extend_seq_lens;
   kvc_i64 verify_capacity;
   kvc_i64* __restrict__ verify_offsets;
@@ -109,23 +114,24 @@ template <int kThreads>
 __device__ __forceinline__ void offsets(const OffsetsArgs& a) {
   static_assert(kThreads % 32 == 0, "the offsets kernel scans with whole warps");
   __shared__ kvc_u64 warp_sums[32];
-  const kvc_i64 batch_size = a.batch_size;
+  const Batch& b = a.batch;
+  const kvc_i64 batch_size = b.batch_size;
   kvc_u64 verify_carry = 0, write_carry = 0;  // identical in every thread
   for (kvc_i64 base = 0; base < batch_size; base += blockDim.x) {
     const kvc_i64 r = base + threadIdx.x;
     kvc_i64 verify_count = 0, write_count = 0, seed = -1;
     if (r < batch_size) {
-      const kvc_i64 row = a.req_pool_indices[r];
-      const kvc_i64 prefix = a.prefix_lens[r];
+      const kvc_i64 row = b.req_pool_indices[r];
+      const kvc_i64 prefix = b.prefix_lens[r];
       const kvc_i64 extend = a.extend_seq_lens[r];
-      if (active_request(row, a.req_to_token.rows)) {
-        const kvc_i64 cols = a.req_to_token.cols;
+      if (active_request(row, b.req_to_token.rows)) {
+        const kvc_i64 cols = b.req_to_token.cols;
         const kvc_i64 verified = clamp_prefix(prefix, cols);
-        verify_count = verified - window_start(verified, a.swa_window_size);
+        verify_count = verified - window_start(verified, b.swa_window_size);
         write_count = extend > 0 ? extend : 0;
         if (prefix > 0 && extend > 0) {
           const kvc_i64 col = prefix - 1 < cols - 1 ? prefix - 1 : cols - 1;
-          seed = translate(a.swa_lut, read_req_to_token(a.req_to_token, row, col));
+          seed = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, col));
         }
       }
     }
@@ -157,12 +163,7 @@ __device__ __forceinline__ void offsets(const OffsetsArgs& a) {
 // Takes SGLang's launch_plan_entries_kernel arguments, which carry no num_valid: the entry count is
 // the offsets' total (verify_offsets[bs]), clamped to the capacity.
 struct EntriesArgs {
-  const kvc_i64* __restrict__ req_pool_indices;
-  const kvc_i64* __restrict__ prefix_lens;
-  kvc_i64 batch_size;
-  ReqToToken req_to_token;
-  kvc_i64 swa_window_size;
-  SwaLut swa_lut;
+  Batch batch;
   const kvc_i64* __restrict__ verify_offsets;
   const int* __restrict__ verify_enable;
   kvc_i64 verify_capacity;
@@ -182,7 +183,8 @@ struct EntriesArgs {
 
 __device__ __forceinline__ void entries(const EntriesArgs& a) {
   if (*a.verify_enable == 0) return;  // overflow: entry arrays stay untouched
-  const kvc_i64 batch_size = a.batch_size;
+  const Batch& b = a.batch;
+  const kvc_i64 batch_size = b.batch_size;
   // No request owns an entry when there is none (a caller's scratch may claim otherwise).
   kvc_i64 active = batch_size > 0 ? a.verify_offsets[batch_size] : 0;
   if (active > a.verify_capacity) active = a.verify_capacity;
@@ -195,12 +197,12 @@ __device__ __forceinline__ void entries(const EntriesArgs& a) {
       if (a.verify_offsets[mid] <= e) lo = mid; else hi = mid;
     }
     const kvc_i64 r = lo;
-    const kvc_i64 row = a.req_pool_indices[r];
-    const kvc_i64 prefix = clamp_prefix(a.prefix_lens[r], a.req_to_token.cols);
-    const kvc_i64 p = window_start(prefix, a.swa_window_size) + (e - a.verify_offsets[r]);
+    const kvc_i64 row = b.req_pool_indices[r];
+    const kvc_i64 prefix = clamp_prefix(b.prefix_lens[r], b.req_to_token.cols);
+    const kvc_i64 p = window_start(prefix, b.swa_window_size) + (e - a.verify_offsets[r]);
 
-    a.verify_slot_indices[e] = translate(a.swa_lut, read_req_to_token(a.req_to_token, row, p));
-    a.verify_prev_slot_indices[e] = p > 0 ? translate(a.swa_lut, read_req_to_token(a.req_to_token, row, p - 1)) : -1;
+    a.verify_slot_indices[e] = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p));
+    a.verify_prev_slot_indices[e] = p > 0 ? translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p - 1)) : -1;
     a.verify_expected_positions[e] = p;
 
     kvc_i64 expected_token = -1;
