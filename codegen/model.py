@@ -121,7 +121,7 @@ class KernelTemplateSpec:
     specializations: tuple[str, ...] = ()
 
 
-# The kernel templates codegen knows (templates/cuda/<name>.cu.j2).
+# The kernel templates codegen knows (codegen/outputs.py KERNEL_SOURCE_TEMPLATES).
 KERNEL_TEMPLATES = {
     "write": KernelTemplateSpec(("per_request", "block_per_request")),
     "verify": KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)),
@@ -149,7 +149,7 @@ _KV_CHUNK_BYTES = 16  # kvc::KvChunk: one 16-byte vector load (two u64 words)
 
 @dataclass(frozen=True)
 class BlockSharedMemory:
-    """Static shared memory of the write kernel's block_per_request shape (templates/cuda/write.cu.j2).
+    """Static shared memory of the write kernel's block_per_request shape (kv_canary/csrc/kvc_write.cuh).
 
     Warp 0 walks the chain; every other warp stages one entry per thread into a chunk (a one-warp
     block's warp does both, over 32 entries). Chunks are double-buffered, so that chunk k+1 is
@@ -196,7 +196,7 @@ def block_per_request_shared_memory(canary: "Record", threads: int) -> BlockShar
 def verify_slice_chunks(threads: int) -> int:
     """16-byte chunks per row in one staged slice of the verify kernel's cooperative fingerprint: 8
     (128 bytes, one cache line per row) while the block's warp tiles stay small, fewer for big blocks
-    so that static shared memory stays within STATIC_SHARED_MEMORY_BYTES (templates/cuda/verify.cu.j2)."""
+    so that static shared memory stays within STATIC_SHARED_MEMORY_BYTES (kv_canary/csrc/kvc_verify.cuh)."""
     return 8 if threads <= 256 else (4 if threads <= 512 else 2)
 
 

@@ -17,11 +17,19 @@ STATIC_OUTPUTS = (
 )
 
 # kernels.yaml `template:` name -> the Jinja template of that kernel's CUDA source, rendered once
-# per kernel into cuda/<kernel name>.cu with `kernel` in its context.
-KERNEL_SOURCE_TEMPLATES: dict[str, str] = {
-    "write": "cuda/write.cu.j2",
+# per kernel into cuda/<kernel name>.cu with the kernel's typed context (codegen/cuda_context.py);
+# a kernel whose launch shapes differ in device code has one template per shape.
+KERNEL_SOURCE_TEMPLATES: dict[str, str | dict[str, str]] = {
+    "write": {"per_request": "cuda/write_per_request.cu.j2",
+              "block_per_request": "cuda/write_block_per_request.cu.j2"},
     "verify": "cuda/verify.cu.j2",
     "plan_offsets": "cuda/plan_offsets.cu.j2",
     "plan_entries": "cuda/plan_entries.cu.j2",
     "scatter": "cuda/scatter.cu.j2",
 }
+
+
+def kernel_source_template(kernel) -> str | None:
+    """The template of a kernel's CUDA source (None for a kernel template without one)."""
+    template = KERNEL_SOURCE_TEMPLATES.get(kernel.template)
+    return template.get(kernel.launch.shape) if isinstance(template, dict) else template

@@ -14,6 +14,7 @@ import jinja2
 from jinja2.ext import Extension
 
 from .comments import comment_text
+from .cuda_context import cuda_context
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
 from .kernel_abi import (
@@ -30,14 +31,11 @@ from .model import (
     LAUNCH_HALVES,
     LAUNCH_PHASES,
     MASK64,
-    STATIC_SHARED_MEMORY_BYTES,
     Constant,
     Schema,
-    block_per_request_shared_memory,
     splitmix64,
-    verify_slice_chunks,
 )
-from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
+from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS, kernel_source_template
 from .yaml_loader import normalise_text
 
 CODEGEN_DIR = Path(__file__).resolve().parent
@@ -247,7 +245,7 @@ def output_plan(schema: Schema) -> list[tuple[str, str, dict]]:
     """(template, output path, extra context) for every generated file, in a fixed order."""
     plan = [(t, out, {}) for t, out in STATIC_OUTPUTS]
     for kernel in schema.kernels:
-        template = KERNEL_SOURCE_TEMPLATES.get(kernel.template)
+        template = kernel_source_template(kernel)
         if template is not None:
             plan.append((template, f"cuda/{kernel.name}.cu", {"kernel": kernel}))
     return plan
@@ -268,16 +266,12 @@ def template_context(schema: Schema) -> dict:
         "launch_halves": LAUNCH_HALVES,
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),
-        # The write kernel's shared-memory sizing: the same function checks.py bounds the schema with.
-        "block_per_request_shared_memory": block_per_request_shared_memory,
-        "verify_slice_chunks": verify_slice_chunks,
         "operation_args": OPERATION_ARGS,
         "launches": launches(schema),
         "public_names": public_names(schema),
         "field_keywords": FIELD_KEYWORDS,
         "real_kv_source_params": REAL_KV_SOURCE_PARAMS,
         "real_kv_tail_params": REAL_KV_TAIL_PARAMS,
-        "static_shared_memory_bytes": STATIC_SHARED_MEMORY_BYTES,
         # C names of the kernels (extern "C" symbols) and the arguments that must fit a C integer.
         "entry_points": entry_points,
         "entry_point_prefix": ENTRY_POINT_PREFIX,
@@ -318,7 +312,8 @@ def render_all(schema: Schema, schema_text: str, env: jinja2.Environment | None 
         if path == IDENTITY_FILE:  # rendered last: its table covers the others
             identity = template
             continue
-        body = render_body(env, template, {**context, **extra}, path)
+        typed = cuda_context(template, schema, extra.get("kernel"))  # CUDA and emulation templates
+        body = render_body(env, template, typed if typed is not None else {**context, **extra}, path)
         out.append(GeneratedFile(path, make_header(path, template, provenance) + body, template))
     file_sha256 = {f.path: sha256_text(f.text) for f in sorted(out, key=lambda f: f.path)}
     body = render_body(env, identity, {**context, "generation_id": generation_id(schema_sha, gen_sha),

@@ -22,7 +22,7 @@ def installed(tmp_path_factory):
 PROBE = """
 import importlib.util as u, json
 import kv_canary, kv_canary.codegen
-from kv_canary.layer import emulation_build
+from kv_canary.layer import csrc, emulation_build
 print(json.dumps({
     "top_level_codegen": u.find_spec("codegen") is not None,
     "files": [kv_canary.__file__, kv_canary.codegen.__file__],
@@ -31,6 +31,7 @@ print(json.dumps({
                                                       "kv_canary.demo.fleet", "kv_canary.engine.contract",
                                                       "kv_canary.integrations.transformers.engine")],
     "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
+    "csrc": str(csrc.CSRC_DIR), "csrc_headers": sorted(csrc.csrc_headers()),
 }))
 """
 
@@ -52,6 +53,12 @@ def test_no_top_level_codegen_package(probe):
 def test_the_emulation_shim_ships_in_the_wheel(probe):
     """The emulated backend builds against the shim the wheel carries as package data."""
     assert probe["shim_ships"] and "site-packages" in probe["shim"] and str(ROOT) not in probe["shim"]
+
+
+def test_the_device_headers_ship_in_the_wheel(probe):
+    """Every kernel includes the hand-written kv_canary/csrc/ headers: the wheel carries them all."""
+    assert "site-packages" in probe["csrc"] and str(ROOT) not in probe["csrc"]
+    assert probe["csrc_headers"] == sorted(p.name for p in (ROOT / "kv_canary" / "csrc").iterdir())
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):

@@ -5,7 +5,7 @@ LUT are engine bugs that a bug detector must not hide, so host backends raise a 
 the argument, the index and the bound before anything is written (SEMANTICS.md §5.3, §7). The
 CUDA kernels cannot raise without synchronising the host: there such a request row is inactive
 (plan) or skipped (scatter), and an unreadable SWA index becomes kvc::PLAN_UNREADABLE_INDEX,
-which verify and write then report as SLOT_OUT_OF_RANGE (codegen/templates/cuda/_plan_common.j2).
+which verify and write then report as SLOT_OUT_OF_RANGE (kv_canary/csrc/kvc_plan.cuh).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Build the emulation library of a generated layer with g++, cached by content.
 
 The library is one translation unit: the generated launchers file includes the shim and every
-generated .cu. Its cache key covers the compiler, the flags and the text of every input, so an
+generated .cu, which include the hand-written device headers (kv_canary/csrc/). Its cache key covers
+the compiler, the flags and the text of every input, those headers too, so an
 edited template or schema always rebuilds, and an unchanged tree is built once per machine.
 
 With KV_CANARY_EMULATION_SANITIZE=1 (what `make sanitize` sets) the library is built with
@@ -18,10 +19,12 @@ import subprocess
 from pathlib import Path
 
 from .cache import cache_dir, content_key, entry
+from .csrc import CSRC_DIR, csrc_headers
 from .sources import kernel_abi, read_source, tree_dir
 
 SHIM_DIR = Path(__file__).resolve().parent.parent / "emulation"  # the hand-written shim (package data)
 SHIM_HEADER = SHIM_DIR / "cuda_host_shim.h"
+INCLUDE_DIRS = (SHIM_DIR, CSRC_DIR)  # g++ -I: the shim, then the device headers
 CXX_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
              "-Wno-unknown-pragmas", "-Werror")
 ENV_SANITIZE = "KV_CANARY_EMULATION_SANITIZE"
@@ -63,7 +66,7 @@ def library_inputs(layer) -> list[tuple[str, str]]:
     """(name, text) of every file the library is built from, in a fixed order."""
     abi = kernel_abi(layer)
     names = [abi.EMULATION_SOURCE, abi.HEADER] + [k.source for k in abi.KERNELS.values()]
-    return ([("cuda_host_shim.h", SHIM_HEADER.read_text(encoding="utf-8"))]
+    return ([("cuda_host_shim.h", SHIM_HEADER.read_text(encoding="utf-8"))] + list(csrc_headers().items())
             + [(name, read_source(layer, name)) for name in names])
 
 
@@ -84,7 +87,7 @@ def build_library(layer) -> Path:
     source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
 
     def compile_to(tmp: Path) -> None:
-        cmd = [gxx, *flags, f"-I{SHIM_DIR}", str(source), "-o", str(tmp)]
+        cmd = [gxx, *flags, *(f"-I{d}" for d in INCLUDE_DIRS), str(source), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise EmulationBuildError(f"kv-canary: g++ could not build the emulation library from {source}:\n"

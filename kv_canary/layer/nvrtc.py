@@ -1,7 +1,7 @@
 """Compile a generated .cu with NVRTC through CuPy's low-level bindings (no GPU needed).
 
-The generated header is handed to NVRTC as an in-memory include, so a compiled binary depends on
-exactly the texts hashed into its cache key. A compile error raises CudaCompileError quoting the
+The generated header and the hand-written device headers (kv_canary/csrc/) are handed to NVRTC as
+in-memory includes, so a compiled binary depends on exactly the texts hashed into its cache key. A compile error raises CudaCompileError quoting the
 NVRTC log, whose file:line references point at the Jinja templates (#line directives).
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import functools
 from pathlib import Path
 
 from .cache import cache_dir, content_key, entry
+from .csrc import csrc_headers
 
 DEFAULT_OPTIONS = ("-std=c++17", "-lineinfo")
 
@@ -36,10 +37,17 @@ def supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in _nvrtc().getSupportedArchs())
 
 
+def with_csrc(headers: dict[str, str]) -> dict[str, str]:
+    """`headers` (include name -> text) plus the hand-written device headers they include."""
+    return {**csrc_headers(), **headers}
+
+
 def compile_source(source: str, name: str, headers: dict[str, str], *, arch: int, cubin: bool = True,
                    options: tuple[str, ...] = DEFAULT_OPTIONS) -> bytes:
-    """A CUBIN for sm_<arch> (or PTX for compute_<arch> when cubin=False)."""
+    """A CUBIN for sm_<arch> (or PTX for compute_<arch> when cubin=False). `headers`: the generated
+    includes (include name -> text); the kv_canary/csrc/ headers are added."""
     nvrtc = _nvrtc()
+    headers = with_csrc(headers)
     target = f"--gpu-architecture={'sm' if cubin else 'compute'}_{arch}"
     prog = nvrtc.createProgram(source, name, [text.encode("utf-8") for text in headers.values()],
                                [include.encode("utf-8") for include in headers])
@@ -57,9 +65,10 @@ def compile_source(source: str, name: str, headers: dict[str, str], *, arch: int
 
 def cached_binary(source: str, name: str, headers: dict[str, str], *, arch: int, cubin: bool = True,
                   options: tuple[str, ...] = DEFAULT_OPTIONS) -> Path:
-    """compile_source through the project cache; returns the path of the .cubin / .ptx."""
+    """compile_source through the project cache; returns the path of the .cubin / .ptx. The key covers
+    every include, the kv_canary/csrc/ headers too."""
     key = content_key("kv-canary-nvrtc-1", nvrtc_version(), arch, cubin, " ".join(options), name, source,
-                      *(part for include, text in sorted(headers.items()) for part in (include, text)))
+                      *(part for include, text in sorted(with_csrc(headers).items()) for part in (include, text)))
     path = cache_dir("cuda") / f"{Path(name).stem}_{'sm' if cubin else 'compute'}{arch}_{key[:32]}.{'cubin' if cubin else 'ptx'}"
     return entry(path, lambda tmp: tmp.write_bytes(compile_source(source, name, headers, arch=arch, cubin=cubin,
                                                                   options=options)))

@@ -14,7 +14,7 @@ from kv_canary.codegen.load import load_schema
 from support.layers import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS, ROOT, generate_layer
 
 import kv_canary
-from kv_canary.layer.emulation_build import CXX_FLAGS, SHIM_DIR, compiler
+from kv_canary.layer.emulation_build import CXX_FLAGS, INCLUDE_DIRS, compiler
 from kv_canary.layer.sources import tree_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -49,7 +49,7 @@ def chain_only(layer, tmp_path_factory):
     """The chain-only kernel built against the layer's generated header, as a Python callable."""
     out = tmp_path_factory.mktemp("chain_only")
     (out / "launcher.cpp").write_text(LAUNCHER, encoding="utf-8")
-    cmd = [compiler()[0], *CXX_FLAGS, f"-I{SHIM_DIR}", f"-I{SOURCE.parent}", f"-I{tree_dir(layer) / 'cuda'}",
+    cmd = [compiler()[0], *CXX_FLAGS, *(f"-I{d}" for d in INCLUDE_DIRS), f"-I{SOURCE.parent}", f"-I{tree_dir(layer) / 'cuda'}",
            str(out / "launcher.cpp"), "-o", str(out / "chain_only.so")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"g++ could not build {SOURCE.name}:\n{proc.stderr}"

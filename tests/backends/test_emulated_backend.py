@@ -99,6 +99,22 @@ def test_library_is_built_once_per_content(default_layer, tmp_path, monkeypatch)
     assert build_library(default_layer) == path and path.stat().st_mtime_ns == stamp
 
 
+def test_library_inputs_cover_the_csrc_headers(default_layer, tmp_path, monkeypatch):
+    """The library's cache key covers every kv_canary/csrc/ header: editing one rebuilds it."""
+    from kv_canary.layer import csrc
+    from kv_canary.layer.emulation_build import library_inputs
+    names = [name for name, _ in library_inputs(default_layer)]
+    assert set(csrc.csrc_headers()) <= set(names) and "kvc_device.cuh" in names
+    copy = tmp_path / "csrc"
+    shutil.copytree(csrc.CSRC_DIR, copy)
+    monkeypatch.setattr(csrc, "CSRC_DIR", copy)
+    before = dict(library_inputs(default_layer))
+    (copy / "kvc_write.cuh").write_text(before["kvc_write.cuh"] + "// edited\n", encoding="utf-8")
+    after = dict(library_inputs(default_layer))
+    assert after["kvc_write.cuh"] != before["kvc_write.cuh"]
+    assert {k: v for k, v in after.items() if k != "kvc_write.cuh"} == {k: v for k, v in before.items() if k != "kvc_write.cuh"}
+
+
 def test_build_error_quotes_gxx_at_the_template_line(default_layer, tmp_path, monkeypatch):
     """A broken generated source fails the build with g++'s diagnostics naming the template line."""
     from kv_canary.layer.emulation_build import EmulationBuildError, build_library

@@ -43,7 +43,7 @@ def shaped_layer(request):
 def test_default_write_is_block_per_request(default_layer):
     write = kernel_abi(default_layer).kernel_for_template("write")
     assert write.shape == "block_per_request" and write.threads % 32 == 0
-    assert "__syncthreads()" in read_source(default_layer, write.source)
+    assert f"kvc_write::block_per_request<{write.threads}, " in read_source(default_layer, write.source)
 
 
 def test_long_requests_match_reference_in_both_shapes(shaped_layer):

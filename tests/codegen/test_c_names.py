@@ -29,7 +29,7 @@ from support.kernel_diff import compare
 from support.layers import DEFAULT_SCHEMA, default_schema_text, generate_layer, scratch_dir
 
 import kv_canary
-from kv_canary.layer.emulation_build import SHIM_DIR
+from kv_canary.layer.emulation_build import INCLUDE_DIRS, SHIM_DIR
 from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
 
 GXX = shutil.which("g++")
@@ -132,7 +132,7 @@ def _identifiers(c_text: str) -> set[str]:
 def _visible_macros(layer) -> set[str]:
     """Every macro defined at the end of the emulation library's translation unit."""
     source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
-    proc = subprocess.run([GXX, "-std=c++17", "-dM", "-E", f"-I{SHIM_DIR}", str(source)],
+    proc = subprocess.run([GXX, "-std=c++17", "-dM", "-E", *(f"-I{d}" for d in INCLUDE_DIRS), str(source)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return set(re.findall(r"^#define (\w+)", proc.stdout, re.M))

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from support import budget
 
+from kv_canary.layer import csrc
 from kv_canary.layer import nvrtc as kv_nvrtc
+from kv_canary.layer.csrc import CSRC_DIR
 from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
 
 ARCHS = (80, 90, 100)
@@ -114,7 +116,7 @@ def test_chain_only_benchmark_kernel_compiles(any_layer):
 def test_chain_only_benchmark_kernel_compiles_with_nvcc(default_layer, tmp_path):
     out = tmp_path / "chain_only.cubin"
     proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings",
-                           f"-I{tree_dir(default_layer) / 'cuda'}", str(CHAIN_ONLY), "-o", str(out)],
+                           f"-I{tree_dir(default_layer) / 'cuda'}", f"-I{CSRC_DIR}", str(CHAIN_ONLY), "-o", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"nvcc failed on {CHAIN_ONLY.name}:\n{proc.stderr}"
     assert out.read_bytes()[:4] == b"\x7fELF"
@@ -147,7 +149,7 @@ def test_every_kernel_compiles_with_nvcc(schema, arch, tmp_path):
     for kernel in kernel_abi(layer).KERNELS.values():
         out = tmp_path / f"{kernel.name}.cubin"
         proc = subprocess.run([NVCC, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-Werror", "all-warnings",
-                               f"-I{cuda_dir}", str(tree_dir(layer) / kernel.source), "-o", str(out)],
+                               f"-I{cuda_dir}", f"-I{CSRC_DIR}", str(tree_dir(layer) / kernel.source), "-o", str(out)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"nvcc failed on {kernel.source} for sm_{arch}:\n{proc.stderr}"
         assert out.read_bytes()[:4] == b"\x7fELF"
@@ -183,16 +185,32 @@ def test_compile_cache_is_project_owned_and_keyed_by_content(default_layer, tmp_
     assert not list(Path.cwd().glob("*.cubin"))
 
 
+def test_compile_cache_covers_the_csrc_headers(default_layer, tmp_path, monkeypatch):
+    """An edited kv_canary/csrc/ header changes the cache key: the kernels that include it recompile."""
+    monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path / "cache"))
+    source = read_source(default_layer, "cuda/canary_scatter_req_token_ids.cu")
+    first = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80)
+    copy = tmp_path / "csrc"
+    shutil.copytree(CSRC_DIR, copy)
+    monkeypatch.setattr(csrc, "CSRC_DIR", copy)
+    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80) == first
+    scatter = copy / "kvc_scatter.cuh"
+    scatter.write_text(scatter.read_text(encoding="utf-8") + "// edited\n", encoding="utf-8")
+    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80) != first
+
+
 def test_ptx_only_inside_the_portable_load_helper(any_layer):
-    """Inline PTX appears once, in the helper with a host variant; no standard headers for NVRTC."""
-    header = read_source(any_layer, kernel_abi(any_layer).HEADER)
-    assert header.count("asm(") == 1
-    helper = header[header.index("load_u64x2"):]
+    """Inline PTX appears once, in the csrc helper with a host variant; no standard headers for NVRTC."""
+    device = csrc.csrc_headers()
+    assert sum(text.count("asm(") for text in device.values()) == 1
+    helper = device["kvc_device.cuh"][device["kvc_device.cuh"].index("load_u64x2"):]
     assert helper.index("#if defined(KV_CANARY_HOST_EMULATION)") < helper.index("#else") < helper.index("asm(")
-    for kernel in kernel_abi(any_layer).KERNELS.values():
-        text = read_source(any_layer, kernel.source)
-        assert "asm(" not in text and "#include <" not in text, kernel.source
-    assert "#include <" not in header and "typedef unsigned long long" in header
+    header = read_source(any_layer, kernel_abi(any_layer).HEADER)
+    for name, text in [(k.source, read_source(any_layer, k.source)) for k in kernel_abi(any_layer).KERNELS.values()] + [
+            (name, text) for name, text in device.items() if name.endswith(".cuh")] + [("layout header", header)]:
+        assert "asm(" not in text or name == "kvc_device.cuh", name
+        assert "#include <" not in text, name
+    assert "typedef unsigned long long" in device["kvc_types.cuh"] and '#include "kvc_types.cuh"' in header
 
 
 def test_target_for_device_falls_back_to_ptx_for_unknown_arch():

@@ -2,13 +2,14 @@
 // template: codegen/templates/emulation/launchers.cpp.j2
 #line 9 "codegen/templates/emulation/launchers.cpp.j2"
 #include "cuda_host_shim.h"
+#include "kvc_launchers.h"
 
 #include "../cuda/canary_write.cu"
 #include "../cuda/canary_verify.cu"
 #include "../cuda/canary_plan_offsets.cu"
 #include "../cuda/canary_plan_entries.cu"
 #include "../cuda/canary_scatter_req_token_ids.cu"
-#line 15 "codegen/templates/emulation/launchers.cpp.j2"
+#line 16 "codegen/templates/emulation/launchers.cpp.j2"
 
 extern "C" __attribute__((visibility("default"))) int kvc_emu_abi_version(void) { return kv_canary_abi_version; }
 extern "C" __attribute__((visibility("default"))) unsigned long long kvc_emu_layout_fingerprint(void) {
@@ -65,64 +66,17 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     unsigned long long* __restrict__ violation_reason_counts,
     unsigned long long* __restrict__ slot_run_counter,
     unsigned long long* __restrict__ kernel_run_counter) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                         [&] { kvcanary_canary_write(canary_buf, num_slots, slot_stride_bytes, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, input_ids, positions, out_cache_loc, num_tokens, enable_write_input_assert, expected_input_tokens, expected_input_positions, enable_chain_position_assert, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
+  const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
+                                 [&] { kvcanary_canary_write(canary_buf, num_slots, slot_stride_bytes, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, input_ids, positions, out_cache_loc, num_tokens, enable_write_input_assert, expected_input_tokens, expected_input_positions, enable_chain_position_assert, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
+  return rc;
 }
 
 // cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_write(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_write(grid, block,
-      *static_cast<unsigned char**>(params[0]),
-      *static_cast<long long*>(params[1]),
-      *static_cast<long long*>(params[2]),
-      *static_cast<const long long**>(params[3]),
-      *static_cast<const long long**>(params[4]),
-      *static_cast<const int**>(params[5]),
-      *static_cast<long long*>(params[6]),
-      *static_cast<const long long**>(params[7]),
-      *static_cast<const long long**>(params[8]),
-      *static_cast<const long long**>(params[9]),
-      *static_cast<long long*>(params[10]),
-      *static_cast<int*>(params[11]),
-      *static_cast<const long long**>(params[12]),
-      *static_cast<const long long**>(params[13]),
-      *static_cast<const int**>(params[14]),
-      *static_cast<const unsigned char**>(params[15]),
-      *static_cast<long long*>(params[16]),
-      *static_cast<long long*>(params[17]),
-      *static_cast<int*>(params[18]),
-      *static_cast<int*>(params[19]),
-      *static_cast<int*>(params[20]),
-      *static_cast<const unsigned char**>(params[21]),
-      *static_cast<long long*>(params[22]),
-      *static_cast<long long*>(params[23]),
-      *static_cast<int*>(params[24]),
-      *static_cast<int*>(params[25]),
-      *static_cast<int*>(params[26]),
-      *static_cast<const unsigned char**>(params[27]),
-      *static_cast<long long*>(params[28]),
-      *static_cast<long long*>(params[29]),
-      *static_cast<int*>(params[30]),
-      *static_cast<int*>(params[31]),
-      *static_cast<int*>(params[32]),
-      *static_cast<const unsigned char**>(params[33]),
-      *static_cast<long long*>(params[34]),
-      *static_cast<long long*>(params[35]),
-      *static_cast<int*>(params[36]),
-      *static_cast<int*>(params[37]),
-      *static_cast<int*>(params[38]),
-      *static_cast<int*>(params[39]),
-      *static_cast<int*>(params[40]),
-      *static_cast<long long*>(params[41]),
-      *static_cast<long long**>(params[42]),
-      *static_cast<long long*>(params[43]),
-      *static_cast<int**>(params[44]),
-      *static_cast<unsigned long long**>(params[45]),
-      *static_cast<unsigned long long**>(params[46]),
-      *static_cast<unsigned long long**>(params[47]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_write, grid, block, params);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_verify(unsigned grid, unsigned block, 
     const unsigned char* canary_buf,
@@ -168,7 +122,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     unsigned long long* __restrict__ violation_reason_counts,
     unsigned long long* __restrict__ slot_run_counter,
     unsigned long long* __restrict__ kernel_run_counter) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
   kvc::EntryOrderLog rows(violation_ring, violation_ring_capacity, violation_write_index);
   const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
                                  [&] { kvcanary_canary_verify(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
@@ -180,50 +134,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_verify(grid, block,
-      *static_cast<const unsigned char**>(params[0]),
-      *static_cast<long long*>(params[1]),
-      *static_cast<long long*>(params[2]),
-      *static_cast<const long long**>(params[3]),
-      *static_cast<const long long**>(params[4]),
-      *static_cast<const long long**>(params[5]),
-      *static_cast<const long long**>(params[6]),
-      *static_cast<const int**>(params[7]),
-      *static_cast<const int**>(params[8]),
-      *static_cast<long long*>(params[9]),
-      *static_cast<const unsigned char**>(params[10]),
-      *static_cast<long long*>(params[11]),
-      *static_cast<long long*>(params[12]),
-      *static_cast<int*>(params[13]),
-      *static_cast<int*>(params[14]),
-      *static_cast<int*>(params[15]),
-      *static_cast<const unsigned char**>(params[16]),
-      *static_cast<long long*>(params[17]),
-      *static_cast<long long*>(params[18]),
-      *static_cast<int*>(params[19]),
-      *static_cast<int*>(params[20]),
-      *static_cast<int*>(params[21]),
-      *static_cast<const unsigned char**>(params[22]),
-      *static_cast<long long*>(params[23]),
-      *static_cast<long long*>(params[24]),
-      *static_cast<int*>(params[25]),
-      *static_cast<int*>(params[26]),
-      *static_cast<int*>(params[27]),
-      *static_cast<const unsigned char**>(params[28]),
-      *static_cast<long long*>(params[29]),
-      *static_cast<long long*>(params[30]),
-      *static_cast<int*>(params[31]),
-      *static_cast<int*>(params[32]),
-      *static_cast<int*>(params[33]),
-      *static_cast<int*>(params[34]),
-      *static_cast<int*>(params[35]),
-      *static_cast<long long*>(params[36]),
-      *static_cast<long long**>(params[37]),
-      *static_cast<long long*>(params[38]),
-      *static_cast<int**>(params[39]),
-      *static_cast<unsigned long long**>(params[40]),
-      *static_cast<unsigned long long**>(params[41]),
-      *static_cast<unsigned long long**>(params[42]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_verify, grid, block, params);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token(unsigned grid, unsigned block, 
     const unsigned char* canary_buf,
@@ -269,7 +180,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     unsigned long long* __restrict__ violation_reason_counts,
     unsigned long long* __restrict__ slot_run_counter,
     unsigned long long* __restrict__ kernel_run_counter) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
   kvc::EntryOrderLog rows(violation_ring, violation_ring_capacity, violation_write_index);
   const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
                                  [&] { kvcanary_canary_verify_check_verify_expected_token(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
@@ -281,50 +192,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify_check_verify_expected_token(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token(grid, block,
-      *static_cast<const unsigned char**>(params[0]),
-      *static_cast<long long*>(params[1]),
-      *static_cast<long long*>(params[2]),
-      *static_cast<const long long**>(params[3]),
-      *static_cast<const long long**>(params[4]),
-      *static_cast<const long long**>(params[5]),
-      *static_cast<const long long**>(params[6]),
-      *static_cast<const int**>(params[7]),
-      *static_cast<const int**>(params[8]),
-      *static_cast<long long*>(params[9]),
-      *static_cast<const unsigned char**>(params[10]),
-      *static_cast<long long*>(params[11]),
-      *static_cast<long long*>(params[12]),
-      *static_cast<int*>(params[13]),
-      *static_cast<int*>(params[14]),
-      *static_cast<int*>(params[15]),
-      *static_cast<const unsigned char**>(params[16]),
-      *static_cast<long long*>(params[17]),
-      *static_cast<long long*>(params[18]),
-      *static_cast<int*>(params[19]),
-      *static_cast<int*>(params[20]),
-      *static_cast<int*>(params[21]),
-      *static_cast<const unsigned char**>(params[22]),
-      *static_cast<long long*>(params[23]),
-      *static_cast<long long*>(params[24]),
-      *static_cast<int*>(params[25]),
-      *static_cast<int*>(params[26]),
-      *static_cast<int*>(params[27]),
-      *static_cast<const unsigned char**>(params[28]),
-      *static_cast<long long*>(params[29]),
-      *static_cast<long long*>(params[30]),
-      *static_cast<int*>(params[31]),
-      *static_cast<int*>(params[32]),
-      *static_cast<int*>(params[33]),
-      *static_cast<int*>(params[34]),
-      *static_cast<int*>(params[35]),
-      *static_cast<long long*>(params[36]),
-      *static_cast<long long**>(params[37]),
-      *static_cast<long long*>(params[38]),
-      *static_cast<int**>(params[39]),
-      *static_cast<unsigned long long**>(params[40]),
-      *static_cast<unsigned long long**>(params[41]),
-      *static_cast<unsigned long long**>(params[42]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token, grid, block, params);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_plan_offsets(unsigned grid, unsigned block, 
     const long long* __restrict__ req_pool_indices,
@@ -346,35 +214,17 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long write_req_capacity,
     int* __restrict__ verify_num_valid,
     int* __restrict__ verify_enable) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                         [&] { kvcanary_canary_plan_offsets(req_pool_indices, prefix_lens, batch_size, req_to_token, req_to_token_rows, req_to_token_cols, req_to_token_row_stride, swa_window_size, full_to_swa_index_mapping, swa_lut_len, extend_seq_lens, verify_capacity, verify_offsets, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, verify_num_valid, verify_enable); });
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
+  const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
+                                 [&] { kvcanary_canary_plan_offsets(req_pool_indices, prefix_lens, batch_size, req_to_token, req_to_token_rows, req_to_token_cols, req_to_token_row_stride, swa_window_size, full_to_swa_index_mapping, swa_lut_len, extend_seq_lens, verify_capacity, verify_offsets, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, verify_num_valid, verify_enable); });
+  return rc;
 }
 
 // cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_offsets(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_plan_offsets(grid, block,
-      *static_cast<const long long**>(params[0]),
-      *static_cast<const long long**>(params[1]),
-      *static_cast<long long*>(params[2]),
-      *static_cast<const int**>(params[3]),
-      *static_cast<long long*>(params[4]),
-      *static_cast<long long*>(params[5]),
-      *static_cast<long long*>(params[6]),
-      *static_cast<long long*>(params[7]),
-      *static_cast<const long long**>(params[8]),
-      *static_cast<long long*>(params[9]),
-      *static_cast<const long long**>(params[10]),
-      *static_cast<long long*>(params[11]),
-      *static_cast<long long**>(params[12]),
-      *static_cast<long long**>(params[13]),
-      *static_cast<long long**>(params[14]),
-      *static_cast<int**>(params[15]),
-      *static_cast<long long*>(params[16]),
-      *static_cast<int**>(params[17]),
-      *static_cast<int**>(params[18]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_plan_offsets, grid, block, params);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_plan_entries(unsigned grid, unsigned block, 
     const long long* __restrict__ req_pool_indices,
@@ -400,39 +250,17 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long* __restrict__ verify_expected_tokens,
     long long* __restrict__ verify_expected_positions,
     long long* __restrict__ verify_prev_slot_indices) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                         [&] { kvcanary_canary_plan_entries(req_pool_indices, prefix_lens, batch_size, req_to_token, req_to_token_rows, req_to_token_cols, req_to_token_row_stride, swa_window_size, full_to_swa_index_mapping, swa_lut_len, verify_offsets, verify_enable, verify_capacity, req_to_verify_expected_tokens, expected_tokens_rows, expected_tokens_cols, expected_tokens_row_stride, req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices); });
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
+  const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
+                                 [&] { kvcanary_canary_plan_entries(req_pool_indices, prefix_lens, batch_size, req_to_token, req_to_token_rows, req_to_token_cols, req_to_token_row_stride, swa_window_size, full_to_swa_index_mapping, swa_lut_len, verify_offsets, verify_enable, verify_capacity, req_to_verify_expected_tokens, expected_tokens_rows, expected_tokens_cols, expected_tokens_row_stride, req_to_verify_expected_tokens_valid_lens, kv_token_id_vs_position_offset, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices); });
+  return rc;
 }
 
 // cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_entries(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_plan_entries(grid, block,
-      *static_cast<const long long**>(params[0]),
-      *static_cast<const long long**>(params[1]),
-      *static_cast<long long*>(params[2]),
-      *static_cast<const int**>(params[3]),
-      *static_cast<long long*>(params[4]),
-      *static_cast<long long*>(params[5]),
-      *static_cast<long long*>(params[6]),
-      *static_cast<long long*>(params[7]),
-      *static_cast<const long long**>(params[8]),
-      *static_cast<long long*>(params[9]),
-      *static_cast<const long long**>(params[10]),
-      *static_cast<const int**>(params[11]),
-      *static_cast<long long*>(params[12]),
-      *static_cast<const int**>(params[13]),
-      *static_cast<long long*>(params[14]),
-      *static_cast<long long*>(params[15]),
-      *static_cast<long long*>(params[16]),
-      *static_cast<const long long**>(params[17]),
-      *static_cast<long long*>(params[18]),
-      *static_cast<long long**>(params[19]),
-      *static_cast<long long**>(params[20]),
-      *static_cast<long long**>(params[21]),
-      *static_cast<long long**>(params[22]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_plan_entries, grid, block, params);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_scatter_req_token_ids(unsigned grid, unsigned block, 
     const long long* __restrict__ flat_in,
@@ -444,23 +272,15 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long pool_rows,
     long long pool_cols,
     long long pool_row_stride) {
-#line 26 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                         [&] { kvcanary_canary_scatter_req_token_ids(flat_in, flat_len, offsets, req_pool_indices, batch_size, pool_out, pool_rows, pool_cols, pool_row_stride); });
+#line 27 "codegen/templates/emulation/launchers.cpp.j2"
+  const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
+                                 [&] { kvcanary_canary_scatter_req_token_ids(flat_in, flat_len, offsets, req_pool_indices, batch_size, pool_out, pool_rows, pool_cols, pool_row_stride); });
+  return rc;
 }
 
 // cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
 // backend's packed argument buffer holds, so emulation runs that exact buffer).
 extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_scatter_req_token_ids(unsigned grid, unsigned block, void** params) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu_launch_kvcanary_canary_scatter_req_token_ids(grid, block,
-      *static_cast<const long long**>(params[0]),
-      *static_cast<long long*>(params[1]),
-      *static_cast<const long long**>(params[2]),
-      *static_cast<const long long**>(params[3]),
-      *static_cast<long long*>(params[4]),
-      *static_cast<int**>(params[5]),
-      *static_cast<long long*>(params[6]),
-      *static_cast<long long*>(params[7]),
-      *static_cast<long long*>(params[8]));
+  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_scatter_req_token_ids, grid, block, params);
 }

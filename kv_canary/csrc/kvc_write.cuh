@@ -1,46 +1,36 @@
-{#- write (SEMANTICS.md §5.1, §8): each request's chain is walked in entry order by one thread that
-    keeps it in registers; the slot counter gets one atomicAdd per request. Only the chain is
-    inherently serial (each link mixes the previous one); the fingerprints, the checks, the violation
-    rows and the record stores are not, so the launch shape decides who does them:
-    - per_request (SGLang's shape): one thread per request does everything for each entry in turn;
-    - block_per_request: one block per request takes its entries in chunks, double-buffered in shared
-      memory. Warp 0 is the walker's: thread 0 only folds each chunk's chain, writing every entry's
-      running hash (and the position of the previous stored entry) beside it. The other warps
-      (stagers) own one entry of every chunk each; while thread 0 walks chunk k they check and store
-      chunk k-1 (walked in the previous step) and stage chunk k+1 (inputs, and fingerprints loaded
-      per warp with coalesced loads by kvc::warp_real_kv_fingerprint). A one-warp block has no warp
-      to spare: its warp walks, then stages, in each step. -#}
-{% import "cuda/_params.j2" as P with context %}
-{% set block_shape = kernel.launch.shape == "block_per_request" %}
-{#- block_per_request: the staged Entry size, the entries per chunk and the chunks of 16 bytes per row
-    in one slice of the cooperative fingerprint come from codegen.model.block_per_request_shared_memory,
-    the function codegen/checks.py bounds the schema with (the static_asserts below pin the structs
-    to it). -#}
-{% set smem = block_per_request_shared_memory(canary, kernel.launch.threads) %}
-#line @
-#include "kv_canary_layout.cuh"
+// write (SEMANTICS.md §5.1, §8): each request's chain is walked in entry order by one thread that
+// keeps it in registers; the slot counter gets one atomicAdd per request. Only the chain is
+// inherently serial (each link mixes the previous one); the fingerprints, the checks, the violation
+// rows and the record stores are not, so the launch shape decides who does them:
+// - per_request (SGLang's shape, kvc_write::per_request): one thread per request does everything
+//   for each entry in turn;
+// - block_per_request (kvc_write::block_per_request): one block per request takes its entries in
+//   chunks, double-buffered in shared memory. Warp 0 is the walker's: thread 0 only folds each
+//   chunk's chain, writing every entry's running hash (and the position of the previous stored
+//   entry) beside it. The other warps (stagers) own one entry of every chunk each; while thread 0
+//   walks chunk k they check and store chunk k-1 (walked in the previous step) and stage chunk k+1
+//   (inputs, and fingerprints loaded per warp with coalesced loads by kvc::warp_real_kv_fingerprint).
+//   A one-warp block has no warp to spare: its warp walks, then stages, in each step.
+//
+// Hand-written and schema-independent (the schema reaches it through kv_canary_layout.cuh, included
+// first); the generated cuda/<kernel>.cu of each launch shape defines the entry point over this.
+#pragma once
 
-namespace {
+namespace kvc_write {
 
-// Everything but the entry point lives in this kernel's own namespace: the emulation compiles
-// every generated .cu into one translation unit.
-namespace kvc_impl_write {
-
-// The violation ring of the launch, with the tag every row carries.
-struct Ring {
-  kvc_i64 launch_tag;
-  kvc_i64* rows;
-  kvc_i64 capacity;
-  int* write_index;
-  kvc_u64* reason_counts;  // [extension] per-reason totals, or null
-
-  __device__ __forceinline__ void append(const kvc::ViolationRow& row) const {
-    kvc::ring_append(rows, capacity, write_index, reason_counts, row);
-  }
-  // §8: an index that cannot be dereferenced (a seed, or an entry's slot) is reported, never read.
-  __device__ __forceinline__ void out_of_range(kvc_i64 index) const {
-    append(kvc::make_row(launch_tag, index, 0, 0, -1, 0, index, kvc::reason::kvc_member_SLOT_OUT_OF_RANGE));
-  }
+// The write kernel's arguments besides the inputs, the real-KV sources and the ring.
+struct Args {
+  unsigned char* canary_buf;
+  kvc_i64 num_slots;
+  kvc_i64 slot_stride_bytes;
+  const kvc_i64* __restrict__ write_offsets;
+  const kvc_i64* __restrict__ write_seed_slot_indices;
+  const int* __restrict__ write_num_valid_reqs;
+  kvc_i64 write_req_capacity;
+  kvc_i64 num_tokens;
+  const int* __restrict__ enable_chain_position_assert;
+  kvc_u64* __restrict__ slot_run_counter;
+  kvc_u64* __restrict__ kernel_run_counter;
 };
 
 // The per-token inputs of the launch (flat arrays of num_tokens entries).
@@ -50,13 +40,15 @@ struct Inputs {
   const kvc_i64* out_cache_loc;
   const kvc_i64* expected_tokens;     // read only when input_assert
   const kvc_i64* expected_positions;  // read only when input_assert
-{% for f in canary.input_fields %}
-  const kvc_i64* extra_input_{{ f.name }};
-{% endfor %}
-#line @
+  kvc::PointerList<const kvc_i64, kvc::InputWords::count> extra;  // extra_input_<field>, in InputWords order
   kvc_i64 num_slots;
   bool input_assert;
 };
+
+// §8: an index that cannot be dereferenced (a seed, or an entry's slot) is reported, never read.
+__device__ __forceinline__ void out_of_range(const kvc::Ring& ring, kvc_i64 index) {
+  ring.append(kvc::make_row(ring.launch_tag, index, 0, 0, -1, 0, index, kvc::reason::kvc_member_SLOT_OUT_OF_RANGE));
+}
 
 // One entry: the record to store, complete once its chain link (the running hash before it) is set
 // by whoever walks the chain. The last three fields are the block shape's, in shared memory.
@@ -75,15 +67,31 @@ struct Chain {
   unsigned long long stored;
 };
 
-// Entries [lo, hi) of request r, clamped so that no read leaves the per-token arrays. False when
-// the range is empty (the request does nothing).
-__device__ __forceinline__ bool request_range(const kvc_i64* write_offsets, kvc_i64 r, kvc_i64 num_tokens,
-                                              kvc_i64& lo, kvc_i64& hi) {
-  lo = write_offsets[r];
-  hi = write_offsets[r + 1];
-  if (lo < 0) lo = 0;
-  if (hi > num_tokens) hi = num_tokens;
-  return lo < hi;
+// Request r of the launch: its entries [lo, hi), clamped so that no read leaves the per-token
+// arrays, and its seed. begin_request is false when the request does nothing: past the active
+// requests, no entries, or a seed outside the buffer (§8: reported when `report`, and none of the
+// request's entries is written).
+struct Request {
+  kvc_i64 lo, hi, seed;
+  bool position_assert;
+};
+__device__ __forceinline__ bool begin_request(const Args& a, const kvc::Ring& ring, kvc_i64 r, bool report,
+                                              Request& q) {
+  kvc_i64 active = *a.write_num_valid_reqs;
+  if (active > a.write_req_capacity) active = a.write_req_capacity;
+  if (r >= active) return false;  // also covers active < 0
+  q.lo = a.write_offsets[r];
+  q.hi = a.write_offsets[r + 1];
+  if (q.lo < 0) q.lo = 0;
+  if (q.hi > a.num_tokens) q.hi = a.num_tokens;
+  if (q.lo >= q.hi) return false;
+  q.seed = a.write_seed_slot_indices[r];
+  if (q.seed >= a.num_slots) {
+    if (report) out_of_range(ring, q.seed);
+    return false;
+  }
+  q.position_assert = q.seed >= 0 && *a.enable_chain_position_assert != 0;
+  return true;
 }
 
 // The chain continues the seed's (seed < num_slots; a negative seed starts at the head).
@@ -93,6 +101,19 @@ __device__ __forceinline__ Chain start_chain(const unsigned char* canary_buf, kv
   c.prev_pos = seed >= 0 ? kvc::record_at(canary_buf, seed, stride)[kvc::POSITION_WORD] : 0;
   c.stored = 0;
   return c;
+}
+
+// rec[w] = extra[k][i] for the k-th input field's word w.
+template <int... W>
+__device__ __forceinline__ void load_inputs(kvc_i64 (&rec)[kvc::CANARY_FIELDS],
+                                            const kvc::PointerList<const kvc_i64, kvc::InputWords::count>& extra,
+                                            kvc_i64 i, kvc::Words<W...>) {
+  int k = 0;
+  ((rec[W] = extra.at[k++][i]), ...);
+  (void)k;
+  (void)rec;
+  (void)extra;
+  (void)i;
 }
 
 // Entry i's inputs; the fingerprint word is left 0 for the caller to fill where stored.
@@ -105,10 +126,7 @@ __device__ __forceinline__ void load_entry(const Inputs& in, const kvc::RealKvSo
   e.stored = e.slot < in.num_slots && kvc::real_kv_in_range(kv, e.slot);
   e.rec[kvc::TOKEN_WORD] = in.input_ids[i];
   e.rec[kvc::POSITION_WORD] = in.positions[i];
-{% for f in canary.input_fields %}
-  e.rec[{{ f.index }}] = in.extra_input_{{ f.name }}[i];  // input field {{ f.name }}
-{% endfor %}
-#line @
+  load_inputs(e.rec, in.extra, i, kvc::InputWords{});
 }
 
 // §5.1 step 4 for entry i, whose chain link is set, except the chain's advance: the skip rules,
@@ -116,11 +134,11 @@ __device__ __forceinline__ void load_entry(const Inputs& in, const kvc::RealKvSo
 // position), c. the store (unless `store` is false: a later entry overwrites the slot anyway).
 // True when the entry counts as stored, so that the chain advances over it.
 __device__ __forceinline__ bool finish_entry(const Inputs& in, kvc_i64 i, const Entry& e, kvc_i64 prev_pos,
-                                             bool position_assert, bool store, const Ring& ring,
+                                             bool position_assert, bool store, const kvc::Ring& ring,
                                              unsigned char* canary_buf, kvc_i64 stride) {
   if (e.slot < 0) return false;  // skipped token: not stored, not counted
   if (!e.stored) {               // §8: reported, then skipped like a negative slot
-    ring.out_of_range(e.slot);
+    out_of_range(ring, e.slot);
     return false;
   }
   const kvc_i64 token = e.rec[kvc::TOKEN_WORD];
@@ -139,34 +157,50 @@ __device__ __forceinline__ bool finish_entry(const Inputs& in, kvc_i64 i, const 
   if (position_assert && pos != want)
     ring.append(kvc::make_row(ring.launch_tag, e.slot, pos, token, token, running, want,
                               kvc::reason::kvc_member_WRITE_POSITION_MISMATCH));
-  if (store) {
-    kvc_i64* dst = kvc::record_at(canary_buf, e.slot, stride);
-{% for f in canary.fields if f.role != "reserved" %}
-    dst[{{ f.index }}] = e.rec[{{ f.index }}];  // {{ f.name }}
-{% endfor %}
-#line @
-  }
+  if (store) kvc::copy_words(kvc::record_at(canary_buf, e.slot, stride), e.rec, kvc::StoredWords{});
   return true;
 }
 
-{% if block_shape %}
-constexpr int kThreads = {{ kernel.launch.threads }};
-static_assert(kThreads % 32 == 0, "{{ kernel.name }} runs whole warps");
-// Entries per chunk at most: one per stager thread (every warp but the walker's; a one-warp block's
-// warp does both). A launch with fewer threads uses fewer of them.
-constexpr int kStaged = kThreads > 32 ? kThreads - 32 : 32;
-constexpr int kStagerWarps = kStaged / 32;
-typedef kvc::KvWarpTile<{{ smem.slice_chunks }}> Tile;
-static_assert(sizeof(Entry) == {{ smem.entry_bytes }} && sizeof(Tile) == {{ smem.tile_bytes }} &&
-                  kStaged == {{ smem.staged_entries }},
-              "{{ kernel.name }}: codegen.model.block_per_request_shared_memory must match these structs");
-static_assert({{ smem.buffers }} * sizeof(Entry) * kStaged + sizeof(Tile) * kStagerWarps <= {{ smem.limit_bytes }},
-              "static shared memory of {{ kernel.name }}: lower its launch threads in kernels.yaml");
+// -- per_request: one thread per request ---------------------------------------------------------
+__device__ __forceinline__ void per_request(const Args& a, const Inputs& in, const kvc::RealKvSources& kv,
+                                            const kvc::Ring& ring) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
+  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  Request q;
+  if (!begin_request(a, ring, r, true, q)) return;
+  Chain chain = start_chain(a.canary_buf, a.slot_stride_bytes, q.seed);
+  for (kvc_i64 i = q.lo; i < q.hi; ++i) {
+    Entry e;
+    load_entry(in, kv, i, e);
+    if (e.stored) e.rec[kvc::KV_FINGERPRINT_WORD] = static_cast<kvc_i64>(kvc::real_kv_fingerprint(kv, e.slot));
+    e.rec[kvc::CHAIN_LINK_WORD] = static_cast<kvc_i64>(chain.running);
+    if (finish_entry(in, i, e, chain.prev_pos, q.position_assert, true, ring, a.canary_buf, a.slot_stride_bytes)) {
+      chain.prev_pos = e.rec[kvc::POSITION_WORD];
+      chain.running = kvc::chain_link(e.rec);  // §5.1 d: advance on the values just stored
+      ++chain.stored;
+    }
+  }
+  if (chain.stored != 0) atomicAdd(a.slot_run_counter, chain.stored);
+}
+
+// -- block_per_request: one block per request ------------------------------------------------------
+// kThreads: the launch's threads; kSliceChunks: 16-byte chunks per row in one slice of the stagers'
+// cooperative fingerprint (codegen.model.block_per_request_shared_memory sizes both, and the
+// generated source pins these structs to it).
+template <int kThreads, int kSliceChunks>
+struct BlockShape {
+  static_assert(kThreads % 32 == 0, "the block_per_request write runs whole warps");
+  // Entries per chunk at most: one per stager thread (every warp but the walker's; a one-warp
+  // block's warp does both). A launch with fewer threads uses fewer of them.
+  static constexpr int kStaged = kThreads > 32 ? kThreads - 32 : 32;
+  static constexpr int kStagerWarps = kStaged / 32;
+  static constexpr int kBuffers = 2;  // chunk k walked while chunk k+1 is staged
+  typedef kvc::KvWarpTile<kSliceChunks> Tile;
+};
 
 // Entries the walk loads before it mixes them: their loads do not depend on the chain, so they
 // are all in flight while the previous batch is mixed.
 constexpr int kWalkBatch = 8;
-static_assert(kStaged % kWalkBatch == 0, "a walk batch never reads past the staged entries");
 
 // Thread 0: the chain over the n staged entries of one chunk. It sets each entry's chain link (the
 // running hash, which is also what its violation rows report) and the position of the previous
@@ -207,6 +241,7 @@ __device__ __forceinline__ void walk_chunk(Entry* chunk, int n, Chain& c) {
 
 // A stager: entry i (nothing when i >= hi) into e. Every lane of the warp calls this with the same
 // warp_loads (the fingerprint loads are cooperative), false when none of the warp's entries is < hi.
+template <class Tile>
 __device__ __forceinline__ void stage_entry(const Inputs& in, const kvc::RealKvSources& kv, kvc_i64 i, kvc_i64 hi,
                                             bool warp_loads, Entry& e, Tile& tile) {
   const bool mine = i < hi;
@@ -234,62 +269,26 @@ __device__ __forceinline__ void mark_superseded(Entry* chunk, int n, int t) {
   }
   mine.superseded = later;
 }
-{% endif %}
-#line @
 
-}  // namespace kvc_impl_write
-}  // namespace
-
-{% for symbol, flags in entry_points(kernel) %}
-extern "C" __global__ void __launch_bounds__({{ kernel.launch.threads }}) {{ symbol }}({{ P.signature(kernel) }}) {
-#line @
-  using namespace kvc_impl_write;
-  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(kernel_run_counter, 1ULL);  // every launch
-
-  kvc_i64 active = *write_num_valid_reqs;
-  if (active > write_req_capacity) active = write_req_capacity;
-{% if block_shape %}
+template <int kThreads, int kSliceChunks>
+__device__ __forceinline__ void block_per_request(const Args& a, const Inputs& in, const kvc::RealKvSources& kv,
+                                                  const kvc::Ring& ring) {
+  typedef BlockShape<kThreads, kSliceChunks> Shape;
+  static_assert(Shape::kStaged % kWalkBatch == 0, "a walk batch never reads past the staged entries");
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
   // One block per request: every return below is uniform across the block.
-  const kvc_i64 r = blockIdx.x;
-{% else %}
-  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-{% endif %}
-#line @
-  if (r >= active) return;  // also covers active < 0
-  kvc_i64 lo, hi;
-  if (!request_range(write_offsets, r, num_tokens, lo, hi)) return;
+  Request q;
+  if (!begin_request(a, ring, blockIdx.x, threadIdx.x == 0, q)) return;
+  const kvc_i64 lo = q.lo, hi = q.hi;
 
-  const Ring ring{launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts};
-  const kvc_i64 seed = write_seed_slot_indices[r];
-  if (seed >= num_slots) {  // §8: report the seed, write none of the request's entries
-{% if block_shape %}
-    if (threadIdx.x == 0) ring.out_of_range(seed);
-{% else %}
-    ring.out_of_range(seed);
-{% endif %}
-#line @
-    return;
-  }
-  const bool position_assert = seed >= 0 && *enable_chain_position_assert != 0;
-
-  {{ P.real_kv_struct("kv") | indent(2) }}
-#line @
-  const Inputs in{input_ids, positions, out_cache_loc, expected_input_tokens, expected_input_positions,
-{% for f in canary.input_fields %}
-                  extra_input_{{ f.name }},
-{% endfor %}
-#line @
-                  num_slots, enable_write_input_assert != 0};
-
-{% if block_shape %}
-  __shared__ Entry staged[{{ smem.buffers }}][kStaged];  // chunk k in staged[k % 2], its entry base + t at index t
-  __shared__ Tile tiles[kStagerWarps];  // one staging tile per stager warp
-  const int lead = blockDim.x > 32 ? 32 : 0;  // the first stager thread
+  __shared__ Entry staged[Shape::kBuffers][Shape::kStaged];  // chunk k in staged[k % 2], entry base + t at t
+  __shared__ typename Shape::Tile tiles[Shape::kStagerWarps];  // one staging tile per stager warp
+  const int lead = blockDim.x > 32 ? 32 : 0;               // the first stager thread
   const int chunk = static_cast<int>(blockDim.x) - lead;  // entries per chunk
   const bool stager = static_cast<int>(threadIdx.x) >= lead;
   const int t = static_cast<int>(threadIdx.x) - lead;  // a stager's entry of every chunk
-  Chain chain{};  // thread 0's: only it walks
-  if (threadIdx.x == 0) chain = start_chain(canary_buf, slot_stride_bytes, seed);
+  Chain chain{};                                       // thread 0's: only it walks
+  if (threadIdx.x == 0) chain = start_chain(a.canary_buf, a.slot_stride_bytes, q.seed);
 
   const kvc_i64 chunks = (hi - lo + chunk - 1) / chunk;
   if (stager) stage_entry(in, kv, lo + t, hi, lo + (t & ~31) < hi, staged[0][t], tiles[t >> 5]);
@@ -297,7 +296,7 @@ extern "C" __global__ void __launch_bounds__({{ kernel.launch.threads }}) {{ sym
   // Step k: thread 0 walks chunk k while the stagers mark chunk k's superseded entries, check and
   // store chunk k-1 and stage chunk k+1 (into chunk k-1's buffer, each stager over its own entry).
   for (kvc_i64 k = 0; k <= chunks; ++k) {
-    const kvc_i64 base = lo + k * chunk;  // chunk k's first entry
+    const kvc_i64 base = lo + k * chunk;                                    // chunk k's first entry
     const int n = hi - base < chunk ? static_cast<int>(hi - base) : chunk;  // its size, where k < chunks
     Entry* walked = staged[k & 1];
     Entry* other = staged[(k + 1) & 1];  // chunk k-1, then chunk k+1
@@ -307,30 +306,15 @@ extern "C" __global__ void __launch_bounds__({{ kernel.launch.threads }}) {{ sym
       const kvc_i64 done = base - chunk + t;  // this stager's entry of chunk k-1
       if (k > 0 && done < hi) {
         const Entry& e = other[t];
-        finish_entry(in, done, e, e.prev_pos, position_assert, e.superseded == 0, ring, canary_buf,
-                     slot_stride_bytes);
+        finish_entry(in, done, e, e.prev_pos, q.position_assert, e.superseded == 0, ring, a.canary_buf,
+                     a.slot_stride_bytes);
       }
       const kvc_i64 next = base + chunk;  // chunk k+1's first entry
       if (k + 1 < chunks) stage_entry(in, kv, next + t, hi, next + (t & ~31) < hi, other[t], tiles[t >> 5]);
     }
     __syncthreads();  // chunk k is walked, chunk k+1 staged, chunk k-1's buffer free again
   }
-  if (threadIdx.x == 0 && chain.stored != 0) atomicAdd(slot_run_counter, chain.stored);
-{% else %}
-  Chain chain = start_chain(canary_buf, slot_stride_bytes, seed);
-  for (kvc_i64 i = lo; i < hi; ++i) {
-    Entry e;
-    load_entry(in, kv, i, e);
-    if (e.stored) e.rec[kvc::KV_FINGERPRINT_WORD] = static_cast<kvc_i64>(kvc::real_kv_fingerprint(kv, e.slot));
-    e.rec[kvc::CHAIN_LINK_WORD] = static_cast<kvc_i64>(chain.running);
-    if (finish_entry(in, i, e, chain.prev_pos, position_assert, true, ring, canary_buf, slot_stride_bytes)) {
-      chain.prev_pos = e.rec[kvc::POSITION_WORD];
-      chain.running = kvc::chain_link(e.rec);  // §5.1 d: advance on the values just stored
-      ++chain.stored;
-    }
-  }
-  if (chain.stored != 0) atomicAdd(slot_run_counter, chain.stored);
-{% endif %}
-#line @
+  if (threadIdx.x == 0 && chain.stored != 0) atomicAdd(a.slot_run_counter, chain.stored);
 }
-{% endfor %}
+
+}  // namespace kvc_write
