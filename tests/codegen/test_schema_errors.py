@@ -1,8 +1,8 @@
-"""Negative-schema goldens: every file in tests/codegen/schema_errors/ states its exact diagnostics.
+"""Negative-schema goldens: every case of tests/support/schema_errors.py states its exact diagnostics.
 
-Each case is kernels.yaml with one small change; its leading comment lists the expected lines as
-`# expect: FILE:LINE:COL: error: MESSAGE` (FILE is the case's basename). A few cases run through
-the real CLI in a subprocess (exit status, stderr, no traceback); the rest call the loader.
+Each case is a few literal edits of kernels.yaml and the lines the generator must print for the edited
+file, `FILE:LINE:COL: error: MESSAGE` (FILE is `<case>.yaml`). A few cases run through the real CLI in
+a subprocess (exit status, stderr, no traceback); the rest call the loader.
 """
 from __future__ import annotations
 
@@ -14,24 +14,14 @@ from pathlib import Path
 import pytest
 from kv_canary.codegen.diagnostics import SchemaError
 from kv_canary.codegen.load import load_schema
+from support.mutations import EditDrift
+from support.schema_errors import CASES, Case, case
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES_DIR = Path(__file__).resolve().parent / "schema_errors"
-CASES = sorted(CASES_DIR.glob("*.yaml"))
 # Run through the CLI: a YAML syntax error, an injection attempt, a multi-error file, a semantic error,
 # an alias bomb and a key that tries to forge a diagnostic line of its own.
 CLI_CASES = ("yaml_syntax", "injection_field_name", "wrong_types", "stride_too_small", "yaml_alias_bomb",
              "forged_diagnostic_line")
-
-
-def expected(path: Path) -> list[str]:
-    lines = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if not line.startswith("#"):
-            break
-        if line.startswith("# expect: "):
-            lines.append(line[len("# expect: "):])
-    return lines
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -46,22 +36,30 @@ def summary(n: int) -> str:
 
 def test_there_are_enough_cases():
     assert len(CASES) >= 30
-    for path in CASES:
-        assert expected(path), f"{path.name} has no '# expect:' lines"
+    assert len({c.name for c in CASES}) == len(CASES)
+    for c in CASES:
+        assert c.expect, f"{c.name} expects no diagnostic"
+        assert (c.whole is None) == bool(c.edits), f"{c.name}: edits of kernels.yaml or a whole text, not both"
 
 
-@pytest.mark.parametrize("path", [p for p in CASES if p.stem not in CLI_CASES], ids=lambda p: p.stem)
-def test_loader_reports_exactly_the_expected_diagnostics(path):
+def test_an_edit_that_no_longer_matches_names_its_case():
+    stale = Case("stale_case", "an edit of a line kernels.yaml no longer has", [("format: 0\n", "format: 2\n")], ("1:1: x",))
+    with pytest.raises(EditDrift, match=r"^stale_case: edit expects 1 occurrence of 'format: 0\\n' .* found 0"):
+        stale.text()
+
+
+@pytest.mark.parametrize("c", [c for c in CASES if c.name not in CLI_CASES], ids=lambda c: c.name)
+def test_loader_reports_exactly_the_expected_diagnostics(c, tmp_path):
     with pytest.raises(SchemaError) as info:
-        load_schema(path)
-    assert str(info.value).splitlines() == expected(path)
+        load_schema(c.write(tmp_path))
+    assert str(info.value).splitlines() == c.diagnostics()
 
 
-@pytest.mark.parametrize("stem", CLI_CASES)
-def test_cli_check_prints_the_diagnostics_and_exits_1(stem, tmp_path):
-    path = CASES_DIR / f"{stem}.yaml"
-    want = expected(path)
-    proc = run_cli("check", "--schema", path.name, "--out", str(tmp_path / "generated"), cwd=CASES_DIR)
+@pytest.mark.parametrize("name", CLI_CASES)
+def test_cli_check_prints_the_diagnostics_and_exits_1(name, tmp_path):
+    c = case(name)
+    want = c.diagnostics()
+    proc = run_cli("check", "--schema", c.write(tmp_path).name, "--out", str(tmp_path / "generated"), cwd=tmp_path)
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr == "\n".join(want + [summary(len(want))]) + "\n"
@@ -69,7 +67,8 @@ def test_cli_check_prints_the_diagnostics_and_exits_1(stem, tmp_path):
 
 def test_generate_refuses_a_bad_schema_and_writes_nothing(tmp_path):
     out = tmp_path / "generated"
-    proc = run_cli("generate", "--schema", str(CASES_DIR / "flag_duplicate_bit.yaml"), "--out", str(out), cwd=tmp_path)
+    proc = run_cli("generate", "--schema", str(case("flag_duplicate_bit").write(tmp_path)), "--out", str(out),
+                   cwd=tmp_path)
     assert proc.returncode == 1
     assert "reuses bit value 32" in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -94,9 +93,6 @@ def test_non_utf8_bytes_are_one_diagnostic(tmp_path):
 
 
 def test_diagnostics_are_sorted_by_line_then_column():
-    for path in CASES:
-        locs = []
-        for line in expected(path):
-            _, ln, col, _ = line.split(":", 3)
-            locs.append((int(ln), int(col)))
-        assert locs == sorted(locs), path.name
+    for c in CASES:
+        locs = [tuple(int(n) for n in line.split(":", 2)[:2]) for line in c.expect]
+        assert locs == sorted(locs), c.name
