@@ -86,10 +86,12 @@ def load_schema(path: Path, display_name: str | None = None) -> Schema:
 
 
 def layout_description(schema: Schema) -> dict:
-    """The layout-relevant part of the schema as plain data (what the ABI fingerprint hashes)."""
+    """The layout-relevant part of the schema as plain data (what the ABI fingerprint hashes). Not the
+    canary slot stride: kernels take each buffer's own stride, slot_stride_bytes is only the default
+    of new allocations."""
     def rec(r):
         return {
-            "word": r.word, "stride": r.stride_bytes,
+            "word": r.word,
             "fields": [[f.name, f.offset, f.role, f.carries,
                         [f.verify.expected, f.verify.fail_reason] if f.verify else None] for f in r.fields],
         }
