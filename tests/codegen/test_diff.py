@@ -60,12 +60,12 @@ CASES = [
         ("chain anchor changed (HEAD changes)", "canary.chain.anchor",
          "CANARY_CHAIN_ANCHOR, HEAD 0xDE7FAE23A9A1B716", pytest.approx, True),
         ("constant changed", "CANARY_CHAIN_ANCHOR", "u64 0xC0FFEE1234567890", "u64 0xC0FFEE1234567891", True)]),
-    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")], [
+    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True)]),
-    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 128, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 64, kind: verify}\n")], [
+    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 128\n    VERIFY_EPOCH_MISMATCH: {value: 64, kind: verify}\n")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True),
         ("flag bit reused", "FailReason.VERIFY_EPOCH_MISMATCH", "64 was SLOT_OUT_OF_RANGE", "64", True)]),
-    ("flag bit added", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")], [
+    ("flag bit added", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")], [
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False)]),
     ("enum value change", [("{NONE: 0, PARTIAL: 1, ALL: 2}", "{NONE: 0, PARTIAL: 2, ALL: 1}")], [
         ("enum value renumbered", "RealKvHashMode.PARTIAL", "1", "2", True),
@@ -136,7 +136,7 @@ def test_input_field_verify_change():
     old = edit(ADD_EPOCH, STRIDE_64)
     new = edit(("{name: epoch, role: input, source: allocation_epoch}",
                 "{name: epoch, role: input, source: allocation_epoch, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}"),
-               ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"), text=old)
+               ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"), text=old)
     assert rows(new, old) == [
         ("input field verify changed", "canary.epoch", "not verified", "per_slot → VERIFY_EPOCH_MISMATCH", True),
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False),
@@ -207,7 +207,7 @@ def test_cli_diff_against_a_git_revision(git_repo, capsys):
 
 
 def test_cli_diff_between_two_revisions(git_repo, capsys):
-    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")))
+    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")))
     git(git_repo, "commit", "-q", "-am", "renumber")
     assert main(["diff", "HEAD~1", "HEAD:kernels.yaml"]) == 2
     assert "| **BREAKING** | flag bit renumbered | `FailReason.SLOT_OUT_OF_RANGE` | 64 | 128 |" in capsys.readouterr().out
@@ -324,7 +324,7 @@ EPOCH_EDIT = (
      "      - {name: real_kv_hash, role: kv_fingerprint}\n"
      "      - {name: epoch, role: input, source: allocation_epoch,\n"
      "         verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n"),
-    ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
+    ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
 )
 
 

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 from kv_canary.codegen.diagnostics import SchemaError
-from kv_canary.codegen.load import load_schema
-from support.mutations import EditDrift
+from kv_canary.codegen.diff import diff_schemas
+from kv_canary.codegen.load import layout_fingerprint, load_schema, load_schema_text
+from kv_canary.codegen.render import render_all, split_header
+from support.mutations import EditDrift, edit
 from support.schema_errors import CASES, Case, case
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +98,32 @@ def test_diagnostics_are_sorted_by_line_then_column():
     for c in CASES:
         locs = [tuple(int(n) for n in line.split(":", 2)[:2]) for line in c.expect]
         assert locs == sorted(locs), c.name
+
+
+# kernels.yaml before the generator supplied what the kernels fix (issue 21): the real-KV load width,
+# the real-KV source record and the kinds of the built-in fail reasons, each stated by the schema.
+OLD_FORM_EDITS = [
+    ("  REAL_KV_PARTIAL_READ_BYTES:", '  REAL_KV_LOAD_ALIGN_BYTES: {type: i32, value: 16, doc: "vector load width; read '
+                                      'sizes and row strides are multiples of it"}\n  REAL_KV_PARTIAL_READ_BYTES:'),
+    ("carries: fail_reason}\n", "carries: fail_reason}\n\n  real_kv_source:\n    word: int32\n    fields:\n"
+                                "      - {name: page_size}\n      - {name: num_bytes_per_token}\n      - {name: read_bytes}\n"),
+] + [(f"    {name}: {bit}\n", f"    {name}: {{value: {bit}, kind: {kind}}}\n") for name, bit, kind in (
+    ("VERIFY_CHAIN_HASH_MISMATCH", 1, "verify"), ("VERIFY_POSITION_MISMATCH", 2, "verify"),
+    ("VERIFY_REAL_KV_HASH_MISMATCH", 4, "verify"), ("WRITE_TOKEN_MISMATCH", 8, "write"),
+    ("WRITE_POSITION_MISMATCH", 16, "write"), ("VERIFY_TOKEN_MISMATCH", 32, "verify"), ("SLOT_OUT_OF_RANGE", 64, "both"))]
+
+
+def test_a_schema_that_still_states_the_fixed_facts_is_the_same_schema():
+    """An existing kernels.yaml keeps working: restating a fact the generator supplies, the same way,
+    changes nothing generated (a different statement is an error: the *_builtin_* and real_kv_* cases)."""
+    text = (ROOT / "kernels.yaml").read_text(encoding="utf-8")
+    old = text
+    for e in OLD_FORM_EDITS:
+        old = edit(old, *e, case="old form of kernels.yaml")
+    new_schema, old_schema = load_schema_text(text), load_schema_text(old)
+    assert layout_fingerprint(old_schema) == layout_fingerprint(new_schema)
+    assert not diff_schemas(old_schema, new_schema).changes
+    def bodies(schema, source):  # the generation id hashes the schema's text: the one line that may differ
+        return [(f.path, [line for line in split_header(f.text)[1].splitlines() if "GENERATION_ID = " not in line])
+                for f in render_all(schema, source)]
+    assert bodies(old_schema, old) == bodies(new_schema, text)

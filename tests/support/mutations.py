@@ -5,7 +5,10 @@ import re
 
 from support.layers import default_schema_text, generate_layer, scratch_dir
 
-REASON_LINE = re.compile(r"^    ([A-Z_]+): \{value: (\d+), kind: (\w+)\}$", re.M)
+# A FailReason member: `NAME: 4` (a built-in reason: the generator knows its kind) or
+# `NAME: {value: 4, kind: verify}` (a reason of the schema's own).
+REASON_LINE = re.compile(r"^    ([A-Z_]+): (?:(\d+)|\{value: (\d+), kind: (\w+)\})$", re.M)
+REASON_BLOCK = r"(?:^    [A-Z_]+: (?:\d+|\{value: \d+, kind: \w+\})\n)+"
 
 
 class EditDrift(AssertionError):
@@ -28,11 +31,19 @@ def edit(text: str, old: str, new: str, count: int = 1, *, case: str) -> str:
     return text.replace(old, new)
 
 
+def reasons(text: str) -> list[tuple[str, int, str]]:
+    """(name, bit, kind) of every FailReason member; kind "" for a built-in one."""
+    return [(name, int(bit or value), kind) for name, bit, value, kind in REASON_LINE.findall(text)]
+
+
+def reason_line(name: str, value: int, kind: str = "") -> str:
+    return f"    {name}: {{value: {value}, kind: {kind}}}\n" if kind else f"    {name}: {value}\n"
+
+
 def reorder_reasons(text):
     """FailReason members renumbered (other bits) and listed in another order."""
-    members = REASON_LINE.findall(text)
-    block = "".join(f"    {n}: {{value: {1 << (20 - i)}, kind: {k}}}\n" for i, (n, _, k) in enumerate(reversed(members)))
-    return sub(r"(^    [A-Z_]+: \{value: \d+, kind: \w+\}\n)+", lambda m: block, text, count=1, case="reorder_reasons")
+    block = "".join(reason_line(n, 1 << (20 - i), k) for i, (n, _, k) in enumerate(reversed(reasons(text))))
+    return sub(REASON_BLOCK, lambda m: block, text, count=1, case="reorder_reasons")
 
 
 def layer_of(mutation) -> object:
