@@ -373,6 +373,7 @@ def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
 
 def _check_fail_reason_kinds(schema: Schema, d: Diagnostics) -> None:
     """Every FailReason member says which launches raise it; other flag sets take no kind."""
+    restated = []
     for fs in schema.flags:
         for m in fs.members:
             if fs.name != "FailReason":
@@ -389,6 +390,12 @@ def _check_fail_reason_kinds(schema: Schema, d: Diagnostics) -> None:
                                                     f"{'both verify and write' if fixed == 'both' else fixed} "
                                                     f"launches: its kind must be '{fixed}', got '{m.kind}'"
                                                     f"{supplied('the kinds of built-in reasons', m.loc, 'the kind')}")
+            elif fixed is not None and "kind" in m.where:
+                restated.append(m)
+    if restated:
+        d.note(restated[0].loc, f"the kinds of the built-in fail reasons are supplied by the generator; "
+                                f"{len(restated)} stated here can be removed (write {restated[0].name}: "
+                                f"{restated[0].value})")
 
 
 def _check_launch_tags(schema: Schema, d: Diagnostics) -> None:

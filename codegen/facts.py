@@ -32,6 +32,9 @@ def supply_constants(stated: tuple[Constant, ...], d: Diagnostics, loc: Loc) -> 
         elif c.value != value:
             d.error(c.where.get("value", c.loc), f"{c.name} must be {value}: {why}, got {c.value}"
                                                  f"{supplied(c.name, c.loc)}")
+        else:
+            d.note(c.loc, f"constant '{c.name}' is supplied by the generator ({ctype} {value}); this line "
+                          f"can be removed")
     return tuple(c for c in stated if c.name not in BUILTIN_CONSTANTS) + tuple(
         Constant(name, ctype, value, doc, loc) for name, (ctype, value, doc, _) in BUILTIN_CONSTANTS.items())
 
@@ -48,6 +51,8 @@ def supply_real_kv_source(stated: Optional[Record], d: Diagnostics, loc: Loc) ->
             d.error(stated.where.get("fields", stated.loc),
                     f"record 'real_kv_source' fields must be {', '.join(REAL_KV_SOURCE_FIELDS)} in this order, "
                     f"got {', '.join(names) or 'none'}{hint}")
+        elif stated.word == REAL_KV_SOURCE_WORD:
+            d.note(stated.loc, "record 'real_kv_source' is supplied by the generator; it can be removed")
     wb = WORD_TYPES[REAL_KV_SOURCE_WORD]
     fields = tuple(Field(n, i, i * wb, "", "", None, "", loc) for i, n in enumerate(REAL_KV_SOURCE_FIELDS))
     return Record("real_kv_source", REAL_KV_SOURCE_WORD, wb, fields, len(fields) * wb, None, loc)

@@ -1,6 +1,7 @@
 """Entry point of the front end: text -> located YAML -> frozen model -> checked model."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -40,7 +41,7 @@ def _load_schema_text(text: str, display_name: str) -> Schema:
     d.raise_if_any()
     schema = attach_kernel_params(schema, d)
     d.raise_if_any()
-    return schema
+    return dataclasses.replace(schema, notes=d.note_lines())
 
 
 def schema_text(raw: bytes, display_name: str) -> str:

@@ -418,6 +418,8 @@ class Schema:
     source_name: str
     # Location of each top-level key (`constants:`, `kernels:`, ...): where "missing X" errors point.
     section_locs: Mapping[str, Loc] = _where()
+    # `FILE:LINE:COL: note: ...` lines: what the schema states that it need not (codegen/facts.py).
+    notes: tuple[str, ...] = dc_field(default=(), compare=False)
 
     def section_loc(self, key: str) -> Loc:
         return self.section_locs.get(key, Loc(self.source_name, 1, 1))

@@ -121,9 +121,30 @@ def test_a_schema_that_still_states_the_fixed_facts_is_the_same_schema():
     for e in OLD_FORM_EDITS:
         old = edit(old, *e, case="old form of kernels.yaml")
     new_schema, old_schema = load_schema_text(text), load_schema_text(old)
+    def at(start: str) -> int:
+        return next(i for i, line in enumerate(old.splitlines(), 1) if line.startswith(start))
+    assert old_schema.notes == (
+        f"kernels.yaml:{at('  REAL_KV_LOAD_ALIGN_BYTES:')}:3: note: constant 'REAL_KV_LOAD_ALIGN_BYTES' is supplied "
+        f"by the generator (i32 16); this line can be removed",
+        f"kernels.yaml:{at('  real_kv_source:')}:3: note: record 'real_kv_source' is supplied by the generator; it "
+        f"can be removed",
+        f"kernels.yaml:{at('    VERIFY_CHAIN_HASH_MISMATCH:')}:5: note: the kinds of the built-in fail reasons are "
+        f"supplied by the generator; 7 stated here can be removed (write VERIFY_CHAIN_HASH_MISMATCH: 1)")
+    assert new_schema.notes == ()
     assert layout_fingerprint(old_schema) == layout_fingerprint(new_schema)
     assert not diff_schemas(old_schema, new_schema).changes
     def bodies(schema, source):  # the generation id hashes the schema's text: the one line that may differ
         return [(f.path, [line for line in split_header(f.text)[1].splitlines() if "GENERATION_ID = " not in line])
                 for f in render_all(schema, source)]
     assert bodies(old_schema, old) == bodies(new_schema, text)
+
+
+def test_generate_prints_the_notes_of_an_old_schema_and_succeeds(tmp_path):
+    text = (ROOT / "kernels.yaml").read_text(encoding="utf-8")
+    for e in OLD_FORM_EDITS:
+        text = edit(text, *e, case="old form of kernels.yaml")
+    (tmp_path / "old.yaml").write_text(text, encoding="utf-8")
+    proc = run_cli("generate", "--schema", "old.yaml", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [n.replace("kernels.yaml:", "old.yaml:", 1)
+                                        for n in load_schema_text(text).notes]
