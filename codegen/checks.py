@@ -7,9 +7,11 @@ import keyword
 import re
 
 from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
+from .facts import supplied
 from .kernel_abi import duplicate_params, kernel_params
 from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
+    BUILTIN_CONSTANTS,
     BUILTIN_FAIL_REASON_KINDS,
     CHAINABLE_ROLES,
     CONSTANT_TYPES,
@@ -18,7 +20,7 @@ from .model import (
     LAUNCH_HALVES,
     LAUNCH_PHASES,
     LAUNCH_TAG_ENUM,
-    REAL_KV_SOURCE_FIELDS,
+    REAL_KV_LOAD_BYTES,
     REQUIRED_CANARY_ROLES,
     REQUIRED_CONSTANTS,
     REQUIRED_ENUMS,
@@ -85,7 +87,6 @@ PYTHON_BUILTINS = frozenset(dir(builtins))
 MAX_FLAG_BIT = 62  # bits live in an int64 violation column; keep the sign bit clear
 MAX_THREADS = 1024
 # The real-KV loads are 16-byte vectors (kvc::load_u64x2, kvc::KvChunk); the header pins it too.
-REAL_KV_LOAD_BYTES = 16
 
 
 def check_name(d: Diagnostics, name: str, loc: Loc, what: str) -> bool:
@@ -116,6 +117,7 @@ def _generated_names(schema: Schema) -> dict[str, str]:
     C++ header needs no such table: its schema-derived names are prefixed per kind.)"""
     names = {n: "a fixed name of the generated layout" for n in LAYOUT_FIXED_NAMES}
     names.update({n: "a name of the generated package's __init__" for n in PACKAGE_FIXED_NAMES})
+    names.update({n: "a constant the generator supplies" for n in BUILTIN_CONSTANTS})
     for f in schema.canary.fields:
         names[f"CANARY_FIELD_{f.name.upper()}"] = f"canary field '{f.name}'"
     for f in schema.violation.fields:
@@ -141,7 +143,7 @@ def _check_generated_names(schema: Schema, d: Diagnostics) -> None:
     # package). The later of two same-named definitions would silently replace the earlier one there.
     # Duplicates within a kind are _duplicates' (constants, sets); this catches a pair across kinds.
     defined: dict[str, tuple[str, Loc]] = {}
-    items = sorted([(c, "constant") for c in schema.constants] +
+    items = sorted([(c, "constant") for c in schema.constants if c.name not in BUILTIN_CONSTANTS] +
                    [(vs, f"{vs.kind} set") for vs in schema.flags + schema.enums],
                    key=lambda pair: (pair[0].loc.line, pair[0].loc.col))
     for item, what in items:
@@ -217,17 +219,11 @@ def _check_constants(schema: Schema, d: Diagnostics) -> None:
         elif names[name].type != ctype:
             d.error(names[name].where.get("type", names[name].loc),
                     f"constant '{name}' must have type {ctype}, got {names[name].type}")
-    align = names.get("REAL_KV_LOAD_ALIGN_BYTES")
-    if align is not None and align.value != REAL_KV_LOAD_BYTES:
-        d.error(align.where.get("value", align.loc),
-                f"REAL_KV_LOAD_ALIGN_BYTES must be {REAL_KV_LOAD_BYTES}: the kernels read real-KV bytes as "
-                f"{REAL_KV_LOAD_BYTES}-byte vector loads, got {align.value}")
     partial = names.get("REAL_KV_PARTIAL_READ_BYTES")
-    if partial is not None and align is not None and align.value == REAL_KV_LOAD_BYTES and \
-            (partial.value <= 0 or partial.value % align.value):
+    if partial is not None and (partial.value <= 0 or partial.value % REAL_KV_LOAD_BYTES):
         d.error(partial.where.get("value", partial.loc),
                 f"REAL_KV_PARTIAL_READ_BYTES must be a positive multiple of REAL_KV_LOAD_ALIGN_BYTES="
-                f"{align.value}, got {partial.value}")
+                f"{REAL_KV_LOAD_BYTES}, got {partial.value}")
     mx = names.get("MAX_REAL_KV_SOURCES")
     if mx is not None and not 1 <= mx.value <= 16:
         d.error(mx.where.get("value", mx.loc), f"MAX_REAL_KV_SOURCES must be in [1, 16], got {mx.value}")
@@ -330,14 +326,6 @@ def _check_other_records(schema: Schema, d: Diagnostics) -> None:
     for c in VIOLATION_CARRIES:
         if c not in carried:
             d.error(vio.where.get("fields", vio.loc), f"record 'violation' has no field that carries '{c}'")
-    src = schema.real_kv_source
-    if src.word != "int32":
-        d.error(src.where.get("word", src.loc), f"record 'real_kv_source' word must be int32, got {src.word}")
-    names = tuple(f.name for f in src.fields)
-    if names != REAL_KV_SOURCE_FIELDS:
-        d.error(src.where.get("fields", src.loc),
-                f"record 'real_kv_source' fields must be {', '.join(REAL_KV_SOURCE_FIELDS)} in this order, "
-                f"got {', '.join(names) or 'none'}")
 
 
 def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
@@ -384,6 +372,7 @@ def _check_value_sets(schema: Schema, d: Diagnostics) -> None:
 
 def _check_fail_reason_kinds(schema: Schema, d: Diagnostics) -> None:
     """Every FailReason member says which launches raise it; other flag sets take no kind."""
+    restated = []
     for fs in schema.flags:
         for m in fs.members:
             if fs.name != "FailReason":
@@ -392,14 +381,20 @@ def _check_fail_reason_kinds(schema: Schema, d: Diagnostics) -> None:
                                                         f"members say which launches raise them)")
                 continue
             fixed = BUILTIN_FAIL_REASON_KINDS.get(m.name)
-            if not m.kind:
-                hint = fixed or "verify"
+            if not m.kind:  # the parser supplies a built-in reason's kind
                 d.error(m.loc, f"FailReason member '{m.name}' must say which launches raise it: "
-                               f"{{value: {m.value}, kind: {hint}}} (kinds: verify, write, both)")
+                               f"{{value: {m.value}, kind: verify}} (kinds: verify, write, both)")
             elif fixed is not None and m.kind != fixed:
                 d.error(m.where.get("kind", m.loc), f"FailReason member '{m.name}' is raised by "
                                                     f"{'both verify and write' if fixed == 'both' else fixed} "
-                                                    f"launches: its kind must be '{fixed}', got '{m.kind}'")
+                                                    f"launches: its kind must be '{fixed}', got '{m.kind}'"
+                                                    f"{supplied('the kinds of built-in reasons', m.loc, 'the kind')}")
+            elif fixed is not None and "kind" in m.where:
+                restated.append(m)
+    if restated:
+        d.note(restated[0].loc, f"the kinds of the built-in fail reasons are supplied by the generator; "
+                                f"{len(restated)} stated here can be removed (write {restated[0].name}: "
+                                f"{restated[0].value})")
 
 
 def _check_launch_tags(schema: Schema, d: Diagnostics) -> None:

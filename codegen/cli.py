@@ -36,7 +36,10 @@ def _display(path: Path) -> str:
 def _load(schema_path: Path):
     """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by)."""
     shown = _display(schema_path)
-    return read_schema(Path(shown), display_name=shown)
+    schema, text = read_schema(Path(shown), display_name=shown)
+    for note in schema.notes:  # what the schema states that the generator supplies: never an error
+        print(note, file=sys.stderr)
+    return schema, text
 
 
 def _tell_waiting(lock: Path) -> None:

@@ -91,13 +91,21 @@ def internal_error(display_name: str, exc: BaseException) -> SchemaError:
 
 
 class Diagnostics:
-    """Collects errors; ``raise_if_any`` turns them into one SchemaError."""
+    """Collects errors; ``raise_if_any`` turns them into one SchemaError. Notes (``FILE:LINE:COL:
+    note: ...``) say what a valid schema may drop; they never fail a run."""
 
     def __init__(self) -> None:
         self._items: list[Diagnostic] = []
+        self.notes: list[Diagnostic] = []
 
     def error(self, loc: Loc, message: str) -> None:
         self._items.append(Diagnostic(loc, message))
+
+    def note(self, loc: Loc, message: str) -> None:
+        self.notes.append(Diagnostic(loc, message))
+
+    def note_lines(self) -> tuple[str, ...]:
+        return tuple(escape_text(f"{n.loc}: note: {n.message}") for n in sorted(set(self.notes)))
 
     def __bool__(self) -> bool:
         return bool(self._items)

@@ -2,8 +2,8 @@
 
 A change is BREAKING when data or code built against the old schema would be misread by, or
 refuse to work with, the new one (a record byte moves, a stored hash or bit means something else,
-an entry point disappears). Additions that old consumers never see, launch tuning and message
-wording are compatible. `kv-canary diff` prints the rows as a Markdown table for a PR comment, as
+an entry point disappears). Additions that old consumers never see, launch tuning, the default slot
+stride of new allocations and message wording are compatible. `kv-canary diff` prints the rows as a Markdown table for a PR comment, as
 text, or as JSON (the versioned shape of diff-format.schema.json, docs/schema-change.md) and exits 2
 when something is breaking but abi_version was not bumped.
 """
@@ -24,7 +24,8 @@ KINDS: dict[str, str] = {
     "abi_version changed": "the version number itself; bumping it is how a breaking change is announced",
     "schema format changed": "the format of kernels.yaml-style files, not the ABI they describe",
     "word type changed": "every word of the record is read with another width or signedness",
-    "slot stride changed": "slot i of an existing buffer starts at another byte offset",
+    "slot stride changed": "the default allocation stride only: kernels take each buffer's own stride, so existing "
+                           "buffers keep working",
     "field added": "the record's words are read at other offsets, and old records hold no value for it",
     "field removed": "code built for the old layout reads or writes a word that is gone",
     "field renamed": "generated names (CANARY_FIELD_*, keywords, columns) change for callers",
@@ -145,7 +146,7 @@ def _diff_record(c: _Collector, old: Record, new: Record) -> None:
     if old.word != new.word:
         c.add("word type changed", r, old.word, new.word, True)
     if r == "canary" and old.stride_bytes != new.stride_bytes:
-        c.add("slot stride changed", r, f"{old.stride_bytes} bytes", f"{new.stride_bytes} bytes", True)
+        c.add("slot stride changed", r, f"{old.stride_bytes} bytes", f"{new.stride_bytes} bytes", False)
     olds = {f.name: f for f in old.fields}
     news = {f.name: f for f in new.fields}
     removed = [f for f in old.fields if f.name not in news]

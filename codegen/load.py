@@ -1,6 +1,7 @@
 """Entry point of the front end: text -> located YAML -> frozen model -> checked model."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -40,7 +41,7 @@ def _load_schema_text(text: str, display_name: str) -> Schema:
     d.raise_if_any()
     schema = attach_kernel_params(schema, d)
     d.raise_if_any()
-    return schema
+    return dataclasses.replace(schema, notes=d.note_lines())
 
 
 def schema_text(raw: bytes, display_name: str) -> str:
@@ -86,10 +87,12 @@ def load_schema(path: Path, display_name: str | None = None) -> Schema:
 
 
 def layout_description(schema: Schema) -> dict:
-    """The layout-relevant part of the schema as plain data (what the ABI fingerprint hashes)."""
+    """The layout-relevant part of the schema as plain data (what the ABI fingerprint hashes). Not the
+    canary slot stride: kernels take each buffer's own stride, slot_stride_bytes is only the default
+    of new allocations."""
     def rec(r):
         return {
-            "word": r.word, "stride": r.stride_bytes,
+            "word": r.word,
             "fields": [[f.name, f.offset, f.role, f.carries,
                         [f.verify.expected, f.verify.fail_reason] if f.verify else None] for f in r.fields],
         }

@@ -82,7 +82,7 @@ LAUNCH_HALVES = ("k", "v")
 REQUIRED_LAUNCH_GROUP = "full"
 
 # Which launches raise a FailReason bit (the report and the decoder tell verify rows from write
-# rows by it); the built-in reasons' kinds are fixed by the kernels.
+# rows by it); the built-in reasons' kinds are fixed by the kernels and supplied by the generator.
 FAIL_REASON_KINDS = ("verify", "write", "both")
 BUILTIN_FAIL_REASON_KINDS = {
     "VERIFY_CHAIN_HASH_MISMATCH": "verify",
@@ -108,9 +108,19 @@ REQUIRED_CONSTANTS = {
     "REQ_POOL_IDX_PADDING": "i64",
     "TOKEN_TO_KV_SLOT_PADDING": "i64",
     "MAX_REAL_KV_SOURCES": "i32",
-    "REAL_KV_LOAD_ALIGN_BYTES": "i32",
     "REAL_KV_PARTIAL_READ_BYTES": "i32",
 }
+
+# Facts the kernels fix, supplied by the generator (codegen/facts.py); a schema states none of
+# them. The constants, as (type, value, doc, why the value is fixed):
+REAL_KV_LOAD_BYTES = 16
+BUILTIN_CONSTANTS = {
+    "REAL_KV_LOAD_ALIGN_BYTES": ("i32", REAL_KV_LOAD_BYTES,
+                                 "vector load width; read sizes and row strides are multiples of it",
+                                 f"the kernels read real-KV bytes as {REAL_KV_LOAD_BYTES}-byte vector loads"),
+}
+# The real-KV source row the launchers pass per source: int32 words, in this order.
+REAL_KV_SOURCE_WORD = "int32"
 REAL_KV_SOURCE_FIELDS = ("page_size", "num_bytes_per_token", "read_bytes")
 
 
@@ -408,6 +418,8 @@ class Schema:
     source_name: str
     # Location of each top-level key (`constants:`, `kernels:`, ...): where "missing X" errors point.
     section_locs: Mapping[str, Loc] = _where()
+    # `FILE:LINE:COL: note: ...` lines: what the schema states that it need not (codegen/facts.py).
+    notes: tuple[str, ...] = dc_field(default=(), compare=False)
 
     def section_loc(self, key: str) -> Loc:
         return self.section_locs.get(key, Loc(self.source_name, 1, 1))

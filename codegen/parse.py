@@ -13,8 +13,10 @@ from types import MappingProxyType
 from typing import Optional
 
 from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
+from .facts import supply_constants, supply_real_kv_source
 from .limits import MAX_ABI_VERSION, MAX_RECORD_FIELDS, MAX_TEXT_CHARS
 from .model import (
+    BUILTIN_FAIL_REASON_KINDS,
     CANARY_ROLES,
     CONSTANT_TYPES,
     FAIL_REASON_KINDS,
@@ -45,7 +47,9 @@ from .model import (
 from .yaml_loader import YMap, YNode, YScalar, YSeq
 
 TOP_KEYS = ("format", "abi_version", "constants", "records", "flags", "enums", "launch_tags", "messages", "kernels")
+# real_kv_source is supplied by the generator (codegen/facts.py); an old schema may still state it.
 RECORD_NAMES = ("canary", "violation", "real_kv_source")
+REQUIRED_RECORDS = ("canary", "violation")
 CONSTANT_KEYS = ("type", "value", "doc")
 RECORD_KEYS = {
     "canary": ("word", "slot_stride_bytes", "fields", "chain", "doc"),
@@ -232,6 +236,7 @@ class Parser:
             self.soft(top.get("abi_version").loc,
                       f"abi_version must be at most {MAX_ABI_VERSION} (it is exported as a 32-bit int), got {abi}")
         constants = self.constants(top.get("constants")) if top.get("constants") is not None else ()
+        constants = supply_constants(constants, self.d, self._section_loc(top, "constants", source_name))
         records = self.records(top.get("records")) if top.get("records") is not None else {}
         flags = self.value_sets(top.get("flags"), "flag") if top.get("flags") is not None else ()
         enums = self.value_sets(top.get("enums"), "enum") if top.get("enums") is not None else ()
@@ -243,12 +248,18 @@ class Parser:
         prefix, messages = self.messages(top.get("messages"), constants, records) \
             if top.get("messages") is not None else ("", ())
         kernels = self.kernels(top.get("kernels")) if top.get("kernels") is not None else ()
-        if self.has_hard_errors or any(r not in records for r in RECORD_NAMES):
+        real_kv_source = supply_real_kv_source(records.get("real_kv_source"), self.d,
+                                               self._section_loc(top, "records", source_name))
+        if self.has_hard_errors or any(r not in records for r in REQUIRED_RECORDS):
             return None
         sections = MappingProxyType({k.value: k.loc for k, _ in top.entries})
         return Schema(fmt, abi, constants, records["canary"], records["violation"],
-                      records["real_kv_source"], flags, enums, prefix, messages, kernels, launch_tags, source_name,
+                      real_kv_source, flags, enums, prefix, messages, kernels, launch_tags, source_name,
                       sections)
+
+    @staticmethod
+    def _section_loc(top: YMap, key: str, source_name: str) -> Loc:
+        return top.key_loc(key) if top.get(key) is not None else Loc(source_name, 1, 1)
 
     def constants(self, node: YNode) -> tuple[Constant, ...]:
         m = self.mapping(node, "constants", allowed=_AnyKey())
@@ -267,7 +278,7 @@ class Parser:
         return tuple(out)
 
     def records(self, node: YNode) -> dict[str, Record]:
-        m = self.mapping(node, "records", RECORD_NAMES, RECORD_NAMES)
+        m = self.mapping(node, "records", RECORD_NAMES, REQUIRED_RECORDS)
         out = {}
         for key, value in (m.entries if m else ()):
             if key.value in RECORD_NAMES:
@@ -399,8 +410,10 @@ class Parser:
         return tuple(out)
 
     def member(self, set_name: str, key: YScalar, node: YNode, kind: str) -> Optional[Member]:
-        """`NAME: 4`, or for flags also `NAME: {value: 4, kind: verify}` (FailReason needs the kind)."""
+        """`NAME: 4`, or for flags also `NAME: {value: 4, kind: verify}` (a FailReason bit of the
+        schema's own needs the kind; a built-in reason's kind is the generator's)."""
         what = f"{kind} member '{set_name}.{key.value}'"
+        builtin_kind = BUILTIN_FAIL_REASON_KINDS.get(key.value, "") if set_name == "FailReason" else ""
         if kind == "flag" and isinstance(node, YMap):
             body = self.mapping(node, what, FLAG_MEMBER_KEYS, ("value",))
             value = self.opt(body, "value", self.integer, f"{what} value", None)
@@ -408,9 +421,9 @@ class Parser:
             self.opt(body, "doc", self.line, f"{what} doc", "")
             if value is None:
                 return None
-            return Member(key.value, value, key.loc, member_kind, where_of(body.entries))
+            return Member(key.value, value, key.loc, member_kind or builtin_kind, where_of(body.entries))
         value = self.integer(node, what)
-        return None if value is None else Member(key.value, value, key.loc)
+        return None if value is None else Member(key.value, value, key.loc, builtin_kind if kind == "flag" else "")
 
     def launch_tags(self, node: YNode) -> tuple[LaunchTag, ...]:
         m = self.mapping(node, "launch_tags", allowed=_AnyKey())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 ABI_VERSION = 1
-LAYOUT_FINGERPRINT = "689abb999383a079"
+LAYOUT_FINGERPRINT = "a3525188509a386c"
 # Symbols every compiled module exports for the load-time ABI identity check.
 ABI_VERSION_SYMBOL = "kv_canary_abi_version"
 LAYOUT_FINGERPRINT_SYMBOL = "kv_canary_layout_fingerprint"

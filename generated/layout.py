@@ -25,15 +25,15 @@ from typing import Optional
 
 ABI_VERSION = 1
 # Hash of the layout-relevant part of kernels.yaml; every generated backend embeds the same value.
-LAYOUT_FINGERPRINT = "689abb999383a079"
+LAYOUT_FINGERPRINT = "a3525188509a386c"
 
 # -- constants ------------------------------------------------------------------------------
 CANARY_CHAIN_ANCHOR = 0xC0FFEE1234567890  # seed of every hash chain; HEAD = splitmix64(anchor)
 REQ_POOL_IDX_PADDING = 0  # request row reserved for CUDA-graph padding
 TOKEN_TO_KV_SLOT_PADDING = 0  # KV slot reserved for padded tokens; verify skips it
 MAX_REAL_KV_SOURCES = 4  # real-KV sources one launch can fingerprint
-REAL_KV_LOAD_ALIGN_BYTES = 16  # vector load width; read sizes and row strides are multiples of it
 REAL_KV_PARTIAL_READ_BYTES = 16  # bytes read per source in PARTIAL mode
+REAL_KV_LOAD_ALIGN_BYTES = 16  # vector load width; read sizes and row strides are multiples of it
 # HEAD = splitmix64(CANARY_CHAIN_ANCHOR): the expected chain link of a chain's first slot.
 CANARY_CHAIN_HEAD = 0xDE7FAE23A9A1B716
 

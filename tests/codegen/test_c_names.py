@@ -60,8 +60,8 @@ def named_schema_text(names: dict[str, str]) -> str:
         f"verify: {{expected: per_slot, fail_reason: {n['reason_b']}}}}}\n"
         f"      - {{name: {n['reserved_field']}, role: reserved}}\n")
     sub("fold: [token, position]", f"fold: [token, position, {n['request_field']}]")
-    sub("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n",
-        "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n"
+    sub("    SLOT_OUT_OF_RANGE: 64\n",
+        "    SLOT_OUT_OF_RANGE: 64\n"
         f"    {n['reason_a']}: {{value: 128, kind: verify}}\n    {n['reason_b']}: {{value: 256, kind: verify}}\n"
         f"  {n['flag_set']}:\n" + "".join(f"    {m}: {{value: {1 << i}}}\n" for i, m in enumerate(n["flag_members"])))
     sub("  RealKvHashMode: {NONE: 0, PARTIAL: 1, ALL: 2}\n",

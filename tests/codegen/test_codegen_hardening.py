@@ -1,5 +1,5 @@
 """Regression tests of the generator hardening: what the schema fuzzer and its reproducers
-found, beyond the located diagnostics of tests/codegen/schema_errors/ (alias bombs, nesting, control and
+found, beyond the located diagnostics of tests/support/schema_errors.py (alias bombs, nesting, control and
 bidirectional characters, limits), which test_schema_errors.py checks.
 
 - bounded memory: the 9-line alias bomb runs in a process limited to 512 MiB of address space;
@@ -26,12 +26,12 @@ from kv_canary.codegen.load import load_schema_text, read_schema
 from kv_canary.codegen.render import Provenance, make_environment, render_all, sha256_text, split_header
 from kv_canary.codegen.writer import LOCK_NAME, compare_tree, tree_lock, write_tree
 from support.layers import DEFAULT_SCHEMA, default_schema_text
+from support.schema_errors import case
 
 import kv_canary
 from kv_canary.layer.sources import MixedTreeError, read_source
 
 ROOT = Path(__file__).resolve().parents[2]
-CASES_DIR = Path(__file__).resolve().parent / "schema_errors"
 
 
 def codegen_cli(*args: str, cwd: Path, limit_bytes: int | None = None, **kwargs) -> subprocess.Popen:
@@ -53,8 +53,9 @@ def env():
 # -- bounded resources -----------------------------------------------------------------------
 def test_an_alias_bomb_is_diagnosed_in_bounded_memory(tmp_path):
     # Before the event pre-pass, converting the composed graph walked every alias: 9^9 nodes.
-    proc = codegen_cli("check", "--schema", "yaml_alias_bomb.yaml", "--out", str(tmp_path / "out"),
-                       cwd=CASES_DIR, limit_bytes=512 << 20)
+    bomb = case("yaml_alias_bomb").write(tmp_path)
+    proc = codegen_cli("check", "--schema", bomb.name, "--out", str(tmp_path / "out"), cwd=tmp_path,
+                       limit_bytes=512 << 20)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1 and out == ""
     assert err.count("YAML anchors") == 9 and err.endswith("\n9 errors\n") and "Traceback" not in err

@@ -35,11 +35,13 @@ def rows(new_text: str, old_text: str = BASE) -> list[tuple[str, str, str, str, 
 ADD_EPOCH = ("      - {name: real_kv_hash, role: kv_fingerprint}\n",
              "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch}\n")
 STRIDE_64 = ("slot_stride_bytes: 32", "slot_stride_bytes: 64")
+# A breaking edit of one row (a violation column renamed): what the gates below must stop.
+RENAME = ("{name: stored_token, carries: stored_token}", "{name: token_stored, carries: stored_token}")
 
 # (id, edits, expected rows). Each is one kind of change; abi_version is left alone.
 CASES = [
     ("field added", [ADD_EPOCH, STRIDE_64], [
-        ("slot stride changed", "canary", "32 bytes", "64 bytes", True),
+        ("slot stride changed", "canary", "32 bytes", "64 bytes", False),
         ("field added", "canary.epoch", "-", "offset 32, role input", True),
         ("message text changed", "messages.canary_stride",
          "canary_buf slot stride must hold at least 4 int64 fields, got {n}",
@@ -48,21 +50,22 @@ CASES = [
                       "      - {name: real_kv_hash, role: kv_fingerprint}\n      - {name: prev_hash, role: chain_link}\n")], [
         ("field moved", "canary.prev_hash", "offset 16", "offset 24", True),
         ("field moved", "canary.real_kv_hash", "offset 24", "offset 16", True)]),
-    ("field renamed", [("{name: stored_token, carries: stored_token}", "{name: token_stored, carries: stored_token}")], [
+    ("field renamed", [RENAME], [
         ("field renamed", "violation.stored_token", "stored_token", "token_stored", True)]),
-    ("stride change", [STRIDE_64], [("slot stride changed", "canary", "32 bytes", "64 bytes", True)]),
+    # The default allocation stride: kernels take each buffer's own stride, so old buffers keep working.
+    ("stride change", [STRIDE_64], [("slot stride changed", "canary", "32 bytes", "64 bytes", False)]),
     ("chain fold change", [("fold: [token, position]", "fold: [position, token]")], [
         ("chain fold changed (every stored hash changes)", "canary.chain.fold", "token, position", "position, token", True)]),
     ("anchor change", [("value: 0xC0FFEE1234567890", "value: 0xC0FFEE1234567891")], [
         ("chain anchor changed (HEAD changes)", "canary.chain.anchor",
          "CANARY_CHAIN_ANCHOR, HEAD 0xDE7FAE23A9A1B716", pytest.approx, True),
         ("constant changed", "CANARY_CHAIN_ANCHOR", "u64 0xC0FFEE1234567890", "u64 0xC0FFEE1234567891", True)]),
-    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")], [
+    ("flag bit renumbered", [("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True)]),
-    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 128, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 64, kind: verify}\n")], [
+    ("flag bit reused", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 128\n    VERIFY_EPOCH_MISMATCH: {value: 64, kind: verify}\n")], [
         ("flag bit renumbered", "FailReason.SLOT_OUT_OF_RANGE", "64", "128", True),
         ("flag bit reused", "FailReason.VERIFY_EPOCH_MISMATCH", "64 was SLOT_OUT_OF_RANGE", "64", True)]),
-    ("flag bit added", [("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")], [
+    ("flag bit added", [("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")], [
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False)]),
     ("enum value change", [("{NONE: 0, PARTIAL: 1, ALL: 2}", "{NONE: 0, PARTIAL: 2, ALL: 1}")], [
         ("enum value renumbered", "RealKvHashMode.PARTIAL", "1", "2", True),
@@ -133,7 +136,7 @@ def test_input_field_verify_change():
     old = edit(ADD_EPOCH, STRIDE_64)
     new = edit(("{name: epoch, role: input, source: allocation_epoch}",
                 "{name: epoch, role: input, source: allocation_epoch, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}"),
-               ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"), text=old)
+               ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"), text=old)
     assert rows(new, old) == [
         ("input field verify changed", "canary.epoch", "not verified", "per_slot → VERIFY_EPOCH_MISMATCH", True),
         ("flag bit added", "FailReason.VERIFY_EPOCH_MISMATCH", "-", "128", False),
@@ -152,22 +155,23 @@ def test_no_change():
 
 def test_exit_status_gates_breaking_changes_on_an_abi_bump():
     old = load_schema_text(BASE)
-    breaking = load_schema_text(edit(STRIDE_64))
-    bumped = load_schema_text(edit(STRIDE_64, ("abi_version: 1", "abi_version: 2")))
+    breaking = load_schema_text(edit(RENAME))
+    bumped = load_schema_text(edit(RENAME, ("abi_version: 1", "abi_version: 2")))
     compatible = load_schema_text(edit(('"{name} must be contiguous"', '"{name} is not contiguous"')))
     assert diff_schemas(old, breaking).exit_status == 2
     assert diff_schemas(old, bumped).exit_status == 0
     assert diff_schemas(old, compatible).exit_status == 0
+    assert diff_schemas(old, load_schema_text(edit(STRIDE_64))).exit_status == 0
 
 
 def test_markdown_table(tmp_path):
-    report = diff_schemas(load_schema_text(BASE), load_schema_text(edit(STRIDE_64)), "HEAD~1:kernels.yaml", "kernels.yaml")
+    report = diff_schemas(load_schema_text(BASE), load_schema_text(edit(RENAME)), "HEAD~1:kernels.yaml", "kernels.yaml")
     assert format_markdown(report) == (
         "### kv-canary schema diff: `HEAD~1:kernels.yaml` → `kernels.yaml`\n"
         "\n"
         "| verdict | change | what | old | new |\n"
         "|---|---|---|---|---|\n"
-        "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |\n"
+        "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |\n"
         "\n"
         "**1 breaking change(s) but abi_version is still 1: bump `abi_version` in kernels.yaml (to 2) "
         "and run `make generate`.**\n")
@@ -192,18 +196,18 @@ def git_repo(tmp_path, monkeypatch):
 
 
 def test_cli_diff_against_a_git_revision(git_repo, capsys):
-    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64))
+    (git_repo / "kernels.yaml").write_text(edit(RENAME))
     assert main(["diff", "HEAD"]) == 2
     out = capsys.readouterr().out
     assert out.startswith("### kv-canary schema diff: `HEAD:kernels.yaml` → `kernels.yaml`\n")
-    assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in out
-    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64, ("abi_version: 1", "abi_version: 2")))
+    assert "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |" in out
+    (git_repo / "kernels.yaml").write_text(edit(RENAME, ("abi_version: 1", "abi_version: 2")))
     assert main(["diff", "HEAD"]) == 0
     assert "abi_version bumped 1 → 2" in capsys.readouterr().out
 
 
 def test_cli_diff_between_two_revisions(git_repo, capsys):
-    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: {value: 64, kind: both}", "SLOT_OUT_OF_RANGE: {value: 128, kind: both}")))
+    (git_repo / "kernels.yaml").write_text(edit(("SLOT_OUT_OF_RANGE: 64", "SLOT_OUT_OF_RANGE: 128")))
     git(git_repo, "commit", "-q", "-am", "renumber")
     assert main(["diff", "HEAD~1", "HEAD:kernels.yaml"]) == 2
     assert "| **BREAKING** | flag bit renumbered | `FailReason.SLOT_OUT_OF_RANGE` | 64 | 128 |" in capsys.readouterr().out
@@ -284,12 +288,12 @@ def test_make_abi_check(git_repo):
     typo = make_abi_check(git_repo, "BASE=origin/mian")
     assert typo.returncode != 0
     assert "git revision 'origin/mian' does not exist" in typo.stderr
-    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64))
+    (git_repo / "kernels.yaml").write_text(edit(RENAME))
     git(git_repo, "commit", "-q", "-am", "breaking, no bump")  # a full clone: HEAD~1 is compared
     breaking = make_abi_check(git_repo)
     assert breaking.returncode != 0
-    assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in breaking.stdout
-    (git_repo / "kernels.yaml").write_text(edit(STRIDE_64, ("abi_version: 1", "abi_version: 2")))
+    assert "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |" in breaking.stdout
+    (git_repo / "kernels.yaml").write_text(edit(RENAME, ("abi_version: 1", "abi_version: 2")))
     git(git_repo, "commit", "-q", "-am", "bump")
     assert make_abi_check(git_repo, "BASE=HEAD~2").returncode == 0
 
@@ -320,7 +324,7 @@ EPOCH_EDIT = (
      "      - {name: real_kv_hash, role: kv_fingerprint}\n"
      "      - {name: epoch, role: input, source: allocation_epoch,\n"
      "         verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n"),
-    ("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
+    ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
 )
 
 

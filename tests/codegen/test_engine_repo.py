@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from support.wheel_env import TIMEOUT, install_wheel, run, session_dir
+from test_diff import RENAME
 
 
 @pytest.fixture(scope="module")
@@ -105,9 +106,9 @@ def test_an_engine_repository_from_the_wheel(installed, tmp_path):
     proc, outs = pr(original.replace('"{name} must be contiguous"', '"{name} is not contiguous"'))
     assert proc.returncode == 0 and outs["verdict"] == "compatible", proc.stderr
     assert "| compatible | message text changed | `messages.not_contiguous` |" in summary.read_text()
-    proc, outs = pr(original.replace("slot_stride_bytes: 32", "slot_stride_bytes: 64"))
+    proc, outs = pr(original.replace(*RENAME))
     assert proc.returncode == 2 and outs["verdict"] == "breaking-without-bump"
     text = summary.read_text()
     assert text == Path(outs["report"]).read_text() + "\n"
-    assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in text
-    assert "+Slot stride 64 bytes" in text and "bump `abi_version` in canary.yaml (to 2)" in text
+    assert "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |" in text
+    assert "+| 3 | `token_stored` | stored_token |" in text and "bump `abi_version` in canary.yaml (to 2)" in text

@@ -18,7 +18,7 @@ from kv_canary.codegen import diff as diff_module
 from kv_canary.codegen.diff import KINDS, Change, DiffReport, diff_schemas, format_json
 from kv_canary.codegen.load import load_schema_text
 from support.layers import files_changed_by
-from test_diff import BASE, CASES, STRIDE_64, edit
+from test_diff import BASE, CASES, RENAME, edit
 
 from kv_canary.cli import main as kv_main
 
@@ -74,7 +74,7 @@ def test_diff_json_of_every_kind_validates():
 
 
 def test_a_wrong_document_does_not_validate():
-    doc = json.loads(format_json(diff_schemas(load_schema_text(BASE), load_schema_text(edit(STRIDE_64)))))
+    doc = json.loads(format_json(diff_schemas(load_schema_text(BASE), load_schema_text(edit(RENAME)))))
     validate(doc, DIFF_SHAPE)
     for broken in ({**doc, "verdict": "fine"}, {**doc, "changes": [{**doc["changes"][0], "kind": "field exploded"}]},
                    {k: v for k, v in doc.items() if k != "abi_version_bumped"}):
@@ -86,7 +86,7 @@ def test_a_wrong_document_does_not_validate():
 def test_diff_formats_keep_the_exit_status(tmp_path, capsys, monkeypatch, fmt):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "old.yaml").write_text(BASE)
-    (tmp_path / "new.yaml").write_text(edit(STRIDE_64))
+    (tmp_path / "new.yaml").write_text(edit(RENAME))
     assert kv_main(["diff", "old.yaml", "new.yaml", "--format", fmt]) == 2
     out = capsys.readouterr().out
     if fmt == "json":
@@ -95,10 +95,10 @@ def test_diff_formats_keep_the_exit_status(tmp_path, capsys, monkeypatch, fmt):
         assert doc["summary"].endswith("bump `abi_version` in new.yaml (to 2) and run "
                                        "`kv-canary generate --schema new.yaml --out generated`.")
     elif fmt == "text":
-        assert "  BREAKING    slot stride changed: canary: 32 bytes -> 64 bytes" in out
+        assert "  BREAKING    field renamed: violation.stored_token: stored_token -> token_stored" in out
     else:
-        assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in out
-    (tmp_path / "new.yaml").write_text(edit(STRIDE_64, ("abi_version: 1", "abi_version: 2")))
+        assert "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |" in out
+    (tmp_path / "new.yaml").write_text(edit(RENAME, ("abi_version: 1", "abi_version: 2")))
     assert kv_main(["diff", "old.yaml", "new.yaml", "--format", fmt]) == 0
 
 
@@ -236,7 +236,7 @@ def test_config_errors_have_their_line_and_column(engine, capsys):
 # -- abi-check (the pre-commit hook) and pr-report (the action) against the merge base ------------
 def _break(engine: Path, bump: bool = False, commit: bool = True) -> None:
     schema = engine / "canary.yaml"
-    text = schema.read_text().replace("slot_stride_bytes: 32", "slot_stride_bytes: 64")
+    text = edit(RENAME, text=schema.read_text())
     if bump:
         text = text.replace("abi_version: 1", "abi_version: 2")
     schema.write_text(text)
@@ -322,9 +322,9 @@ def test_pr_report_writes_summary_comment_and_outputs(engine, tmp_path, monkeypa
         assert "| compatible | message text changed | `messages.not_contiguous` |" in comment
         assert "LAYOUT.md diff" not in comment or "~~~diff" in comment
     if change in ("breaking", "bumped"):
-        assert "| **BREAKING** | slot stride changed | `canary` | 32 bytes | 64 bytes |" in comment
+        assert "| **BREAKING** | field renamed | `violation.stored_token` | stored_token | token_stored |" in comment
         assert "<details><summary>LAYOUT.md diff</summary>" in comment
-        assert "+Slot stride 64 bytes (record 32 bytes, 4 little-endian int64 words)." in comment
+        assert "+| 3 | `token_stored` | stored_token |" in comment
     if change == "breaking":
         assert "**BREAKING ABI change without an abi_version bump**" in comment
         assert ("**1 breaking change(s) but abi_version is still 1: bump `abi_version` in canary.yaml (to 2) and run "
@@ -429,8 +429,7 @@ def test_the_documented_json_is_what_diff_prints(engine, capsys):
     block = _doc().split("```json\n", 1)[1].split("```", 1)[0]
     documented = json.loads(block)
     validate(documented, DIFF_SHAPE)
-    (engine / "canary.yaml").write_text((engine / "canary.yaml").read_text().replace("slot_stride_bytes: 32",
-                                                                                     "slot_stride_bytes: 64"))
+    (engine / "canary.yaml").write_text(edit(RENAME, text=(engine / "canary.yaml").read_text()))
     assert kv_main(["diff", "main", "--format", "json"]) == 2
     assert json.loads(capsys.readouterr().out) == documented
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from support.layers import files_changed_by
+from test_diff import RENAME
 
 from kv_canary.cli import main as kv_main
 
@@ -113,14 +114,14 @@ def test_the_hooks_pass_clean_fail_stale_fail_breaking_and_pass_bumped(try_repo,
            "`kv-canary generate` and commit myengine/_canary/" in stale.stdout
     assert stale.stdout.count("Failed") == 1  # the ABI hook passes: a message change is compatible
 
-    breaking = outcome(original.replace("slot_stride_bytes: 32", "slot_stride_bytes: 64"), generate=True)
+    breaking = outcome(original.replace(*RENAME), generate=True)
     assert breaking.returncode == 1
     assert "| **BREAKING** |" not in breaking.stdout  # the hook prints text, not the PR table
-    assert "  BREAKING    slot stride changed: canary: 32 bytes -> 64 bytes" in breaking.stdout
+    assert "  BREAKING    field renamed: violation.stored_token: stored_token -> token_stored" in breaking.stdout
     assert "bump `abi_version` in canary.yaml (to 2) and run `kv-canary generate`." in breaking.stdout
     assert breaking.stdout.count("Failed") == 1
 
-    bumped = outcome(original.replace("slot_stride_bytes: 32", "slot_stride_bytes: 64")
+    bumped = outcome(original.replace(*RENAME)
                      .replace("abi_version: 1", "abi_version: 2"), generate=True)
     assert bumped.returncode == 0, bumped.stdout + bumped.stderr
     assert bumped.stdout.count("Passed") == 2

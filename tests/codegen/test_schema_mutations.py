@@ -13,7 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 from kv_canary.codegen.diagnostics import SchemaError
-from support.mutations import REASON_LINE, layer_of, reorder_reasons, sub
+from support.mutations import layer_of, reason_line, reorder_reasons, sub
+from support.mutations import reasons as fail_reasons
 
 from kv_canary.demo import faults
 from kv_canary.demo.sim import Engine, SimConfig
@@ -32,9 +33,9 @@ def add_fields(text: str, fields: list[str], reasons: list[str]) -> str:
                lambda m: m.group(1) + "".join(f"      - {f}\n" for f in fields), text)
     words = 4 + len(fields)
     text = sub(r"^(\s*slot_stride_bytes:\s*)\d+", rf"\g<1>{8 * words}", text)
-    last = max(int(v) for _, v, _ in REASON_LINE.findall(text))
-    extra = "".join(f"    {name}: {{value: {last << (i + 1)}, kind: verify}}\n" for i, name in enumerate(reasons))
-    return sub(r"(    SLOT_OUT_OF_RANGE: \{value: \d+, kind: both\}\n)", lambda m: m.group(1) + extra, text)
+    last = max(v for _, v, _ in fail_reasons(text))
+    extra = "".join(reason_line(name, last << (i + 1), "verify") for i, name in enumerate(reasons))
+    return sub(r"(    SLOT_OUT_OF_RANGE: \d+\n)", lambda m: m.group(1) + extra, text)
 
 
 def rename_tag(text):

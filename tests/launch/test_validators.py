@@ -168,7 +168,7 @@ def epoch_layer(tmp_path_factory):
     text = text.replace("      - {name: real_kv_hash, role: kv_fingerprint}\n",
                         "      - {name: real_kv_hash, role: kv_fingerprint}\n"
                         "      - {name: epoch, role: input, source: allocation_epoch, verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")
-    text = text.replace("    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n", "    SLOT_OUT_OF_RANGE: {value: 64, kind: both}\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")
+    text = text.replace("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")
     path = tmp_path_factory.mktemp("schema") / "epoch64.yaml"
     path.write_text(text)
     return generate_layer(path)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 ABI_VERSION = 2
-LAYOUT_FINGERPRINT = "20c203110b0d1d6e"
+LAYOUT_FINGERPRINT = "c79ef439e17d16b4"
 # Symbols every compiled module exports for the load-time ABI identity check.
 ABI_VERSION_SYMBOL = "kv_canary_abi_version"
 LAYOUT_FINGERPRINT_SYMBOL = "kv_canary_layout_fingerprint"

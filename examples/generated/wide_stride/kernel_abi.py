@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 ABI_VERSION = 3
-LAYOUT_FINGERPRINT = "318500327a98e4c6"
+LAYOUT_FINGERPRINT = "883077eef2f8f3a5"
 # Symbols every compiled module exports for the load-time ABI identity check.
 ABI_VERSION_SYMBOL = "kv_canary_abi_version"
 LAYOUT_FINGERPRINT_SYMBOL = "kv_canary_layout_fingerprint"

@@ -7,14 +7,14 @@
 namespace kvc {
 
 constexpr int ABI_VERSION = 2;
-constexpr kvc_u64 LAYOUT_FINGERPRINT = 0x20C203110B0D1D6EULL;
+constexpr kvc_u64 LAYOUT_FINGERPRINT = 0xC79EF439E17D16B4ULL;
 
 constexpr unsigned long long kvc_const_CANARY_CHAIN_ANCHOR = 0xC0FFEE1234567890ULL;  // seed of every hash chain; HEAD = splitmix64(anchor)
 constexpr long long kvc_const_REQ_POOL_IDX_PADDING = 0LL;  // request row reserved for CUDA-graph padding
 constexpr long long kvc_const_TOKEN_TO_KV_SLOT_PADDING = 0LL;  // KV slot reserved for padded tokens; verify skips it
 constexpr int kvc_const_MAX_REAL_KV_SOURCES = 4;  // real-KV sources one launch can fingerprint
-constexpr int kvc_const_REAL_KV_LOAD_ALIGN_BYTES = 16;  // vector load width; read sizes and row strides are multiples of it
 constexpr int kvc_const_REAL_KV_PARTIAL_READ_BYTES = 16;  // bytes read per source in PARTIAL mode
+constexpr int kvc_const_REAL_KV_LOAD_ALIGN_BYTES = 16;  // vector load width; read sizes and row strides are multiples of it
 #line 21 "codegen/templates/cuda/kv_canary_layout.cuh.j2"
 // HEAD = splitmix64(kvc_const_CANARY_CHAIN_ANCHOR).
 constexpr kvc_u64 CHAIN_HEAD = 0xDE7FAE23A9A1B716ULL;

@@ -7,14 +7,14 @@
 namespace kvc {
 
 constexpr int ABI_VERSION = 3;
-constexpr kvc_u64 LAYOUT_FINGERPRINT = 0x318500327A98E4C6ULL;
+constexpr kvc_u64 LAYOUT_FINGERPRINT = 0x883077EEF2F8F3A5ULL;
 
 constexpr unsigned long long kvc_const_WIDE_CHAIN_ANCHOR = 0x9E3779B97F4A7C15ULL;  // seed of every hash chain; HEAD = splitmix64(anchor)
 constexpr long long kvc_const_REQ_POOL_IDX_PADDING = 0LL;  // request row reserved for CUDA-graph padding
 constexpr long long kvc_const_TOKEN_TO_KV_SLOT_PADDING = 0LL;  // KV slot reserved for padded tokens; verify skips it
 constexpr int kvc_const_MAX_REAL_KV_SOURCES = 4;  // real-KV sources one launch can fingerprint
-constexpr int kvc_const_REAL_KV_LOAD_ALIGN_BYTES = 16;  // vector load width; read sizes and row strides are multiples of it
 constexpr int kvc_const_REAL_KV_PARTIAL_READ_BYTES = 16;  // bytes read per source in PARTIAL mode
+constexpr int kvc_const_REAL_KV_LOAD_ALIGN_BYTES = 16;  // vector load width; read sizes and row strides are multiples of it
 #line 21 "codegen/templates/cuda/kv_canary_layout.cuh.j2"
 // HEAD = splitmix64(kvc_const_WIDE_CHAIN_ANCHOR).
 constexpr kvc_u64 CHAIN_HEAD = 0xE220A8397B1DCDAFULL;
