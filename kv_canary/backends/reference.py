@@ -574,6 +574,7 @@ class Reference:
             parts.append(self._oor_rows(tag, loc[j_bad]))
             keys.append(j_bad * 4 + 1)
         if enable_write_input_assert and count:
+            assert expected_input_tokens is not None and expected_input_positions is not None  # validated
             want_tok = _np(expected_input_tokens)[s_entry]
             want_pos = _np(expected_input_positions)[s_entry]
             bits = (np.where(s_tok != want_tok, self._bit_write_token, 0)
@@ -682,6 +683,7 @@ class Reference:
             prev[has_prev] = self._translate(prev[has_prev], lut)
         tok = np.full(req.size, -1, dtype=np.int64)
         if req_to_verify_expected_tokens is not None:
+            assert req_to_verify_expected_tokens_valid_lens is not None  # validated: given with the tokens
             pool = req_to_verify_expected_tokens
             col = pos + int(kv_token_id_vs_position_offset)
             limit_col = np.minimum(_np(req_to_verify_expected_tokens_valid_lens)[req], int(pool.shape[1]))
