@@ -9,7 +9,6 @@ a plain-int loop per request (the previous reference) and a numpy-vector lock-st
 """
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
@@ -22,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import kv_canary  # noqa: E402
+from kv_canary.backends import reference as chains  # noqa: E402
 from tests.support import scenarios  # noqa: E402
 from tests.support.oracle import Oracle  # noqa: E402
 
 LAYER = kv_canary.generated
 ALLOC = kv_canary.allocators
-REF = importlib.import_module(LAYER.__name__ + ".reference")
 RT = kv_canary.runtime_for(LAYER)
 # One intra-op thread by default: the reference's tensors are small enough that OpenMP fan-out
 # costs more than it gains, and on a shared 2-core machine spinning threads collapse throughput.
@@ -119,7 +118,7 @@ def int_loop_chains(lens, seeds, fold_values):
     """Alternative 1 (the previous reference): each request's chain in a plain-int loop, one request after another."""
     out, at = [], 0
     for n, seed in zip(lens.tolist(), seeds.tolist()):
-        out += REF._serial_chain(seed, [v[at:at + n].tolist() for v in fold_values])
+        out += chains.serial_chain(seed, [v[at:at + n].tolist() for v in fold_values])
         at += n
     return np.array(out, dtype=np.uint64)
 
@@ -133,7 +132,7 @@ def vector_lockstep_chains(lens, seeds, fold_values):
         live = lens > step
         idx = firsts[live] + step
         out[idx] = running[live]
-        running[live] = REF._link_np(running[live], [v[idx] for v in fold_values])
+        running[live] = chains.link_values(running[live], [v[idx] for v in fold_values])
     return out
 
 
@@ -146,10 +145,10 @@ def chain_methods(lengths) -> None:
     # One value array per chained field (fold order); tokens and positions are the realistic magnitudes.
     fold_values = [rng.integers(0, 50_000, total).astype(np.uint64) for _ in LAYER.layout.CANARY_CHAIN_FOLD_WORDS]
     deps = np.full(lens.size, -1, dtype=np.int64)
-    t_ref = timed(lambda _: REF._run_chains(lens, seeds, deps, fold_values), repeat=5)
+    t_ref = timed(lambda _: chains.run_chains(lens, seeds, deps, fold_values), repeat=5)
     t_int = timed(lambda _: int_loop_chains(lens, seeds, fold_values), repeat=3)
     t_vec = timed(lambda _: vector_lockstep_chains(lens, seeds, fold_values), repeat=3)
-    want = REF._run_chains(lens, seeds, deps, fold_values)
+    want = chains.run_chains(lens, seeds, deps, fold_values)
     assert np.array_equal(want, int_loop_chains(lens, seeds, fold_values))
     assert np.array_equal(want, vector_lockstep_chains(lens, seeds, fold_values))
     print(f"  write chain only, {lens.size} requests / {total} entries: packed lock-step (reference) {t_ref * 1e3:.1f} ms; "

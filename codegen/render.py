@@ -110,11 +110,6 @@ def hex64(value: int) -> str:
     return f"0x{value & MASK64:016X}"
 
 
-def as_i64(value: int) -> int:
-    value &= MASK64
-    return value - (1 << 64) if value >> 63 else value
-
-
 def upper_ident(name: str) -> str:
     return name.upper()
 
@@ -168,7 +163,7 @@ def make_environment() -> jinja2.Environment:
         autoescape=False,
         extensions=[LineDirectives],
     )
-    env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident,
+    env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, upper_ident=upper_ident,
                        wrap_call=wrap_call, comment_text=comment_text)
     env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
     return env

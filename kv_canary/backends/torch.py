@@ -1,4 +1,5 @@
-"""The `torch` backend: the generated torch reference (generated/reference.py) of a layer.
+"""The `torch` backend: the torch reference (kv_canary/backends/reference.py) bound to a layer's layout
+(its generated `reference` module, generated/reference.py).
 
 It runs on tensors of any device (the reference copies what it needs to the CPU and writes results
 back in place) and appends violation rows in entry order. As a host backend it also rejects request

@@ -68,9 +68,9 @@ def test_py_literal_renders_u64_as_int_and_strings_safely():
 
 def test_filters_in_a_template():
     env = make_environment()
-    env.loader = jinja2.DictLoader({"t.j2": "{{ c | cpp }} {{ c | py }} {{ v | hex64 }} {{ v | i64 }} {{ n | upper_ident }}\n"})
+    env.loader = jinja2.DictLoader({"t.j2": "{{ c | cpp }} {{ c | py }} {{ v | hex64 }} {{ n | upper_ident }}\n"})
     body = render_body(env, "t.j2", {"c": const("u64", 1 << 63), "v": (1 << 64) - 1, "n": "real_kv_hash"}, "t")
-    assert body == "0x8000000000000000ULL 0x8000000000000000 0xFFFFFFFFFFFFFFFF -1 REAL_KV_HASH\n"
+    assert body == "0x8000000000000000ULL 0x8000000000000000 0xFFFFFFFFFFFFFFFF REAL_KV_HASH\n"
 
 
 # -- template guards --------------------------------------------------------------------------
