@@ -49,7 +49,8 @@ def _tell_waiting(lock: Path) -> None:
 
 def provenance(tree: Tree) -> Provenance:
     """What the tree's generated headers and messages name."""
-    return Provenance(schema=tree.file_schema_name, edit=tree.edit_hint, regenerate=tree.file_regenerate)
+    return Provenance(schema=tree.file_schema_name, edit=tree.edit_hint, regenerate=tree.file_regenerate,
+                      records_generator=not tree.golden)
 
 
 def provenance_for(schema: Path, out: Path) -> Provenance:

@@ -60,6 +60,11 @@ class Tree:
         """One of kv-canary's own trees (own_trees), in a source checkout (there `make generate` exists)."""
         return (self.schema, self.out) in own_trees()
 
+    @property
+    def golden(self) -> bool:
+        """An example schema's tree in kv-canary's own checkout (own_trees after the first)."""
+        return (self.schema, self.out) in own_trees()[1:]
+
     def goldens(self) -> list[Tree]:
         """The example schemas' golden trees when this is kv-canary's default tree (what `generate` and
         `check` add to it when no paths are given), else none."""

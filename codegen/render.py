@@ -50,9 +50,14 @@ class Provenance:
     schema: str = "kernels.yaml"
     edit: str = "kernels.yaml (or codegen/)"
     regenerate: str = REGENERATE_COMMAND
+    # False for a golden (an example schema's tree, kept for review): its identity file does not pin
+    # the generator, so that a generator change rewrites only generated/__init__.py, which does.
+    records_generator: bool = True
 
 
 KV_CANARY_CHECKOUT = Provenance()
+# What a golden's identity file says in place of the generator's hash.
+GENERATOR_NOT_RECORDED = "not-recorded"
 
 COMMENT_STYLES = {".py": ("# ", ""), ".cu": ("// ", ""), ".cuh": ("// ", ""), ".cpp": ("// ", ""),
                   ".h": ("// ", ""), ".md": ("<!-- ", " -->")}
@@ -300,7 +305,7 @@ def render_all(schema: Schema, schema_text: str, env: jinja2.Environment | None 
     messages name (the schema file, the regenerate command)."""
     env = env or make_environment()
     schema_sha = sha256_text(normalise_text(schema_text))
-    gen_sha = generator_sha256()
+    gen_sha = generator_sha256() if provenance.records_generator else GENERATOR_NOT_RECORDED
     context = {**template_context(schema), "regenerate": provenance.regenerate}
     out, identity = [], None
     for template, path, extra in output_plan(schema):

@@ -24,7 +24,7 @@ try:
 except ImportError:  # not POSIX: writers are not serialised there
     fcntl = None
 
-from .render import IDENTITY_FILE, GeneratedFile, sha256_text, split_header
+from .render import GENERATOR_NOT_RECORDED, IDENTITY_FILE, GeneratedFile, sha256_text, split_header
 
 IGNORED_DIRS = {"__pycache__"}
 LOCK_NAME = ".kv-canary-generate.lock"
@@ -232,6 +232,9 @@ def _classify(current: str, wanted: GeneratedFile, fresh: _Identity, on_disk: _I
     if written_by.schema != fresh.schema:
         return ("stale", "stale: the schema changed since this file was generated",
                 f"run `{regenerate}` and commit the result")
+    if fresh.generator == GENERATOR_NOT_RECORDED:  # a golden: only the generator can have moved it
+        return ("generator-changed", "stale: its schema is unchanged, so the generator (codegen/) changed since "
+                                     "this golden was generated", f"run `{regenerate}` and commit the result")
     if written_by.generator != fresh.generator:
         if hints.own_checkout:
             return ("generator-changed", "stale: the generator (codegen/) changed since this file was generated",

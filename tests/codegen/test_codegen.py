@@ -207,6 +207,30 @@ def test_a_comment_change_in_the_generator_rewrites_only_the_identity_file(tmp_p
     assert split_header((out / "__init__.py").read_text(encoding="utf-8"))[0]["generator"] != render.generator_sha256()
 
 
+def test_a_comment_change_in_the_checkout_rewrites_only_generated_init(tmp_path):
+    """In kv-canary's own checkout `generate` writes generated/ and the example schemas' goldens; only
+    generated/__init__.py pins the generator, so a comment change in codegen/ rewrites that one file
+    and no golden (a golden's identity file names its schema, not the generator)."""
+    checkout = tmp_path / "checkout"
+    for part in ("codegen", "generated", "examples", "kv_canary/schemas"):
+        shutil.copytree(ROOT / part, checkout / part, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("kernels.yaml", "Makefile"):
+        shutil.copy(ROOT / part, checkout / part)
+    with open(checkout / "codegen" / "writer.py", "a", encoding="utf-8") as fh:
+        fh.write("# a comment that changes the generator hash\n")
+    proc = subprocess.run([sys.executable, "-m", "codegen", "generate"], cwd=checkout,
+                          env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert [line for line in proc.stdout.splitlines() if line.startswith("wrote ")] == ["wrote generated/__init__.py"]
+    golden = checkout / "examples" / "generated" / "owner_epoch" / "layout.py"
+    golden.write_text(golden.read_text(encoding="utf-8") + "# hand edit\n", encoding="utf-8")
+    check = subprocess.run([sys.executable, "-m", "codegen", "check"], cwd=checkout,
+                           env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, text=True,
+                           timeout=120)
+    assert check.returncode != 0 and "examples/generated/owner_epoch/layout.py" in check.stdout + check.stderr
+
+
 def test_write_tree_replaces_changed_files_and_removes_only_generated_leftovers(tmp_path):
     text = SCHEMA.read_text(encoding="utf-8")
     files = render_all(load_schema(SCHEMA), text)
