@@ -7,14 +7,13 @@ import keyword
 import re
 
 from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
-from .kernel_abi import duplicate_params, kernel_params
+from .kernel_abi import duplicate_params
 from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
     BUILTIN_FAIL_REASON_KINDS,
     CHAINABLE_ROLES,
     CONSTANT_TYPES,
     INPUT_VALUE_SOURCES,
-    KERNEL_TEMPLATES,
     LAUNCH_HALVES,
     LAUNCH_PHASES,
     LAUNCH_TAG_ENUM,
@@ -29,6 +28,7 @@ from .model import (
     block_per_request_shared_memory,
     max_block_per_request_threads,
 )
+from .operations import KERNEL_TEMPLATES, kernel_params
 
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
 # schema text from injecting code into the generated sources.

@@ -16,15 +16,8 @@ from jinja2.ext import Extension
 from .comments import comment_text
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
-from .kernel_abi import (
-    ENTRY_POINT_PREFIX,
-    OPERATION_ARGS,
-    REAL_KV_SOURCE_PARAMS,
-    REAL_KV_TAIL_PARAMS,
-    argument_kinds,
-    entry_points,
-)
-from .launches import FIELD_KEYWORDS, launches, public_names
+from .kernel_abi import ENTRY_POINT_PREFIX, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS, entry_points
+from .launches import launches, public_names
 from .load import layout_fingerprint
 from .model import (
     LAUNCH_HALVES,
@@ -37,6 +30,7 @@ from .model import (
     splitmix64,
     verify_slice_chunks,
 )
+from .operations import FIELD_KEYWORDS, OPERATIONS, argument_kinds, rules_context
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS
 from .yaml_loader import normalise_text
 
@@ -165,7 +159,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, i64=as_i64, upper_ident=upper_ident,
                        wrap_call=wrap_call, comment_text=comment_text)
-    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr, zip=zip)
     return env
 
 
@@ -253,7 +247,7 @@ def template_context(schema: Schema) -> dict:
         # The write kernel's shared-memory sizing: the same function checks.py bounds the schema with.
         "block_per_request_shared_memory": block_per_request_shared_memory,
         "verify_slice_chunks": verify_slice_chunks,
-        "operation_args": OPERATION_ARGS,
+        "operation_args": {name: op.binding_args for name, op in OPERATIONS.items()},
         "launches": launches(schema),
         "public_names": public_names(schema),
         "field_keywords": FIELD_KEYWORDS,
@@ -264,6 +258,8 @@ def template_context(schema: Schema) -> dict:
         "entry_points": entry_points,
         "entry_point_prefix": ENTRY_POINT_PREFIX,
         "argument_kinds": argument_kinds(schema),
+        # The operation table's per-tensor rules and data class fields (codegen/operations.py).
+        **rules_context(schema),
     }
 
 
