@@ -51,7 +51,7 @@ def _bound(value: int) -> str:
 class _Rule:
     """One generated tensor rule, ready to check: `dims` as (what, value, offset) per dimension."""
     __slots__ = ("name", "dtype", "dims", "rank", "output", "optional", "contiguous", "align", "words", "overlap",
-                 "binds")
+                 "binds", "fixed", "one", "es", "align_bytes")
 
     def __init__(self, name, dtype, dims, role, optional, contiguous, align, words, overlap, bound: set):
         self.name, self.dtype, self.rank, self.output = name, _DTYPES[dtype], len(dims), role == "output"
@@ -71,6 +71,11 @@ class _Rule:
                     out.append((_BINDS, symbol, 0))
         self.dims = tuple(out)
         self.binds = tuple(value for what, value, _ in out if what == _BINDS)
+        self.es = self.dtype.itemsize
+        self.align_bytes = align or self.es
+        # The two common cases, checked without a loop: every size fixed, or one dimension.
+        self.fixed = torch.Size(d for _, d, _ in out) if all(what == _EQUALS for what, _, _ in out) else None
+        self.one = out[0] if len(out) == 1 and self.fixed is None else None
 
 
 def _compile(rules) -> list:
@@ -97,6 +102,7 @@ class Validators:
         self.operations = {name: (op.tensors, tuple(_compile(op.rules)), op.device_of)
                            for name, op in self.abi.OPERATIONS.items()}
         self.bound = self._size_checks()
+        self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
 
@@ -125,9 +131,19 @@ class Validators:
             ok = type(t) is _TENSOR and t.dtype is rule.dtype
             if ok:
                 shape = t.shape
-                ok = len(shape) == rule.rank
-                if ok:
-                    for (what, value, plus), got in zip(rule.dims, shape):
+                if rule.fixed is not None:
+                    ok = shape == rule.fixed
+                elif rule.one is not None:
+                    what, value, plus = rule.one
+                    if len(shape) != 1:
+                        ok = False
+                    elif what == _BINDS:
+                        sizes[value] = shape[0]
+                    elif what == _MATCHES:
+                        ok = shape[0] == sizes[value] + plus
+                else:
+                    ok = len(shape) == rule.rank
+                    for (what, value, plus), got in zip(rule.dims, shape if ok else ()):
                         if what == _EQUALS:
                             ok = got == value
                         elif what == _MATCHES:
@@ -142,9 +158,8 @@ class Validators:
                 else:
                     ok = t.device == dev
             if ok and t.is_contiguous():
-                es, ptr = t.itemsize, t.data_ptr()
-                n = t.numel() * es
-                ok = not ptr % (rule.align or es) and t.storage_offset() * es + n <= t.untyped_storage().nbytes()
+                ptr, n = t.data_ptr(), t.nbytes
+                ok = not ptr % rule.align_bytes and t.storage_offset() * rule.es + n <= t.untyped_storage().nbytes()
             else:
                 ok = False
             if not ok:
@@ -412,8 +427,22 @@ class Validators:
                 raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
             if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
                 raise self.fail("real_kv_source_count", n=len(sources))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         for i, src in enumerate(sources):
-            if not frozen or type(src) is not self.frozen_source:
+            if frozen and type(src) is self.frozen_source:
+                # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
+                t = src.tensor
+                if type(t) is _TENSOR and t.device == device and t.is_contiguous():
+                    size = t.shape
+                    if len(size) >= 2 and size[0]:
+                        ptr, n, es = t.data_ptr(), t.nbytes, t.itemsize
+                        if (not ptr % align and not t.stride(0) * es % align
+                                and n // size[0] >= src.page_size * src.num_bytes_per_token
+                                and t.storage_offset() * es + n <= t.untyped_storage().nbytes()):
+                            if spans is not None and n:
+                                spans.append((ptr, ptr + n, self.source_names[i]))
+                            continue
+            else:
                 for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
                     if not hasattr(src, attr):
                         raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
@@ -521,7 +550,9 @@ class Validators:
     def check_context_values(self, context: Any, sizes: dict, inputs: list, *, frozen: bool) -> int:
         """The checks of a context its rules cannot make; returns num_slots."""
         buf = context.canary_buf
-        self.check_slot_stride(int(buf.shape[1]), _shape(buf))
+        stride, word = buf.shape[1], self.layout.CANARY_WORD_BYTES
+        if stride % word or stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
+            self.check_slot_stride(stride, _shape(buf))
         self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
         self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=inputs)
         if not frozen:
