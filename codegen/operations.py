@@ -406,7 +406,13 @@ def rules_context(schema: Schema) -> dict:
     return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
             "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
             "unknown": UNKNOWN, "binding_forms": lambda kernel: binding_forms(schema, kernel),
-            "rule_roots": rule_roots}
+            "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
+            "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
+
+
+def keyword_decls(op: Operation) -> list[str]:
+    """The operation's keywords as the runtime takes them: an input-field mapping may be left out ({})."""
+    return [k.name if k.default is None and not k.fields else f"{k.name}={k.default or 'None'}" for k in op.keywords]
 
 
 def rule_roots(rules: tuple[TensorRule, ...]) -> tuple[str, ...]:

@@ -99,7 +99,8 @@ class Validators:
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
         self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
-        self.operations = {name: (op.tensors, tuple(_compile(op.rules)), op.device_of)
+        # operation -> (its tensors, its compiled rules, the device's tensor, its keywords as a dict)
+        self.operations = {name: (op.tensors, tuple(_compile(op.rules)), op.device_of, op.arguments)
                            for name, op in self.abi.OPERATIONS.items()}
         self.bound = self._size_checks()
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
@@ -120,7 +121,7 @@ class Validators:
         outputs (for check_spans). One read of each attribute per tensor; a tensor that breaks its
         rule goes to check_tensor, which raises with the first thing that is wrong. `bound`: {size:
         check(sizes)} run as soon as the tensor that binds the size has passed (a capacity above 0)."""
-        tensors, rules, device_of = self.operations[operation]
+        tensors, rules, device_of, _ = self.operations[operation]
         sizes: dict = {}
         inputs: list = []
         outputs: list = []
@@ -606,56 +607,58 @@ class Validators:
         return {name: given[name] for name in names}
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
-    def validate_write(self, *, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
-                       expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> dict:
+    # Each takes the operation's keywords (generated/kernel_abi.py OPERATIONS[...].arguments: SGLang's
+    # names and defaults, from the operation table).
+    def validate_write(self, **arguments) -> dict:
+        a = self.operations["write"][3](**arguments)
+        context = a["context"]
         frozen = self.check_context_object(context)
-        self.check_plan_class(plan, "WritePlan")
-        self.check_bool("enable_write_input_assert", enable_write_input_assert)
-        if enable_write_input_assert:
-            if expected_input_tokens is None or expected_input_positions is None:
-                raise self.fail("expected_inputs_required")
-        elif expected_input_tokens is not None or expected_input_positions is not None:
+        self.check_plan_class(a["plan"], "WritePlan")
+        enabled = self.check_bool("enable_write_input_assert", a["enable_write_input_assert"])
+        missing = (a["expected_input_tokens"] is None, a["expected_input_positions"] is None)
+        if enabled and any(missing):
+            raise self.fail("expected_inputs_required")
+        if not enabled and not all(missing):
             raise self.fail("expected_inputs_forbidden")
-        args = dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-                    enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
-                    expected_input_positions=expected_input_positions,
-                    extra_inputs=self.mapping("extra_inputs", extra_inputs, self.input_fields))
-        sizes, inputs, outputs = self.check_tensors("write", args, self.bound["write"])
+        a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
+        sizes, inputs, outputs = self.check_tensors("write", a, self.bound["write"])
         self.check_context_values(context, sizes, inputs, frozen=frozen)
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
-    def validate_verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> dict:
-        frozen = self.check_context_object(context)
-        self.check_plan_class(plan, "VerifyPlan")
-        self.check_bool("check_verify_expected_token", check_verify_expected_token)
-        args = dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
-                    extra_slot_tables=self.mapping("extra_slot_tables", extra_slot_tables, self.per_slot_fields))
-        sizes, inputs, outputs = self.check_tensors("verify", args, self.bound["verify"])
-        self.check_context_values(context, sizes, inputs, frozen=frozen)
+    def validate_verify(self, **arguments) -> dict:
+        a = self.operations["verify"][3](**arguments)
+        frozen = self.check_context_object(a["context"])
+        self.check_plan_class(a["plan"], "VerifyPlan")
+        self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
+        a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
+        sizes, inputs, outputs = self.check_tensors("verify", a, self.bound["verify"])
+        self.check_context_values(a["context"], sizes, inputs, frozen=frozen)
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
-    # -- the plan's scalars and size relations: shared by the whole plan and by its two stages ----------
-    def check_plan_scalars(self, *, swa_window_size, full_to_swa_index_mapping, kv_token_id_vs_position_offset=0):
+    # -- the plan and its two stages (SGLang dtypes: req_to_token and the expected-token pool int32) ----
+    def check_plan_scalars(self, a: dict) -> None:
+        """The window, the offset, the expected-token pool's pairing and the input-field mappings."""
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
         # or without a window (SEMANTICS.md §5.3); only a window needs one.
-        swa_window_size = self.check_fits("swa_window_size", self.check_int("swa_window_size", swa_window_size))
-        if swa_window_size > 0 and full_to_swa_index_mapping is None:
+        window = self.check_fits("swa_window_size", self.check_int("swa_window_size", a["swa_window_size"]))
+        if window > 0 and a["full_to_swa_index_mapping"] is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
-        self.check_fits("kv_token_id_vs_position_offset",
-                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
-
-    def expected_token_lens(self, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens):
-        """The valid lengths the plan reads of the optional expected-token pool: without a pool they
-        are ignored, as SGLang does (its runtime passes them on every forward, pool or not:
-        docs/sglang-compat.md)."""
-        if req_to_verify_expected_tokens is None:
-            return None
-        if req_to_verify_expected_tokens_valid_lens is None:
+        if "kv_token_id_vs_position_offset" in a:
+            self.check_fits("kv_token_id_vs_position_offset",
+                            self.check_int("kv_token_id_vs_position_offset", a["kv_token_id_vs_position_offset"]))
+        # The expected-token pool's valid lengths are ignored without a pool, as SGLang does (its
+        # runtime passes them on every forward, pool or not: docs/sglang-compat.md).
+        if a.get("req_to_verify_expected_tokens") is None:
+            if "req_to_verify_expected_tokens_valid_lens" in a:
+                a["req_to_verify_expected_tokens_valid_lens"] = None
+        elif a["req_to_verify_expected_tokens_valid_lens"] is None:
             raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
                              f"must be given together, got only req_to_verify_expected_tokens")
-        return req_to_verify_expected_tokens_valid_lens
+        for kind in ("extra_request_values", "out_extra_verify_expected"):
+            if kind in a:
+                a[kind] = self.mapping(kind, a[kind], self.per_request_fields)
 
     def check_plan_sizes(self, sizes: dict, *, scratch=None, scratch_name: str = "", entries: bool = True) -> None:
         """The scratch holds bs + 1 offsets, and the verify entries' total (at most bs x columns) is
@@ -668,88 +671,51 @@ class Validators:
             self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
                               unit="entries at most")
 
-    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
-                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
-                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
-                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
-        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
-        self.check_plan_class(verify_plan_out, "VerifyPlan")
-        self.check_plan_class(write_plan_out, "WritePlan")
-        self.check_verify_capacity(verify_capacity)
-        self.check_plan_scalars(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                                kv_token_id_vs_position_offset=kv_token_id_vs_position_offset)
-        args = dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
-                    prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
-                    swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                    verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                    req_to_verify_expected_tokens_valid_lens=self.expected_token_lens(
-                        req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens),
-                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-                    extra_request_values=self.mapping("extra_request_values", extra_request_values,
-                                                      self.per_request_fields))
-        sizes, inputs, outputs = self.check_tensors("plan", args, self.bound["plan"])
-        if verify_capacity != sizes["cap"]:
+    def validate_plan(self, **arguments) -> dict:
+        a = self.operations["plan"][3](**arguments)
+        self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
+        self.check_plan_class(a["write_plan_out"], "WritePlan")
+        self.check_verify_capacity(a["verify_capacity"])
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan", a, self.bound["plan"])
+        if a["verify_capacity"] != sizes["cap"]:
             raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
-                             f"got {verify_capacity}")
+                             f"got {a['verify_capacity']}")
         self.check_plan_sizes(sizes)
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
-    def validate_plan_offsets(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
-                              full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
-                              out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
-                              out_write_num_valid_reqs, swa_window_size, verify_capacity) -> dict:
+    def validate_plan_offsets(self, **arguments) -> dict:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        self.check_verify_capacity(verify_capacity)
-        self.check_plan_scalars(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping)
-        args = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-                    req_to_token=req_to_token, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                    out_verify_offsets_scratch=out_verify_offsets_scratch, out_write_offsets=out_write_offsets,
-                    out_write_seed_slot_indices=out_write_seed_slot_indices, out_verify_num_valid=out_verify_num_valid,
-                    out_verify_enable=out_verify_enable, out_write_num_valid_reqs=out_write_num_valid_reqs,
-                    swa_window_size=swa_window_size, verify_capacity=verify_capacity)
-        sizes, inputs, outputs = self.check_tensors("plan_offsets", args, self.bound["plan_offsets"])
-        self.check_plan_sizes(sizes, scratch=out_verify_offsets_scratch, scratch_name="out_verify_offsets_scratch",
+        a = self.operations["plan_offsets"][3](**arguments)
+        self.check_verify_capacity(a["verify_capacity"])
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan_offsets", a, self.bound["plan_offsets"])
+        self.check_plan_sizes(sizes, scratch=a["out_verify_offsets_scratch"], scratch_name="out_verify_offsets_scratch",
                               entries=False)
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
-    def validate_plan_entries(self, *, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
-                              verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
-                              req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices,
-                              out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices,
-                              kv_token_id_vs_position_offset, swa_window_size, extra_request_values=None,
-                              out_extra_verify_expected=None) -> dict:
+    def validate_plan_entries(self, **arguments) -> dict:
         """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
-        self.check_plan_scalars(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                                kv_token_id_vs_position_offset=kv_token_id_vs_position_offset)
-        names = self.per_request_fields
-        args = dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
-                    full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets_scratch=verify_offsets_scratch,
-                    verify_enable=verify_enable, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                    req_to_verify_expected_tokens_valid_lens=self.expected_token_lens(
-                        req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens),
-                    out_verify_slot_indices=out_verify_slot_indices, out_verify_expected_tokens=out_verify_expected_tokens,
-                    out_verify_expected_positions=out_verify_expected_positions,
-                    out_verify_prev_slot_indices=out_verify_prev_slot_indices,
-                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, swa_window_size=swa_window_size,
-                    extra_request_values=self.mapping("extra_request_values", extra_request_values, names),
-                    out_extra_verify_expected=self.mapping("out_extra_verify_expected", out_extra_verify_expected, names))
-        sizes, inputs, outputs = self.check_tensors("plan_entries", args, self.bound["plan_entries"])
-        self.check_plan_sizes(sizes, scratch=verify_offsets_scratch, scratch_name="verify_offsets_scratch")
+        a = self.operations["plan_entries"][3](**arguments)
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan_entries", a, self.bound["plan_entries"])
+        self.check_plan_sizes(sizes, scratch=a["verify_offsets_scratch"], scratch_name="verify_offsets_scratch")
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
-    def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
-        args = dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
-        sizes, inputs, outputs = self.check_tensors("scatter", args, self.bound["scatter"])
+    def validate_scatter(self, **arguments) -> dict:
+        a = self.operations["scatter"][3](**arguments)
+        sizes, inputs, outputs = self.check_tensors("scatter", a)
         # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
+        pool_out = a["pool_out"]
         rows, cols = _shape(pool_out)
         if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
             raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
                              f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
         self.check_spans(inputs, outputs)
-        return args
+        return a
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
         """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)
