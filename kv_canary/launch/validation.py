@@ -381,16 +381,8 @@ class Validators:
             self.check_fits("RealKvSource." + field, value)
 
     def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> tuple:
-        """A source's tensor (checked at every launch: a tensor can change in place); returns its
-        (first byte, end) span. A contiguous tensor of rows takes the first branch."""
-        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
-        if type(tensor) is _TENSOR and not tensor.is_meta and tensor.is_contiguous():
-            size = tensor.shape
-            if len(size) >= 2 and size[0]:
-                es, ptr, n = tensor.itemsize, tensor.data_ptr(), tensor.numel()
-                if (not tensor.stride(0) * es % align and n // size[0] * es >= page_size * num_bytes_per_token
-                        and not ptr % align and (tensor.storage_offset() + n) * es <= tensor.untyped_storage().nbytes()):
-                    return (ptr, ptr + n * es)
+        """A source's tensor, one check after the other (check_real_kv_sources passes a valid tensor of
+        a frozen source in one); returns its (first byte, end) span."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.is_meta:
@@ -398,6 +390,7 @@ class Validators:
         size, strides = tensor.shape, tensor.stride()
         if len(size) < 2:
             raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         es = tensor.element_size()
         row_stride = strides[0] * es
         if row_stride % align:
