@@ -379,8 +379,9 @@ def _value_of(param: Param, schema: Schema) -> str:
 def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     """How the generated binding passes each parameter: "address" (already an integer), "ptr" (a
     tensor the validators require), "nullable" (a tensor or None -> NULL), "size" (an int that fits
-    by construction), "fits" (an argument the validators range-check against this parameter's C
-    type: argument_kinds) or "checked" (an int range-checked here against its C type)."""
+    by construction: a size, a stride, a count of sources), "fits" (an argument the validators
+    range-check against this parameter's C type: argument_kinds) or "checked" (an int range-checked
+    here against its C type)."""
     op = OPERATIONS[kernel.template]
     required = {r.path for r in op.tensors(schema) if not r.optional}
     kinds = argument_kinds(schema)
@@ -392,7 +393,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
             out.append("address")
         elif p.is_pointer:
             out.append("ptr" if p.value in required else "nullable")
-        elif p.kind == "i64" and _SIZE.search(value):
+        elif _SIZE.search(value) and (p.kind == "i64" or value.startswith("len(")):
             out.append("size")
         elif kinds.get(argument) == p.kind:
             out.append("fits")
@@ -401,11 +402,28 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     return tuple(out)
 
 
+def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str], ...]:
+    """(parameter, form, expression) of each item of the generated binding's tuple: a run of real-KV
+    parameters passed as they are is one slice of `kv` (form "splice"; its parameters are in ABI order)."""
+    out: list = []
+    for p, form in zip(kernel.params, binding_forms(schema, kernel)):
+        m = re.fullmatch(r"kv\[(\d+)\]", p.value)
+        if m and form != "checked" and out and out[-1][1] == "splice" and out[-1][3] == int(m.group(1)):
+            first = out[-1][4]
+            out[-1] = (out[-1][0], "splice", f"*kv[{first}:{int(m.group(1)) + 1}]", int(m.group(1)) + 1, first)
+        elif m and form != "checked":
+            i = int(m.group(1))
+            out.append((p, "splice", f"*kv[{i}:{i + 1}]", i + 1, i))
+        else:
+            out.append((p, form, p.value, None, None))
+    return tuple((p, form, expr) for p, form, expr, _, _ in out)
+
+
 def rules_context(schema: Schema) -> dict:
     """What templates/python/kernel_abi.py.j2 renders the operations from."""
     return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
             "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
-            "unknown": UNKNOWN, "binding_forms": lambda kernel: binding_forms(schema, kernel),
+            "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
             "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
             "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
 
