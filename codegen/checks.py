@@ -8,7 +8,7 @@ import re
 
 from .diagnostics import Diagnostics, Loc, closest_hint, closest_name, quote
 from .facts import supplied
-from .kernel_abi import duplicate_params, kernel_params
+from .kernel_abi import duplicate_params
 from .limits import MAX_NAME_CHARS, check_limits
 from .model import (
     BUILTIN_CONSTANTS,
@@ -16,7 +16,6 @@ from .model import (
     CHAINABLE_ROLES,
     CONSTANT_TYPES,
     INPUT_VALUE_SOURCES,
-    KERNEL_TEMPLATES,
     LAUNCH_HALVES,
     LAUNCH_PHASES,
     LAUNCH_TAG_ENUM,
@@ -31,6 +30,7 @@ from .model import (
     block_per_request_shared_memory,
     max_block_per_request_threads,
 )
+from .operations import KERNEL_TEMPLATES, kernel_params
 
 # Identifiers valid in both Python and C++. Restricting names to this pattern is also what keeps
 # schema text from injecting code into the generated sources.

@@ -7,13 +7,13 @@ rendered from it, so they cannot disagree; a parameter that is added here reache
 `make generate`.
 
 A parameter's value is a Python expression over the arguments of the backend operation that
-launches the kernel (kv_canary/backends: write, verify, plan, scatter) plus `kv`, the real-KV
-parameter tuple of the context (generated `real_kv_args(context)`); the plan's two stages take
-SGLang's keywords of launch_plan_offsets_kernel and launch_plan_entries_kernel. `kind` says how the
+launches the kernel (its keywords in the operation table, codegen/operations.py) plus `kv`, the
+real-KV parameter tuple of the context (generated `real_kv_args(context)`). `kind` says how the
 value crosses into C: a tensor's data pointer (`ptr`, None -> NULL) or an integer checked against the C type's range (`i64`, `i32`).
 
 The same description says which Python arguments must fit which C integer type
-(`argument_kinds`): the validators check them, with the argument's own name, before any launch.
+(codegen.operations.argument_kinds): the validators check them, with the argument's own name,
+before any launch.
 Entry points are extern "C" symbols `ENTRY_POINT_PREFIX + <kernel name>[_<specialisation>]`: the
 prefix keeps a schema's kernel names apart from every C library, shim and generated name.
 """
@@ -46,24 +46,6 @@ ELEMENT_KINDS = {"int64": "i64", "int32": "i32"}
 # `kvcanary_canary_verify`.
 ENTRY_POINT_PREFIX = "kvcanary_"
 
-# The arguments each template's binding function takes (the backend operation's keywords).
-OPERATION_ARGS = {
-    "write": ("context", "plan", "input_ids", "positions", "out_cache_loc", "enable_write_input_assert",
-              "expected_input_tokens", "expected_input_positions", "extra_inputs", "kv"),
-    "verify": ("context", "plan", "check_verify_expected_token", "extra_slot_tables", "kv"),
-    # The plan's two stages take SGLang's keywords of launch_plan_offsets_kernel / launch_plan_entries_kernel.
-    "plan_offsets": ("req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token", "full_to_swa_index_mapping",
-                     "out_verify_offsets_scratch", "out_write_offsets", "out_write_seed_slot_indices",
-                     "out_verify_num_valid", "out_verify_enable", "out_write_num_valid_reqs", "swa_window_size",
-                     "verify_capacity"),
-    "plan_entries": ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
-                     "verify_offsets_scratch", "verify_enable", "req_to_verify_expected_tokens",
-                     "req_to_verify_expected_tokens_valid_lens", "out_verify_slot_indices", "out_verify_expected_tokens",
-                     "out_verify_expected_positions", "out_verify_prev_slot_indices", "kv_token_id_vs_position_offset",
-                     "swa_window_size", "extra_request_values", "out_extra_verify_expected"),
-    "scatter": ("flat_in", "offsets", "req_pool_indices", "pool_out"),
-}
-
 # The real-KV parameters of one source, in ABI order: (name, C type, value from the RealKvSource
 # `s` and its tensor `t`); generated real_kv_args(context) evaluates them, count and mode follow.
 REAL_KV_SOURCE_PARAMS = (
@@ -84,7 +66,7 @@ REAL_KV_TAIL_PARAMS = (
 class Param:
     name: str
     ctype: str
-    value: str          # Python expression over OPERATION_ARGS[template]
+    value: str          # Python expression over the operation's binding_args (codegen/operations.py)
     address: bool = False  # a pointer whose value is already an integer address (the real-KV bytes)
     # An `int*` the kernel stores a count into: the Python argument (a capacity) that bounds the
     # count, which therefore must fit the pointer's element type.
@@ -263,55 +245,9 @@ def scatter_params(schema: Schema) -> tuple[Param, ...]:
     )
 
 
-# kernels.yaml `template:` -> its parameter list (the keys are the templates codegen knows).
-PARAMS_BY_TEMPLATE = {
-    "write": write_params,
-    "verify": verify_params,
-    "plan_offsets": plan_offsets_params,
-    "plan_entries": plan_entries_params,
-    "scatter": scatter_params,
-}
-
-
-def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
-    return PARAMS_BY_TEMPLATE[kernel.template](schema)
-
-
 def entry_points(kernel: Kernel) -> tuple[tuple[str, dict], ...]:
     """(extern "C" symbol, {flag: value}) of every specialisation of a kernel, in variant order."""
     return tuple((ENTRY_POINT_PREFIX + symbol, flags) for symbol, flags in kernel.variants)
-
-
-def _narrowest(a: str, b: str) -> str:
-    (alo, ahi), (blo, bhi) = KIND_RANGES[a], KIND_RANGES[b]
-    return a if (alo, ahi) == (max(alo, blo), min(ahi, bhi)) else b
-
-
-def argument_kinds(schema: Schema) -> dict[str, str]:
-    """Python arguments whose value must fit a C integer of the kernels -> that integer's kind.
-
-    Three ways a value reaches one: a scalar parameter whose value is the operation argument itself
-    (`swa_window_size`), a real-KV parameter taken from a RealKvSource field (`RealKvSource.page_size`),
-    and a capacity whose count a kernel stores through an `int*` (`verify_capacity`). Where several
-    parameters take one argument, the narrowest type wins.
-    """
-    out: dict[str, str] = {}
-
-    def add(argument: str, kind: str) -> None:
-        out[argument] = _narrowest(out[argument], kind) if argument in out else kind
-
-    for _, ctype, value in REAL_KV_SOURCE_PARAMS:
-        if value.startswith("s.") and C_TYPES[ctype][0] != "ptr":
-            add("RealKvSource." + value[2:], C_TYPES[ctype][0])
-    for kernel in schema.kernels:
-        if kernel.template not in PARAMS_BY_TEMPLATE:
-            continue
-        for p in kernel_params(schema, kernel):
-            if not p.is_pointer and p.value in OPERATION_ARGS[kernel.template]:
-                add(p.value, p.kind)
-            if p.holds_count_of:
-                add(p.holds_count_of, ELEMENT_KINDS[p.dtype])
-    return dict(sorted(out.items()))
 
 
 def duplicate_params(params: tuple[Param, ...]) -> list[str]:

@@ -124,21 +124,8 @@ REAL_KV_SOURCE_WORD = "int32"
 REAL_KV_SOURCE_FIELDS = ("page_size", "num_bytes_per_token", "read_bytes")
 
 
-@dataclass(frozen=True)
-class KernelTemplateSpec:
-    """What a kernel template accepts: launch shapes and compile-time specialisations."""
-    shapes: tuple[str, ...]
-    specializations: tuple[str, ...] = ()
-
-
-# The kernel templates codegen knows (codegen/outputs.py KERNEL_SOURCE_TEMPLATES).
-KERNEL_TEMPLATES = {
-    "write": KernelTemplateSpec(("per_request", "block_per_request")),
-    "verify": KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)),
-    "plan_offsets": KernelTemplateSpec(("single_block",)),
-    "plan_entries": KernelTemplateSpec(("per_entry", "persistent", "fixed_grid")),
-    "scatter": KernelTemplateSpec(("per_request",)),
-}
+# The kernel templates codegen knows, with the launch shapes and specialisations each accepts, are
+# the operation table's (codegen/operations.py KERNEL_TEMPLATES).
 
 # Launch shapes and the keys each one takes besides `shape` and `threads`.
 LAUNCH_SHAPES = {

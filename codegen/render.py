@@ -17,15 +17,8 @@ from .comments import comment_text
 from .cuda_context import cuda_context
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
-from .kernel_abi import (
-    ENTRY_POINT_PREFIX,
-    OPERATION_ARGS,
-    REAL_KV_SOURCE_PARAMS,
-    REAL_KV_TAIL_PARAMS,
-    argument_kinds,
-    entry_points,
-)
-from .launches import FIELD_KEYWORDS, launches, public_names
+from .kernel_abi import ENTRY_POINT_PREFIX, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS, entry_points
+from .launches import launches, public_names
 from .load import layout_fingerprint
 from .model import (
     LAUNCH_HALVES,
@@ -35,6 +28,7 @@ from .model import (
     Schema,
     splitmix64,
 )
+from .operations import FIELD_KEYWORDS, OPERATIONS, argument_kinds, rules_context
 from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS, kernel_source_template
 from .yaml_loader import normalise_text
 
@@ -170,7 +164,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, upper_ident=upper_ident,
                        wrap_call=wrap_call, comment_text=comment_text)
-    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr, zip=zip)
     return env
 
 
@@ -266,7 +260,7 @@ def template_context(schema: Schema) -> dict:
         "launch_halves": LAUNCH_HALVES,
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),
-        "operation_args": OPERATION_ARGS,
+        "operation_args": {name: op.binding_args for name, op in OPERATIONS.items()},
         "launches": launches(schema),
         "public_names": public_names(schema),
         "field_keywords": FIELD_KEYWORDS,
@@ -276,6 +270,8 @@ def template_context(schema: Schema) -> dict:
         "entry_points": entry_points,
         "entry_point_prefix": ENTRY_POINT_PREFIX,
         "argument_kinds": argument_kinds(schema),
+        # The operation table's per-tensor rules and data class fields (codegen/operations.py).
+        **rules_context(schema),
     }
 
 

@@ -43,6 +43,9 @@ def get_backend(name: str, layer):
     if name not in KNOWN_BACKENDS:
         raise ValueError(f"kv-canary: unknown backend {name!r}; expected one of {', '.join(KNOWN_BACKENDS)}")
     key = (name, layer.__name__)
+    backend = _cache.get(key)
+    if backend is not None:  # every launch asks: no lock once it exists
+        return backend
     with _lock:
         if key in _cache:
             return _cache[key]

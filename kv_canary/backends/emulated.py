@@ -60,10 +60,9 @@ def _lanes(n: int) -> tuple[int, int]:
 class PackedArgs:
     """One launch's values in slots, and the pointer array to them (`address`: the `void**`)."""
 
-    def __init__(self, kinds: tuple, values: tuple) -> None:
-        n = max(1, len(kinds))
-        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(_packer(kinds).pack(*values) if kinds
-                                                             else bytes(SLOT_BYTES))
+    def __init__(self, packer: struct.Struct, values: tuple) -> None:
+        n = max(1, packer.size // SLOT_BYTES)
+        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(packer.pack(*values) if values else bytes(SLOT_BYTES))
         ones, steps = _lanes(n)  # slot i's address: base + 8 i, all n as one integer's 8-byte lanes
         self._pointers = (ctypes.c_void_p * n).from_buffer_copy(
             (ctypes.addressof(self._slots) * ones + steps).to_bytes(SLOT_BYTES * n, "little"))
@@ -139,10 +138,11 @@ class EmulatedBackend(KernelBackend):
         self.threads = threads
         self.persistent_blocks = persistent_blocks
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
+        self._packers: dict = {}  # kernel name -> the struct its values pack with
         host = HostChecks(layer)
-        # The operations that read index values check them at every run, before any kernel writes.
-        self._checks = {"plan": host.plan, "plan_offsets": host.plan_offsets, "plan_entries": host.plan_entries,
-                        "scatter": host.scatter}
+        # The operations that read index values check them at every run, before any kernel writes
+        # (HostChecks has a method of the operation's name).
+        self._checks = {op: getattr(host, op) for op in self.abi.OPERATIONS if hasattr(host, op)}
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cpu":
@@ -158,8 +158,10 @@ class EmulatedBackend(KernelBackend):
         return blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks), threads
 
     def launcher(self, kernel, entry_point: str, *, blocks: int, threads: int, values: tuple, device):
-        return self.library.launcher(entry_point, blocks=blocks, threads=threads,
-                                     packed=PackedArgs(kernel.kinds, values))
+        packer = self._packers.get(kernel.name)
+        if packer is None:
+            packer = self._packers[kernel.name] = _packer(kernel.kinds)
+        return self.library.launcher(entry_point, blocks=blocks, threads=threads, packed=PackedArgs(packer, values))
 
 
 def create(layer) -> EmulatedBackend:

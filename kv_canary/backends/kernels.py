@@ -20,8 +20,6 @@ from ..layer.loader import regenerate_command
 from ..layer.sources import kernel_abi
 from . import Prepared
 
-TEMPLATES = ("write", "verify", "plan_offsets", "plan_entries", "scatter")
-
 
 class KernelBackend:
     """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one layer."""
@@ -36,7 +34,7 @@ class KernelBackend:
             raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
                              f"run `{regenerate_command(layer)}`")
-        self.kernels = {template: self.abi.kernel_for_template(template) for template in TEMPLATES}
+        self.kernels = {template: self.abi.kernel_for_template(template) for template in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
 
     # -- hooks ----------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ schemas' classes never mix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from types import SimpleNamespace
 from typing import Callable, Optional
 
@@ -30,8 +31,20 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
-    per_request_arrays = tuple(f"verify_expected_{f.name}" for f in layout.INPUT_FIELDS
-                               if f.verify_expected == "per_request")
+    # The plan classes' tensor fields, (name, dtype, dims over the capacity "cap", fill), from the
+    # layer's kernel ABI (rendered from the operation table, codegen/operations.py).
+    abi = v.abi
+    dtypes = {"int64": torch.int64, "int32": torch.int32}
+
+    def sized(dims: tuple, cap: int) -> tuple:
+        return tuple(cap if d == "cap" else cap + 1 if d == "cap+1" else d for d in dims)
+
+    def allocate_fields(fields: tuple, cap: int, device) -> dict:
+        return {name: torch.full(sized(dims, cap), fill, dtype=dtypes[dtype], device=device)
+                for name, dtype, dims, fill in fields}
+
+    def fields_bytes(fields: tuple, cap: int) -> int:
+        return sum(math.prod(sized(dims, cap)) * dtypes[dtype].itemsize for _, dtype, dims, _ in fields)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class RealKvSource:
@@ -66,72 +79,51 @@ def allocators_for(layout, validators) -> SimpleNamespace:
             v.check_context_fields(self)
             v.check_context_disjoint(self)
 
-    # int64 arrays of `cap` entries (the expected values start at -1: unknown), then int32 scalars.
-    array_fields = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-                    "verify_prev_slot_indices", *per_request_arrays)
-    unknown_at_start = ("verify_expected_tokens", *per_request_arrays)
-
     def allocate_verify_plan(cls, *, verify_capacity: int, device):
-        """Zeroed entries, expected values -1 (unknown), num_valid 0 and enable 1 (SGLang's default)."""
+        """Zeroed entries, expected values unknown (UNKNOWN = -1), num_valid 0 and enable 1 (SGLang's default)."""
         cap = v.check_verify_capacity(verify_capacity)
         device = v.check_device("device", device)
-
-        def make():
-            arrays = {name: torch.full((cap,), -1 if name in unknown_at_start else 0, dtype=torch.int64, device=device)
-                      for name in array_fields}
-            return cls(**arrays, verify_num_valid=torch.zeros(1, dtype=torch.int32, device=device),
-                       enable=torch.ones(1, dtype=torch.int32, device=device))
         return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
-                                   make)
+                                   lambda: cls(**allocate_fields(abi.VERIFY_PLAN_FIELDS, cap, device)))
 
     def verify_plan_bytes(cls, verify_capacity: int) -> int:
         """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
-        cap = v.check_int("verify_capacity", verify_capacity, minimum=0)
-        return len(array_fields) * cap * 8 + 2 * 4
+        return fields_bytes(abi.VERIFY_PLAN_FIELDS, v.check_int("verify_capacity", verify_capacity, minimum=0))
 
     def zero_verify_plan(self):
-        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values -1 (unknown,
-        as SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
+        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values unknown (as
+        SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
         verify and write bugs."""
-        for name in array_fields:
-            getattr(self, name).fill_(-1 if name in unknown_at_start else 0)
-        self.verify_num_valid.zero_()
-        self.enable.zero_()
+        for name, _, _, fill in abi.VERIFY_PLAN_FIELDS:
+            getattr(self, name).fill_(fill if fill == abi.UNKNOWN else 0)
         return self
 
     VerifyPlan = dataclasses.make_dataclass(
-        "VerifyPlan",
-        [(name, torch.Tensor) for name in array_fields[:4]] + [("verify_num_valid", torch.Tensor),
-                                                                ("enable", torch.Tensor)]
-        + [(name, torch.Tensor) for name in per_request_arrays],
+        "VerifyPlan", [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
         namespace={"__doc__": "Flat verify entries (SEMANTICS.md §5.2), sized to a fixed capacity.",
-                   "ARRAY_FIELDS": array_fields, "allocate": classmethod(allocate_verify_plan),
-                   "allocation_bytes": classmethod(verify_plan_bytes), "zero_for_testing_": zero_verify_plan,
-                   "__module__": __name__},
+                   "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",)),
+                   "allocate": classmethod(allocate_verify_plan), "allocation_bytes": classmethod(verify_plan_bytes),
+                   "zero_for_testing_": zero_verify_plan, "__module__": __name__},
         frozen=True, slots=True, kw_only=True)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class WritePlan:
         """Per-request write ranges and chain seeds (SEMANTICS.md §5.1)."""
         write_offsets: torch.Tensor                 # int64 [cap + 1]
-        write_seed_slot_indices: torch.Tensor       # int64 [cap], -1 = chain head
+        write_seed_slot_indices: torch.Tensor       # int64 [cap], UNKNOWN (-1) = chain head
         write_num_valid_reqs: torch.Tensor          # int32 [1]
 
         @classmethod
         def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
             cap = v.check_write_capacity(write_req_capacity)
             device = v.check_device("device", device)
-            return allocate_or_explain(
-                f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
-                lambda: cls(write_offsets=torch.zeros(cap + 1, dtype=torch.int64, device=device),
-                            write_seed_slot_indices=torch.full((cap,), -1, dtype=torch.int64, device=device),
-                            write_num_valid_reqs=torch.zeros(1, dtype=torch.int32, device=device)))
+            return allocate_or_explain(f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
+                                       lambda: cls(**allocate_fields(abi.WRITE_PLAN_FIELDS, cap, device)))
 
         @classmethod
         def allocation_bytes(cls, write_req_capacity: int) -> int:
             """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
-            cap = v.check_int("write_req_capacity", write_req_capacity, minimum=0)
-            return (cap + 1) * 8 + cap * 8 + 4
+            return fields_bytes(abi.WRITE_PLAN_FIELDS, v.check_int("write_req_capacity", write_req_capacity, minimum=0))
 
         def zero_for_testing_(self) -> "WritePlan":
             """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a

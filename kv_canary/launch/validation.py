@@ -1,5 +1,13 @@
 """Host-side validation of every launch (SEMANTICS.md §7), for one generated layer.
 
+Every tensor of an operation is checked against its rule in the layer's generated kernel ABI
+(generated/kernel_abi.py OPERATIONS, rendered from the operation table codegen/operations.py):
+dtype, dims, device, contiguity, alignment, its extent against its storage, and no input sharing
+memory with an output. `check_tensors` reads each tensor's attributes once; a tensor that breaks
+its rule is handed to `check_tensor`, which names the first thing that is wrong. What is left here
+by hand is what a rule cannot say: scalars, mappings of input fields, real-KV sources and the
+relations between sizes (a capacity above 0, requests within the write capacity).
+
 Every number, name and message comes from the layer's layout tables (generated/layout.py): the
 record and ring sizes, the enums, the §7 texts with the schema's values already in them, and the
 input fields a schema declares. Which Python integers must fit which C integer of the kernels comes
@@ -23,7 +31,8 @@ _INT64 = torch.int64
 _INT32 = torch.int32
 _UINT8 = torch.uint8
 _TENSOR = torch.Tensor
-WRITE_PLAN_ARRAYS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+_DTYPES = {"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
+_ANY, _EQUALS, _BINDS, _MATCHES = range(4)  # what a rule's dimension does (see _Rule)
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -37,6 +46,41 @@ def _bound(value: int) -> str:
     if value < 0 and (-value) & (-value - 1) == 0:
         return f"-2**{(-value).bit_length() - 1} = {value}"
     return str(value)
+
+
+class _Rule:
+    """One generated tensor rule, ready to check: `dims` as (what, value, offset) per dimension."""
+    __slots__ = ("name", "dtype", "dims", "rank", "output", "optional", "contiguous", "align", "words", "overlap",
+                 "binds", "fixed", "one", "es", "align_bytes")
+
+    def __init__(self, name, dtype, dims, role, optional, contiguous, align, words, overlap, bound: set):
+        self.name, self.dtype, self.rank, self.output = name, _DTYPES[dtype], len(dims), role == "output"
+        self.optional, self.contiguous, self.align, self.words, self.overlap = optional, contiguous, align, words, overlap
+        out = []
+        for d in dims:
+            if d is None:
+                out.append((_ANY, None, 0))
+            elif isinstance(d, int):
+                out.append((_EQUALS, d, 0))
+            else:
+                symbol, _, plus = d.partition("+")
+                if plus or symbol in bound:
+                    out.append((_MATCHES, symbol, int(plus or 0)))
+                else:
+                    bound.add(symbol)
+                    out.append((_BINDS, symbol, 0))
+        self.dims = tuple(out)
+        self.binds = tuple(value for what, value, _ in out if what == _BINDS)
+        self.es = self.dtype.itemsize
+        self.align_bytes = align or self.es
+        # The two common cases, checked without a loop: every size fixed, or one dimension.
+        self.fixed = torch.Size(d for _, d, _ in out) if all(what == _EQUALS for what, _, _ in out) else None
+        self.one = out[0] if len(out) == 1 and self.fixed is None else None
+
+
+def _compile(rules) -> list:
+    bound: set = set()
+    return [_Rule(*rule, bound=bound) for rule in rules]
 
 
 class Validators:
@@ -55,9 +99,13 @@ class Validators:
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
         self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
-        self.verify_plan_arrays = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-                                   "verify_prev_slot_indices", "verify_num_valid", "enable",
-                                   *("verify_expected_" + n for n in self.per_request_fields))
+        # operation -> (its tensors, its compiled rules, the device's tensor, its keywords as a dict)
+        self.operations = {name: (op.tensors, tuple(_compile(op.rules)), op.device_of, op.arguments)
+                           for name, op in self.abi.OPERATIONS.items()}
+        self.bound = self._size_checks()
+        self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
+        self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
+                             "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
@@ -66,17 +114,112 @@ class Validators:
     def fail(self, key: str, **values: Any) -> ValueError:
         return ValueError(self.message(key, **values))
 
+    # -- the operations' tensors (generated rules) ------------------------------------------------------
+    def check_tensors(self, operation: str, args: dict, bound: Optional[dict] = None) -> tuple[dict, list, list]:
+        """Every tensor of `operation` against its generated rule; returns the sizes the rules bound
+        ({"n": tokens, "cap": capacity, ...}) and the (first byte, end, name) spans of the inputs and
+        outputs (for check_spans). One read of each attribute per tensor; a tensor that breaks its
+        rule goes to check_tensor, which raises with the first thing that is wrong. `bound`: {size:
+        check(sizes)} run as soon as the tensor that binds the size has passed (a capacity above 0)."""
+        tensors, rules, device_of, _ = self.operations[operation]
+        sizes: dict = {}
+        inputs: list = []
+        outputs: list = []
+        dev = None
+        for rule, t in zip(rules, tensors(args)):
+            if t is None and rule.optional:
+                continue
+            ok = type(t) is _TENSOR and t.dtype is rule.dtype
+            if ok:
+                shape = t.shape
+                if rule.fixed is not None:
+                    ok = shape == rule.fixed
+                elif rule.one is not None:
+                    what, value, plus = rule.one
+                    if len(shape) != 1:
+                        ok = False
+                    elif what == _BINDS:
+                        sizes[value] = shape[0]
+                    elif what == _MATCHES:
+                        ok = shape[0] == sizes[value] + plus
+                else:
+                    ok = len(shape) == rule.rank
+                    for (what, value, plus), got in zip(rule.dims, shape if ok else ()):
+                        if what == _EQUALS:
+                            ok = got == value
+                        elif what == _MATCHES:
+                            ok = got == sizes[value] + plus
+                        elif what == _BINDS:
+                            sizes[value] = got
+                        if not ok:
+                            break
+            if ok:
+                if dev is None:
+                    dev, ok = t.device, not t.is_meta
+                else:
+                    ok = t.device == dev
+            if ok and t.is_contiguous():
+                ptr, n = t.data_ptr(), t.nbytes
+                ok = not ptr % rule.align_bytes and t.storage_offset() * rule.es + n <= t.untyped_storage().nbytes()
+            else:
+                ok = False
+            if not ok:
+                self.refuse(rule, t, sizes, dev, device_of)  # raises, but for a valid non-contiguous tensor
+                for (what, value, _), got in zip(rule.dims, t.shape):
+                    if what == _BINDS:
+                        sizes[value] = got
+                dev = t.device if dev is None else dev
+                ptr, n = t.data_ptr(), self.extent(t)
+            if n and ptr:
+                (outputs if rule.output else inputs).append((ptr, ptr + n, rule.overlap))
+            if bound is not None and rule.binds:
+                for size in rule.binds:
+                    if size in bound:
+                        bound[size](sizes)
+        return sizes, inputs, outputs
+
+    def refuse(self, rule: _Rule, t: Any, sizes: dict, device, device_of: str) -> None:
+        """Raise the text of the first thing `t` breaks of `rule` (the checks one by one)."""
+        shape = tuple(value if what == _EQUALS else sizes[value] + plus if what == _MATCHES else None
+                      for what, value, plus in rule.dims)
+        dims = dict(ndim=rule.rank) if all(d is None for d in shape) else dict(shape=shape)
+        self.check_tensor(rule.name, t, dtype=rule.dtype, device=device, device_of=device_of,
+                          contiguous=rule.contiguous, **dims)
+        if rule.align:
+            self.check_aligned(rule.name, t, rule.align, rule.words)
+
+    def check_spans(self, inputs: list, outputs: list) -> None:
+        """No input shares memory with an output of the same launch: a kernel reading what it writes
+        gives different results on different backends (thread order, copies), so it is refused."""
+        if not outputs:
+            return
+        lo, hi = min(s[0] for s in outputs), max(s[1] for s in outputs)
+        for start, end, name in inputs:
+            if start >= hi or end <= lo:  # outside every output: the usual case
+                continue
+            for o_start, o_end, out in outputs:
+                if start < o_end and o_start < end:
+                    raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
+                                     f"outputs must not share memory (pass a copy of {name})")
+
+    def check_disjoint(self, inputs: dict, outputs: dict) -> None:
+        """check_spans over {name: tensor or None} mappings."""
+        self.check_spans([(*span, name) for name, t in inputs.items() for span in (self._span(t),) if span],
+                         [(*span, name) for name, t in outputs.items() for span in (self._span(t),) if span])
+
+    def _span(self, t) -> tuple:
+        """(first byte, one past the last) of a tensor with memory; () for anything else."""
+        if not isinstance(t, torch.Tensor):
+            return ()
+        start, n = t.data_ptr(), t.nbytes
+        if n and not t.is_contiguous():
+            n = self.extent(t)
+        return (start, start + n) if start and n else ()
+
     def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
                      device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
         """Type, dtype, rank, shape (None entries match anything), device, contiguity, alignment and
-        storage extent of one tensor. Runs at every launch (a tensor can change all of these in
-        place): a valid plain tensor takes the first branch; anything else the checks one by one."""
-        if (type(t) is _TENSOR and t.dtype is dtype
-                and (t.shape == shape if shape is not None else ndim is None or len(t.shape) == ndim)
-                and (device is None or t.device == device) and not t.is_meta and t.is_contiguous()):
-            es = t.element_size()
-            if not t.data_ptr() % es and (t.storage_offset() + t.numel()) * es <= t.untyped_storage().nbytes():
-                return t
+        storage extent of one tensor, one by one: the first that is wrong raises."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype:
@@ -138,36 +281,6 @@ class Validators:
         if t.numel() == 0:
             return 0
         return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
-
-    def check_disjoint(self, inputs: dict, outputs: dict) -> None:
-        """No input shares memory with an output of the same launch: a kernel reading what it writes
-        gives different results on different backends (thread order, copies), so it is refused."""
-        spans, lo, hi = [], None, 0
-        for name, t in outputs.items():
-            span = self._span(t)
-            if span:
-                spans.append((span, name))
-                lo = span[0] if lo is None or span[0] < lo else lo
-                hi = span[1] if span[1] > hi else hi
-        if lo is None:
-            return
-        for name, t in inputs.items():
-            span = self._span(t)
-            if not span or span[0] >= hi or span[1] <= lo:  # outside every output: the usual case
-                continue
-            for (start, end), out in spans:
-                if span[0] < end and start < span[1]:
-                    raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
-                                     f"outputs must not share memory (pass a copy of {name})")
-
-    def _span(self, t) -> tuple:
-        """(first byte, one past the last) of a tensor with memory; () for anything else."""
-        if type(t) is not _TENSOR and not isinstance(t, torch.Tensor):
-            return ()
-        start, n = t.data_ptr(), t.nbytes
-        if n and not t.is_contiguous():
-            n = self.extent(t)
-        return (start, start + n) if start and n else ()
 
     # -- integers that reach the kernels as C integers -----------------------------------------------
     def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
@@ -267,8 +380,9 @@ class Validators:
                              ("read_bytes", read_bytes)):
             self.check_fits("RealKvSource." + field, value)
 
-    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> None:
-        """A source's tensor (checked at every launch: a tensor can change in place)."""
+    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> tuple:
+        """A source's tensor, one check after the other (check_real_kv_sources passes a valid tensor of
+        a frozen source in one); returns its (first byte, end) span."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
         if tensor.is_meta:
@@ -295,23 +409,43 @@ class Validators:
             raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
                              f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
         self.check_storage("RealKvSource.tensor", tensor)
+        return self._span(tensor)
 
-    def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False) -> tuple:
+    def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False,
+                              spans: Optional[list] = None) -> tuple:
         """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
-        when they were built; only their tensors are checked again."""
+        when they were built; only their tensors are checked again. `spans` collects their tensors'
+        spans (inputs of every launch)."""
         if not frozen:
             if not isinstance(sources, (tuple, list)):
                 raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
             if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
                 raise self.fail("real_kv_source_count", n=len(sources))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         for i, src in enumerate(sources):
-            if not frozen or type(src) is not self.frozen_source:
+            if frozen and type(src) is self.frozen_source:
+                # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
+                t = src.tensor
+                if type(t) is _TENSOR and t.device == device and t.is_contiguous():
+                    size = t.shape
+                    if len(size) >= 2 and size[0]:
+                        ptr, n, es = t.data_ptr(), t.nbytes, t.itemsize
+                        if (not ptr % align and not t.stride(0) * es % align
+                                and n // size[0] >= src.page_size * src.num_bytes_per_token
+                                and t.storage_offset() * es + n <= t.untyped_storage().nbytes()):
+                            if spans is not None and n:
+                                spans.append((ptr, ptr + n, self.source_names[i]))
+                            continue
+            else:
                 for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
                     if not hasattr(src, attr):
                         raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
                 self.check_real_kv_params(page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
                                           read_bytes=src.read_bytes)
-            self.check_real_kv_tensor(src.tensor, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token)
+            span = self.check_real_kv_tensor(src.tensor, page_size=src.page_size,
+                                             num_bytes_per_token=src.num_bytes_per_token)
+            if spans is not None and span:
+                spans.append((*span, f"real_kv_sources[{i}].tensor"))
             if src.tensor.device != device:
                 raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
                                  f"got {src.tensor.device}")
@@ -369,32 +503,6 @@ class Validators:
         if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
             raise self.fail("real_kv_source_count", n=len(sources))
 
-    def check_context(self, context: Any) -> int:
-        """Every tensor of a VerifyOrWriteContext; returns num_slots."""
-        frozen = type(context) is self.frozen_context
-        if not frozen:
-            for attr in self.CONTEXT_FIELDS:
-                if not hasattr(context, attr):
-                    raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
-        num_slots = self.check_canary_buf(context.canary_buf)
-        dev = context.canary_buf.device
-        self.check_tensor("violation_ring", context.violation_ring, dtype=_INT64, shape=(None, self.layout.VIOLATION_FIELDS), device=dev)
-        self.check_fits("violation_ring capacity", int(context.violation_ring.shape[0]), argument="ring_capacity")
-        self.check_tensor("violation_write_index", context.violation_write_index, dtype=_INT32, shape=(1,), device=dev)
-        self.check_tensor("slot_run_counter", context.slot_run_counter, dtype=_INT64, shape=(1,), device=dev)
-        self.check_tensor("kernel_run_counter", context.kernel_run_counter, dtype=_INT64, shape=(1,), device=dev)
-        self.check_tensor("enable_chain_position_assert", context.enable_chain_position_assert, dtype=_INT32, shape=(1,), device=dev)
-        # [extension] optional per-reason totals; getattr: an SGLang-style context object has no such field.
-        counts = getattr(context, "violation_reason_counts", None)
-        if counts is not None:
-            self.check_tensor("violation_reason_counts", counts, dtype=_INT64, shape=(self.layout.VIOLATION_REASON_COUNT_COLUMNS,),
-                              device=dev)
-        if not frozen:
-            self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
-            self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
-        self.check_real_kv_sources(context.real_kv_sources, device=dev, frozen=frozen)
-        return num_slots
-
     def context_outputs(self, context: Any) -> dict:
         """The tensors every verify and write launch writes."""
         out = {"violation_ring": context.violation_ring, "violation_write_index": context.violation_write_index,
@@ -418,303 +526,189 @@ class Validators:
         self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, self.context_outputs(context))
         self.check_disjoint(inputs, {"canary_buf": context.canary_buf})
 
-    def check_verify_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
-        """Every array of a VerifyPlan; returns its capacity."""
-        names = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
-                 *("verify_expected_" + n for n in self.per_request_fields))
-        for attr in (*names, "verify_num_valid", "enable"):
+    def check_plan_class(self, plan: Any, cls: str) -> None:
+        """A VerifyPlan or WritePlan (of this schema): every field its class has."""
+        for attr in self.plan_classes[cls]:
             if not hasattr(plan, attr):
-                raise TypeError(f"{self.prefix}plan must be a VerifyPlan of this schema (missing {attr}), got {type(plan).__name__}")
-        first = getattr(plan, names[0])
-        self.check_tensor("plan.verify_slot_indices", first, dtype=_INT64, ndim=1, device=device, device_of=device_of)
-        cap = int(first.shape[0])
-        if cap <= 0:
-            raise self.fail("verify_capacity", n=cap)
-        self.check_fits("plan.verify_slot_indices capacity", cap, argument="verify_capacity")
-        for attr in names[1:]:
-            self.check_tensor("plan." + attr, getattr(plan, attr), dtype=_INT64, shape=(cap,), device=device, device_of=device_of)
-        self.check_tensor("plan.verify_num_valid", plan.verify_num_valid, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
-        self.check_tensor("plan.enable", plan.enable, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
-        return cap
+                of = " of this schema" if cls == "VerifyPlan" else ""
+                raise TypeError(f"{self.prefix}plan must be a {cls}{of} (missing {attr}), got {type(plan).__name__}")
 
-    def check_write_plan(self, plan: Any, *, device: torch.device, device_of: str = "canary_buf") -> int:
-        """Every array of a WritePlan; returns its request capacity."""
-        for attr in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):
-            if not hasattr(plan, attr):
-                raise TypeError(f"{self.prefix}plan must be a WritePlan (missing {attr}), got {type(plan).__name__}")
-        self.check_tensor("plan.write_seed_slot_indices", plan.write_seed_slot_indices, dtype=_INT64, ndim=1, device=device, device_of=device_of)
-        cap = int(plan.write_seed_slot_indices.shape[0])
-        if cap <= 0:
-            raise self.fail("write_capacity", n=cap)
-        self.check_fits("plan.write_seed_slot_indices capacity", cap, argument="write_req_capacity")
-        self.check_tensor("plan.write_offsets", plan.write_offsets, dtype=_INT64, shape=(cap + 1,), device=device, device_of=device_of)
-        self.check_tensor("plan.write_num_valid_reqs", plan.write_num_valid_reqs, dtype=_INT32, shape=(1,), device=device, device_of=device_of)
-        return cap
+    def check_context_object(self, context: Any) -> bool:
+        """What a context holds besides tensors (checked when this layer's frozen context was built);
+        returns whether it is one."""
+        if type(context) is self.frozen_context:
+            return True
+        self.check_context_fields(context)
+        return False
 
-    def _check_extra(self, kind: str, given: Optional[Mapping], names: tuple, *, length: int, length_of: str,
-                     device: torch.device, device_of: str) -> dict:
-        """A {field name: int64 [length]} mapping with exactly `names` as keys ({} / None when there are none)."""
+    def check_context_values(self, context: Any, sizes: dict, inputs: list, *, frozen: bool) -> int:
+        """The checks of a context its rules cannot make; returns num_slots."""
+        buf = context.canary_buf
+        stride, word = buf.shape[1], self.layout.CANARY_WORD_BYTES
+        if stride % word or stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
+            self.check_slot_stride(stride, _shape(buf))
+        self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
+        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=inputs)
+        if not frozen:
+            self.check_context_disjoint(context)
+        return sizes["slots"]
+
+    def check_plan_capacity(self, name: str, cap: int, message: str, argument: str = "") -> int:
+        """The capacity of a plan the caller allocated (its first array's length)."""
+        if cap <= 0:
+            raise self.fail(message, n=cap)
+        return self.check_fits(name, cap, argument=argument) if argument else cap
+
+    def check_columns(self, sizes: dict) -> None:
+        if sizes["cols"] == 0:
+            # A request's seed is its last prefix column: a table without columns has none to read.
+            raise ValueError(f"{self.prefix}req_to_token must have at least 1 column (one per context position), "
+                             f"got shape {(sizes['rows'], 0)}")
+
+    def check_requests(self, sizes: dict, write_capacity_of: str) -> None:
+        if sizes["bs"] > sizes["wcap"]:
+            raise ValueError(f"{self.prefix}req_pool_indices holds {sizes['bs']} requests but {write_capacity_of} is "
+                             f"{sizes['wcap']}")
+
+    def _size_checks(self) -> dict:
+        """{operation: {size: check(sizes)}}: what is checked of a size as soon as its tensor passed."""
+        def capacity(size, message, name="", argument=""):
+            return lambda sizes: self.check_plan_capacity(name, sizes[size], message, argument)
+        verify_cap = capacity("cap", "verify_capacity", "plan.verify_slot_indices capacity", "verify_capacity")
+        write_cap = capacity("wcap", "write_capacity", "plan.write_seed_slot_indices capacity", "write_req_capacity")
+        return {
+            "write": {"wcap": write_cap},
+            "verify": {"cap": verify_cap},
+            "plan": {"cols": self.check_columns, "cap": verify_cap, "wcap": write_cap,
+                     "bs": lambda sizes: self.check_requests(sizes, "write_plan_out.write_req_capacity")},
+            "plan_offsets": {"cols": self.check_columns, "wcap": capacity("wcap", "write_capacity"),
+                             "bs": lambda sizes: self.check_requests(
+                                 sizes, "the write request capacity (out_write_seed_slot_indices length)")},
+            "plan_entries": {"cols": self.check_columns, "cap": capacity("cap", "verify_capacity")},
+            "scatter": {},
+        }
+
+    def mapping(self, kind: str, given: Optional[Mapping], names: tuple) -> dict:
+        """A {field name: tensor} mapping with exactly `names` as keys ({} / None when there are none);
+        its tensors are checked by the operation's rules."""
         given = {} if given is None else given
         if not isinstance(given, Mapping):
             raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
-        if set(given) != set(names):
+        if len(given) != len(names) or set(given) != set(names):
             want = ", ".join(names) if names else "no fields (this schema declares none)"
             raise ValueError(f"{self.prefix}{kind} must have exactly the keys [{want}], got [{', '.join(map(str, given))}]")
-        out = {}
-        for name in names:
-            out[name] = self.check_tensor(f"{kind}[{name!r}]", given[name], dtype=_INT64, shape=(length,), device=device,
-                                          device_of=device_of)
-        return out
+        return {name: given[name] for name in names}
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
-    def validate_write(self, *, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
-                       expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> dict:
-        self.check_context(context)
-        dev = context.canary_buf.device
-        self.check_write_plan(plan, device=dev)
-        self.check_tensor("input_ids", input_ids, dtype=_INT64, ndim=1, device=dev)
-        n = int(input_ids.shape[0])
-        self.check_tensor("positions", positions, dtype=_INT64, shape=(n,), device=dev)
-        self.check_tensor("out_cache_loc", out_cache_loc, dtype=_INT64, shape=(n,), device=dev)
-        self.check_bool("enable_write_input_assert", enable_write_input_assert)
-        if enable_write_input_assert:
-            if expected_input_tokens is None or expected_input_positions is None:
-                raise self.fail("expected_inputs_required")
-            self.check_tensor("expected_input_tokens", expected_input_tokens, dtype=_INT64, shape=(n,), device=dev)
-            self.check_tensor("expected_input_positions", expected_input_positions, dtype=_INT64, shape=(n,), device=dev)
-        elif expected_input_tokens is not None or expected_input_positions is not None:
+    # Each takes the operation's keywords (generated/kernel_abi.py OPERATIONS[...].arguments: SGLang's
+    # names and defaults, from the operation table).
+    def validate_write(self, **arguments) -> dict:
+        a = self.operations["write"][3](**arguments)
+        context = a["context"]
+        frozen = self.check_context_object(context)
+        self.check_plan_class(a["plan"], "WritePlan")
+        enabled = self.check_bool("enable_write_input_assert", a["enable_write_input_assert"])
+        missing = (a["expected_input_tokens"] is None, a["expected_input_positions"] is None)
+        if enabled and any(missing):
+            raise self.fail("expected_inputs_required")
+        if not enabled and not all(missing):
             raise self.fail("expected_inputs_forbidden")
-        extra = self._check_extra("extra_inputs", extra_inputs, self.input_fields, length=n, length_of="input_ids",
-                                  device=dev, device_of="canary_buf")
-        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
-            self.check_context_disjoint(context)
-        self.check_disjoint({"plan.write_offsets": plan.write_offsets,
-                             "plan.write_seed_slot_indices": plan.write_seed_slot_indices,
-                             "plan.write_num_valid_reqs": plan.write_num_valid_reqs, "input_ids": input_ids,
-                             "positions": positions, "out_cache_loc": out_cache_loc,
-                             "expected_input_tokens": expected_input_tokens,
-                             "expected_input_positions": expected_input_positions,
-                             **{f"extra_inputs[{k!r}]": t for k, t in extra.items()}},
-                            {"canary_buf": context.canary_buf, **self.context_outputs(context)})
-        return dict(context=context, plan=plan, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc,
-                    enable_write_input_assert=enable_write_input_assert, expected_input_tokens=expected_input_tokens,
-                    expected_input_positions=expected_input_positions, extra_inputs=extra)
+        a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
+        sizes, inputs, outputs = self.check_tensors("write", a, self.bound["write"])
+        self.check_context_values(context, sizes, inputs, frozen=frozen)
+        self.check_spans(inputs, outputs)
+        return a
 
-    def validate_verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> dict:
-        num_slots = self.check_context(context)
-        dev = context.canary_buf.device
-        self.check_verify_plan(plan, device=dev)
-        self.check_bool("check_verify_expected_token", check_verify_expected_token)
-        extra = self._check_extra("extra_slot_tables", extra_slot_tables, self.per_slot_fields, length=num_slots,
-                                  length_of="canary_buf", device=dev, device_of="canary_buf")
-        if type(context) is not self.frozen_context:  # a frozen one was checked when it was built
-            self.check_context_disjoint(context)
-        self.check_disjoint({**{"plan." + k: getattr(plan, k) for k in self.verify_plan_arrays},
-                             **{f"extra_slot_tables[{k!r}]": t for k, t in extra.items()}},
-                            self.context_outputs(context))
-        return dict(context=context, plan=plan, check_verify_expected_token=check_verify_expected_token,
-                    extra_slot_tables=extra)
+    def validate_verify(self, **arguments) -> dict:
+        a = self.operations["verify"][3](**arguments)
+        frozen = self.check_context_object(a["context"])
+        self.check_plan_class(a["plan"], "VerifyPlan")
+        self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
+        a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
+        sizes, inputs, outputs = self.check_tensors("verify", a, self.bound["verify"])
+        self.check_context_values(a["context"], sizes, inputs, frozen=frozen)
+        self.check_spans(inputs, outputs)
+        return a
 
-    # -- the plan's inputs: shared by the whole plan and by its two stages ------------------------------
-    def _check_req_to_token(self, req_to_token: Any) -> torch.device:
-        self.check_tensor("req_to_token", req_to_token, dtype=_INT32, ndim=2, contiguous=True)
-        if int(req_to_token.shape[1]) == 0:
-            # A request's seed is its last prefix column: a table without columns has none to read.
-            raise ValueError(f"{self.prefix}req_to_token must have at least 1 column (one per context position), "
-                             f"got shape {_shape(req_to_token)}")
-        return req_to_token.device
-
-    def _check_requests(self, *, req_pool_indices, prefix_lens, extend_seq_lens=None, device: torch.device,
-                        write_capacity: Optional[int] = None, write_capacity_of: str = "") -> int:
-        """req_pool_indices, prefix_lens and (when given) extend_seq_lens, int64 [bs]; returns bs."""
-        on = dict(device=device, device_of="req_to_token")
-        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, **on)
-        bs = int(req_pool_indices.shape[0])
-        if write_capacity is not None and bs > write_capacity:
-            raise ValueError(f"{self.prefix}req_pool_indices holds {bs} requests but {write_capacity_of} is "
-                             f"{write_capacity}")
-        self.check_tensor("prefix_lens", prefix_lens, dtype=_INT64, shape=(bs,), **on)
-        if extend_seq_lens is not None:
-            self.check_tensor("extend_seq_lens", extend_seq_lens, dtype=_INT64, shape=(bs,), **on)
-        return bs
-
-    def _check_swa(self, *, swa_window_size, full_to_swa_index_mapping, device: torch.device) -> None:
+    # -- the plan and its two stages (SGLang dtypes: req_to_token and the expected-token pool int32) ----
+    def check_plan_scalars(self, a: dict) -> None:
+        """The window, the offset, the expected-token pool's pairing and the input-field mappings."""
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
         # or without a window (SEMANTICS.md §5.3); only a window needs one.
-        swa_window_size = self.check_fits("swa_window_size", self.check_int("swa_window_size", swa_window_size))
-        if swa_window_size > 0 and full_to_swa_index_mapping is None:
+        window = self.check_fits("swa_window_size", self.check_int("swa_window_size", a["swa_window_size"]))
+        if window > 0 and a["full_to_swa_index_mapping"] is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
-        if full_to_swa_index_mapping is not None:
-            self.check_tensor("full_to_swa_index_mapping", full_to_swa_index_mapping, dtype=_INT64, ndim=1,
-                              device=device, device_of="req_to_token")
-
-    def _check_expected_token_pool(self, *, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens,
-                                   bs: int, device: torch.device):
-        """The optional expected-token pool (int32 [rows, cols]) and its per-request valid lengths; returns
-        the valid lengths the plan reads. Without a pool they are ignored, as SGLang does (its runtime
-        passes them on every forward, pool or not: docs/sglang-compat.md)."""
-        if req_to_verify_expected_tokens is None:
-            return None
-        if req_to_verify_expected_tokens_valid_lens is None:
+        if "kv_token_id_vs_position_offset" in a:
+            self.check_fits("kv_token_id_vs_position_offset",
+                            self.check_int("kv_token_id_vs_position_offset", a["kv_token_id_vs_position_offset"]))
+        # The expected-token pool's valid lengths are ignored without a pool, as SGLang does (its
+        # runtime passes them on every forward, pool or not: docs/sglang-compat.md).
+        if a.get("req_to_verify_expected_tokens") is None:
+            if "req_to_verify_expected_tokens_valid_lens" in a:
+                a["req_to_verify_expected_tokens_valid_lens"] = None
+        elif a["req_to_verify_expected_tokens_valid_lens"] is None:
             raise ValueError(f"{self.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
                              f"must be given together, got only req_to_verify_expected_tokens")
-        on = dict(device=device, device_of="req_to_token")
-        self.check_tensor("req_to_verify_expected_tokens", req_to_verify_expected_tokens, dtype=_INT32, ndim=2, **on)
-        self.check_tensor("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
-                          dtype=_INT64, shape=(bs,), **on)
-        return req_to_verify_expected_tokens_valid_lens
+        for kind in ("extra_request_values", "out_extra_verify_expected"):
+            if kind in a:
+                a[kind] = self.mapping(kind, a[kind], self.per_request_fields)
 
-    def _check_offsets_scratch(self, name: str, scratch: Any, *, bs: int, device: torch.device) -> None:
-        """The verify entry offsets handed from the first plan stage to the second: int64, at least bs + 1."""
-        self.check_tensor(name, scratch, dtype=_INT64, ndim=1, device=device, device_of="req_to_token")
-        if int(scratch.shape[0]) < bs + 1:
-            raise ValueError(f"{self.prefix}{name} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
+    def check_plan_sizes(self, sizes: dict, *, scratch=None, scratch_name: str = "", entries: bool = True) -> None:
+        """The scratch holds bs + 1 offsets, and the verify entries' total (at most bs x columns) is
+        summed in 64 bits."""
+        bs = sizes["bs"]
+        if scratch is not None and int(scratch.shape[0]) < bs + 1:
+            raise ValueError(f"{self.prefix}{scratch_name} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
                              f"req_pool_indices length), got shape {_shape(scratch)}")
+        if entries:
+            self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
+                              unit="entries at most")
 
-    def validate_plan(self, *, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
-                      req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
-                      req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
-                      kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
-        """SGLang dtypes: req_to_token and the expected-token pool int32, the rest int64."""
-        on = dict(device_of="req_to_token")
-        dev = self._check_req_to_token(req_to_token)
-        cap = self.check_verify_plan(verify_plan_out, device=dev, **on)
-        wcap = self.check_write_plan(write_plan_out, device=dev, **on)
-        self.check_verify_capacity(verify_capacity)
-        if verify_capacity != cap:
-            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {cap}, got {verify_capacity}")
-        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
-                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
-                                  write_capacity_of="write_plan_out.write_req_capacity")
-        # The verify entries' total (at most bs x columns) is summed in 64 bits by the kernels.
-        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
-                          unit="entries at most")
-        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
-        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
-            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
-        self.check_fits("kv_token_id_vs_position_offset",
-                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
-        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
-                                  length_of="req_pool_indices", device=dev, **on)
-        self.check_disjoint(
-            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
-             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping,
-             "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
-             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
-             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
-            {**{"verify_plan_out." + k: getattr(verify_plan_out, k) for k in self.verify_plan_arrays},
-             **{"write_plan_out." + k: getattr(write_plan_out, k) for k in WRITE_PLAN_ARRAYS}})
-        return dict(verify_plan_out=verify_plan_out, write_plan_out=write_plan_out, req_pool_indices=req_pool_indices,
-                    prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
-                    swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                    verify_capacity=verify_capacity, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, extra_request_values=extra)
+    def validate_plan(self, **arguments) -> dict:
+        a = self.operations["plan"][3](**arguments)
+        self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
+        self.check_plan_class(a["write_plan_out"], "WritePlan")
+        self.check_verify_capacity(a["verify_capacity"])
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan", a, self.bound["plan"])
+        if a["verify_capacity"] != sizes["cap"]:
+            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
+                             f"got {a['verify_capacity']}")
+        self.check_plan_sizes(sizes)
+        self.check_spans(inputs, outputs)
+        return a
 
-    def validate_plan_offsets(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
-                              full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
-                              out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
-                              out_write_num_valid_reqs, swa_window_size, verify_capacity) -> dict:
+    def validate_plan_offsets(self, **arguments) -> dict:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        on = dict(device_of="req_to_token")
-        dev = self._check_req_to_token(req_to_token)
-        self.check_tensor("out_write_seed_slot_indices", out_write_seed_slot_indices, dtype=_INT64, ndim=1,
-                          device=dev, **on)
-        wcap = int(out_write_seed_slot_indices.shape[0])
-        if wcap <= 0:
-            raise self.fail("write_capacity", n=wcap)
-        self.check_tensor("out_write_offsets", out_write_offsets, dtype=_INT64, shape=(wcap + 1,), device=dev, **on)
-        for name, t in (("out_verify_num_valid", out_verify_num_valid), ("out_verify_enable", out_verify_enable),
-                        ("out_write_num_valid_reqs", out_write_num_valid_reqs)):
-            self.check_tensor(name, t, dtype=_INT32, shape=(1,), device=dev, **on)
-        self.check_verify_capacity(verify_capacity)
-        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
-                                  extend_seq_lens=extend_seq_lens, device=dev, write_capacity=wcap,
-                                  write_capacity_of="the write request capacity (out_write_seed_slot_indices length)")
-        self._check_offsets_scratch("out_verify_offsets_scratch", out_verify_offsets_scratch, bs=bs, device=dev)
-        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
-        self.check_disjoint(
-            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "extend_seq_lens": extend_seq_lens,
-             "req_to_token": req_to_token, "full_to_swa_index_mapping": full_to_swa_index_mapping},
-            {"out_verify_offsets_scratch": out_verify_offsets_scratch, "out_write_offsets": out_write_offsets,
-             "out_write_seed_slot_indices": out_write_seed_slot_indices, "out_verify_num_valid": out_verify_num_valid,
-             "out_verify_enable": out_verify_enable, "out_write_num_valid_reqs": out_write_num_valid_reqs})
-        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
-                    req_to_token=req_to_token, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                    out_verify_offsets_scratch=out_verify_offsets_scratch, out_write_offsets=out_write_offsets,
-                    out_write_seed_slot_indices=out_write_seed_slot_indices, out_verify_num_valid=out_verify_num_valid,
-                    out_verify_enable=out_verify_enable, out_write_num_valid_reqs=out_write_num_valid_reqs,
-                    swa_window_size=swa_window_size, verify_capacity=verify_capacity)
+        a = self.operations["plan_offsets"][3](**arguments)
+        self.check_verify_capacity(a["verify_capacity"])
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan_offsets", a, self.bound["plan_offsets"])
+        self.check_plan_sizes(sizes, scratch=a["out_verify_offsets_scratch"], scratch_name="out_verify_offsets_scratch",
+                              entries=False)
+        self.check_spans(inputs, outputs)
+        return a
 
-    def validate_plan_entries(self, *, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
-                              verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
-                              req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices,
-                              out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices,
-                              kv_token_id_vs_position_offset, swa_window_size, extra_request_values=None,
-                              out_extra_verify_expected=None) -> dict:
+    def validate_plan_entries(self, **arguments) -> dict:
         """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
-        on = dict(device_of="req_to_token")
-        dev = self._check_req_to_token(req_to_token)
-        self.check_tensor("out_verify_slot_indices", out_verify_slot_indices, dtype=_INT64, ndim=1, device=dev, **on)
-        cap = int(out_verify_slot_indices.shape[0])
-        if cap <= 0:
-            raise self.fail("verify_capacity", n=cap)
-        for name, t in (("out_verify_expected_tokens", out_verify_expected_tokens),
-                        ("out_verify_expected_positions", out_verify_expected_positions),
-                        ("out_verify_prev_slot_indices", out_verify_prev_slot_indices)):
-            self.check_tensor(name, t, dtype=_INT64, shape=(cap,), device=dev, **on)
-        self.check_tensor("verify_enable", verify_enable, dtype=_INT32, shape=(1,), device=dev, **on)
-        bs = self._check_requests(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, device=dev)
-        self._check_offsets_scratch("verify_offsets_scratch", verify_offsets_scratch, bs=bs, device=dev)
-        self._check_swa(swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping, device=dev)
-        req_to_verify_expected_tokens_valid_lens = self._check_expected_token_pool(
-            req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-            req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens, bs=bs, device=dev)
-        self.check_extent("the verify plan", bs, "requests", int(req_to_token.shape[1]), "req_to_token columns",
-                          unit="entries at most")
-        self.check_fits("kv_token_id_vs_position_offset",
-                        self.check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset))
-        extra = self._check_extra("extra_request_values", extra_request_values, self.per_request_fields, length=bs,
-                                  length_of="req_pool_indices", device=dev, **on)
-        out_extra = self._check_extra("out_extra_verify_expected", out_extra_verify_expected, self.per_request_fields,
-                                      length=cap, length_of="out_verify_slot_indices", device=dev, **on)
-        self.check_disjoint(
-            {"req_pool_indices": req_pool_indices, "prefix_lens": prefix_lens, "req_to_token": req_to_token,
-             "full_to_swa_index_mapping": full_to_swa_index_mapping, "verify_offsets_scratch": verify_offsets_scratch,
-             "verify_enable": verify_enable, "req_to_verify_expected_tokens": req_to_verify_expected_tokens,
-             "req_to_verify_expected_tokens_valid_lens": req_to_verify_expected_tokens_valid_lens,
-             **{f"extra_request_values[{k!r}]": t for k, t in extra.items()}},
-            {"out_verify_slot_indices": out_verify_slot_indices, "out_verify_expected_tokens": out_verify_expected_tokens,
-             "out_verify_expected_positions": out_verify_expected_positions,
-             "out_verify_prev_slot_indices": out_verify_prev_slot_indices,
-             **{f"out_extra_verify_expected[{k!r}]": t for k, t in out_extra.items()}})
-        return dict(req_pool_indices=req_pool_indices, prefix_lens=prefix_lens, req_to_token=req_to_token,
-                    full_to_swa_index_mapping=full_to_swa_index_mapping, verify_offsets_scratch=verify_offsets_scratch,
-                    verify_enable=verify_enable, req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                    req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                    out_verify_slot_indices=out_verify_slot_indices, out_verify_expected_tokens=out_verify_expected_tokens,
-                    out_verify_expected_positions=out_verify_expected_positions,
-                    out_verify_prev_slot_indices=out_verify_prev_slot_indices,
-                    kv_token_id_vs_position_offset=kv_token_id_vs_position_offset, swa_window_size=swa_window_size,
-                    extra_request_values=extra, out_extra_verify_expected=out_extra)
+        a = self.operations["plan_entries"][3](**arguments)
+        self.check_plan_scalars(a)
+        sizes, inputs, outputs = self.check_tensors("plan_entries", a, self.bound["plan_entries"])
+        self.check_plan_sizes(sizes, scratch=a["verify_offsets_scratch"], scratch_name="verify_offsets_scratch")
+        self.check_spans(inputs, outputs)
+        return a
 
-    def validate_scatter(self, *, flat_in, offsets, req_pool_indices, pool_out) -> dict:
-        # pool_out may be a view with padded rows (SGLang's scatter steps rows by stride(0) too); its
-        # rows must be contiguous and must not overlap, or requests would land in each other's cells.
-        self.check_tensor("pool_out", pool_out, dtype=_INT32, ndim=2, contiguous=False)
+    def validate_scatter(self, **arguments) -> dict:
+        a = self.operations["scatter"][3](**arguments)
+        sizes, inputs, outputs = self.check_tensors("scatter", a)
+        # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
+        pool_out = a["pool_out"]
         rows, cols = _shape(pool_out)
         if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
             raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
                              f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
-        dev = pool_out.device
-        self.check_tensor("flat_in", flat_in, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
-        self.check_tensor("req_pool_indices", req_pool_indices, dtype=_INT64, ndim=1, device=dev, device_of="pool_out")
-        bs = int(req_pool_indices.shape[0])
-        self.check_tensor("offsets", offsets, dtype=_INT64, shape=(bs + 1,), device=dev, device_of="pool_out")
-        self.check_disjoint({"flat_in": flat_in, "offsets": offsets, "req_pool_indices": req_pool_indices},
-                            {"pool_out": pool_out})
-        return dict(flat_in=flat_in, offsets=offsets, req_pool_indices=req_pool_indices, pool_out=pool_out)
+        self.check_spans(inputs, outputs)
+        return a
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
         """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)

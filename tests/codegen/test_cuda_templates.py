@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kv_canary.codegen.cuda_context import typed_context
 from kv_canary.codegen.load import load_schema
-from kv_canary.codegen.model import KERNEL_TEMPLATES
+from kv_canary.codegen.operations import KERNEL_TEMPLATES
 from kv_canary.codegen.outputs import KERNEL_SOURCE_TEMPLATES
 from kv_canary.codegen.render import TEMPLATE_DIR, output_plan
 from support.layers import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS

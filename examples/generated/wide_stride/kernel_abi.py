@@ -3,7 +3,8 @@
 """Kernel ABI of the generated CUDA sources: entry points, launch shapes, parameters and binding.
 
 `KERNELS[name].bind(**operation arguments)` returns the launch's arguments in ABI order as Python
-ints (a tensor's data pointer, or 0 for None; scalars range-checked against their C type), and
+ints (a tensor's data pointer, or 0 for None; sizes, and arguments the validators range-check
+against this C type, as they are; other scalars range-checked here against their C type), and
 `kinds` says how each crosses into C ("ptr", "i64", "i32"). The binding is generated from the same
 parameter list as the CUDA signatures, so the two cannot disagree; kv_canary/backends/kernels.py
 binds every kernel launch with it.
@@ -102,190 +103,141 @@ def _int(kernel: str, param: str, kind: str, value) -> int:
     return value
 
 
+# The real-KV parameters of an unused source slot.
+_NO_SOURCE = (0, 0, 0, 0, 0, 0, )
+
+
 def real_kv_args(context) -> tuple:
     """The real-KV parameters of a context in ABI order (the `kv` argument of the bindings)."""
-    out = []
+    out = ()
     sources = context.real_kv_sources
-    for i in range(MAX_REAL_KV_SOURCES):
-        if i < len(sources):
-            s = sources[i]
-            t = s.tensor
-            out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
-        else:
-            out += (0, 0, 0, 0, 0, 0)
-    out += (len(context.real_kv_sources), context.real_kv_hash_mode)
-    return tuple(out)
+    for s in sources[:MAX_REAL_KV_SOURCES]:  # validated: never more
+        t = s.tensor
+        out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
+    return out + _NO_SOURCE * (MAX_REAL_KV_SOURCES - len(sources)) + (len(context.real_kv_sources), context.real_kv_hash_mode)
 
 
 def bind_canary_write(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens, expected_input_positions, extra_inputs, kv) -> tuple:
     """Arguments of canary_write in ABI order."""
     return (
-        _ptr(context.canary_buf),  # canary_buf: unsigned char*
-        _int("canary_write", "num_slots", "i64", context.canary_buf.shape[0]),
-        _int("canary_write", "slot_stride_bytes", "i64", context.canary_buf.stride(0)),
-        _ptr(plan.write_offsets),  # write_offsets: const long long*
-        _ptr(plan.write_seed_slot_indices),  # write_seed_slot_indices: const long long*
-        _ptr(plan.write_num_valid_reqs),  # write_num_valid_reqs: const int*
-        _int("canary_write", "write_req_capacity", "i64", plan.write_seed_slot_indices.shape[0]),
-        _ptr(input_ids),  # input_ids: const long long*
-        _ptr(positions),  # positions: const long long*
-        _ptr(out_cache_loc),  # out_cache_loc: const long long*
-        _int("canary_write", "num_tokens", "i64", input_ids.shape[0]),
-        _int("canary_write", "enable_write_input_assert", "i32", enable_write_input_assert),
+        context.canary_buf.data_ptr(),  # canary_buf: unsigned char*
+        context.canary_buf.shape[0],  # num_slots: long long (a size)
+        context.canary_buf.stride(0),  # slot_stride_bytes: long long (a size)
+        plan.write_offsets.data_ptr(),  # write_offsets: const long long*
+        plan.write_seed_slot_indices.data_ptr(),  # write_seed_slot_indices: const long long*
+        plan.write_num_valid_reqs.data_ptr(),  # write_num_valid_reqs: const int*
+        plan.write_seed_slot_indices.shape[0],  # write_req_capacity: long long (a size)
+        input_ids.data_ptr(),  # input_ids: const long long*
+        positions.data_ptr(),  # positions: const long long*
+        out_cache_loc.data_ptr(),  # out_cache_loc: const long long*
+        input_ids.shape[0],  # num_tokens: long long (a size)
+        enable_write_input_assert,  # enable_write_input_assert: int (range-checked by the validators)
         _ptr(expected_input_tokens if enable_write_input_assert else None),  # expected_input_tokens: const long long*
         _ptr(expected_input_positions if enable_write_input_assert else None),  # expected_input_positions: const long long*
-        _ptr(context.enable_chain_position_assert),  # enable_chain_position_assert: const int*
-        kv[0],  # real_kv_ptr_0: const unsigned char* (an address)
-        _int("canary_write", "real_kv_row_stride_bytes_0", "i64", kv[1]),
-        _int("canary_write", "real_kv_num_rows_0", "i64", kv[2]),
-        _int("canary_write", "real_kv_page_size_0", "i32", kv[3]),
-        _int("canary_write", "real_kv_num_bytes_per_token_0", "i32", kv[4]),
-        _int("canary_write", "real_kv_read_bytes_0", "i32", kv[5]),
-        kv[6],  # real_kv_ptr_1: const unsigned char* (an address)
-        _int("canary_write", "real_kv_row_stride_bytes_1", "i64", kv[7]),
-        _int("canary_write", "real_kv_num_rows_1", "i64", kv[8]),
-        _int("canary_write", "real_kv_page_size_1", "i32", kv[9]),
-        _int("canary_write", "real_kv_num_bytes_per_token_1", "i32", kv[10]),
-        _int("canary_write", "real_kv_read_bytes_1", "i32", kv[11]),
-        kv[12],  # real_kv_ptr_2: const unsigned char* (an address)
-        _int("canary_write", "real_kv_row_stride_bytes_2", "i64", kv[13]),
-        _int("canary_write", "real_kv_num_rows_2", "i64", kv[14]),
-        _int("canary_write", "real_kv_page_size_2", "i32", kv[15]),
-        _int("canary_write", "real_kv_num_bytes_per_token_2", "i32", kv[16]),
-        _int("canary_write", "real_kv_read_bytes_2", "i32", kv[17]),
-        kv[18],  # real_kv_ptr_3: const unsigned char* (an address)
-        _int("canary_write", "real_kv_row_stride_bytes_3", "i64", kv[19]),
-        _int("canary_write", "real_kv_num_rows_3", "i64", kv[20]),
-        _int("canary_write", "real_kv_page_size_3", "i32", kv[21]),
-        _int("canary_write", "real_kv_num_bytes_per_token_3", "i32", kv[22]),
-        _int("canary_write", "real_kv_read_bytes_3", "i32", kv[23]),
-        _int("canary_write", "real_kv_num_sources", "i32", kv[24]),
+        context.enable_chain_position_assert.data_ptr(),  # enable_chain_position_assert: const int*
+        *kv[0:25],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
         _int("canary_write", "real_kv_hash_mode", "i32", kv[25]),
         _int("canary_write", "launch_tag", "i64", context.kernel_kind),
-        _ptr(context.violation_ring),  # violation_ring: long long*
-        _int("canary_write", "violation_ring_capacity", "i64", context.violation_ring.shape[0]),
-        _ptr(context.violation_write_index),  # violation_write_index: int*
+        context.violation_ring.data_ptr(),  # violation_ring: long long*
+        context.violation_ring.shape[0],  # violation_ring_capacity: long long (a size)
+        context.violation_write_index.data_ptr(),  # violation_write_index: int*
         _ptr(getattr(context, 'violation_reason_counts', None)),  # violation_reason_counts: unsigned long long*
-        _ptr(context.slot_run_counter),  # slot_run_counter: unsigned long long*
-        _ptr(context.kernel_run_counter),  # kernel_run_counter: unsigned long long*
+        context.slot_run_counter.data_ptr(),  # slot_run_counter: unsigned long long*
+        context.kernel_run_counter.data_ptr(),  # kernel_run_counter: unsigned long long*
     )
 
 
 def bind_canary_verify(*, context, plan, check_verify_expected_token, extra_slot_tables, kv) -> tuple:
     """Arguments of canary_verify in ABI order."""
     return (
-        _ptr(context.canary_buf),  # canary_buf: const unsigned char*
-        _int("canary_verify", "num_slots", "i64", context.canary_buf.shape[0]),
-        _int("canary_verify", "slot_stride_bytes", "i64", context.canary_buf.stride(0)),
-        _ptr(plan.verify_slot_indices),  # verify_slot_indices: const long long*
-        _ptr(plan.verify_expected_tokens),  # verify_expected_tokens: const long long*
-        _ptr(plan.verify_expected_positions),  # verify_expected_positions: const long long*
-        _ptr(plan.verify_prev_slot_indices),  # verify_prev_slot_indices: const long long*
-        _ptr(plan.verify_num_valid),  # verify_num_valid: const int*
-        _ptr(plan.enable),  # verify_enable: const int*
-        _int("canary_verify", "verify_capacity", "i64", plan.verify_slot_indices.shape[0]),
-        kv[0],  # real_kv_ptr_0: const unsigned char* (an address)
-        _int("canary_verify", "real_kv_row_stride_bytes_0", "i64", kv[1]),
-        _int("canary_verify", "real_kv_num_rows_0", "i64", kv[2]),
-        _int("canary_verify", "real_kv_page_size_0", "i32", kv[3]),
-        _int("canary_verify", "real_kv_num_bytes_per_token_0", "i32", kv[4]),
-        _int("canary_verify", "real_kv_read_bytes_0", "i32", kv[5]),
-        kv[6],  # real_kv_ptr_1: const unsigned char* (an address)
-        _int("canary_verify", "real_kv_row_stride_bytes_1", "i64", kv[7]),
-        _int("canary_verify", "real_kv_num_rows_1", "i64", kv[8]),
-        _int("canary_verify", "real_kv_page_size_1", "i32", kv[9]),
-        _int("canary_verify", "real_kv_num_bytes_per_token_1", "i32", kv[10]),
-        _int("canary_verify", "real_kv_read_bytes_1", "i32", kv[11]),
-        kv[12],  # real_kv_ptr_2: const unsigned char* (an address)
-        _int("canary_verify", "real_kv_row_stride_bytes_2", "i64", kv[13]),
-        _int("canary_verify", "real_kv_num_rows_2", "i64", kv[14]),
-        _int("canary_verify", "real_kv_page_size_2", "i32", kv[15]),
-        _int("canary_verify", "real_kv_num_bytes_per_token_2", "i32", kv[16]),
-        _int("canary_verify", "real_kv_read_bytes_2", "i32", kv[17]),
-        kv[18],  # real_kv_ptr_3: const unsigned char* (an address)
-        _int("canary_verify", "real_kv_row_stride_bytes_3", "i64", kv[19]),
-        _int("canary_verify", "real_kv_num_rows_3", "i64", kv[20]),
-        _int("canary_verify", "real_kv_page_size_3", "i32", kv[21]),
-        _int("canary_verify", "real_kv_num_bytes_per_token_3", "i32", kv[22]),
-        _int("canary_verify", "real_kv_read_bytes_3", "i32", kv[23]),
-        _int("canary_verify", "real_kv_num_sources", "i32", kv[24]),
+        context.canary_buf.data_ptr(),  # canary_buf: const unsigned char*
+        context.canary_buf.shape[0],  # num_slots: long long (a size)
+        context.canary_buf.stride(0),  # slot_stride_bytes: long long (a size)
+        plan.verify_slot_indices.data_ptr(),  # verify_slot_indices: const long long*
+        plan.verify_expected_tokens.data_ptr(),  # verify_expected_tokens: const long long*
+        plan.verify_expected_positions.data_ptr(),  # verify_expected_positions: const long long*
+        plan.verify_prev_slot_indices.data_ptr(),  # verify_prev_slot_indices: const long long*
+        plan.verify_num_valid.data_ptr(),  # verify_num_valid: const int*
+        plan.enable.data_ptr(),  # verify_enable: const int*
+        plan.verify_slot_indices.shape[0],  # verify_capacity: long long (a size)
+        *kv[0:25],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
         _int("canary_verify", "real_kv_hash_mode", "i32", kv[25]),
         _int("canary_verify", "launch_tag", "i64", context.kernel_kind),
-        _ptr(context.violation_ring),  # violation_ring: long long*
-        _int("canary_verify", "violation_ring_capacity", "i64", context.violation_ring.shape[0]),
-        _ptr(context.violation_write_index),  # violation_write_index: int*
+        context.violation_ring.data_ptr(),  # violation_ring: long long*
+        context.violation_ring.shape[0],  # violation_ring_capacity: long long (a size)
+        context.violation_write_index.data_ptr(),  # violation_write_index: int*
         _ptr(getattr(context, 'violation_reason_counts', None)),  # violation_reason_counts: unsigned long long*
-        _ptr(context.slot_run_counter),  # slot_run_counter: unsigned long long*
-        _ptr(context.kernel_run_counter),  # kernel_run_counter: unsigned long long*
+        context.slot_run_counter.data_ptr(),  # slot_run_counter: unsigned long long*
+        context.kernel_run_counter.data_ptr(),  # kernel_run_counter: unsigned long long*
     )
 
 
 def bind_canary_plan_offsets(*, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets, out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable, out_write_num_valid_reqs, swa_window_size, verify_capacity) -> tuple:
     """Arguments of canary_plan_offsets in ABI order."""
     return (
-        _ptr(req_pool_indices),  # req_pool_indices: const long long*
-        _ptr(prefix_lens),  # prefix_lens: const long long*
-        _int("canary_plan_offsets", "batch_size", "i64", req_pool_indices.shape[0]),
-        _ptr(req_to_token),  # req_to_token: const int*
-        _int("canary_plan_offsets", "req_to_token_rows", "i64", req_to_token.shape[0]),
-        _int("canary_plan_offsets", "req_to_token_cols", "i64", req_to_token.shape[1]),
-        _int("canary_plan_offsets", "req_to_token_row_stride", "i64", req_to_token.stride(0)),
-        _int("canary_plan_offsets", "swa_window_size", "i64", swa_window_size),
+        req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
+        prefix_lens.data_ptr(),  # prefix_lens: const long long*
+        req_pool_indices.shape[0],  # batch_size: long long (a size)
+        req_to_token.data_ptr(),  # req_to_token: const int*
+        req_to_token.shape[0],  # req_to_token_rows: long long (a size)
+        req_to_token.shape[1],  # req_to_token_cols: long long (a size)
+        req_to_token.stride(0),  # req_to_token_row_stride: long long (a size)
+        swa_window_size,  # swa_window_size: long long (range-checked by the validators)
         _ptr(full_to_swa_index_mapping),  # full_to_swa_index_mapping: const long long*
-        _int("canary_plan_offsets", "swa_lut_len", "i64", full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0),
-        _ptr(extend_seq_lens),  # extend_seq_lens: const long long*
+        full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0,  # swa_lut_len: long long (a size)
+        extend_seq_lens.data_ptr(),  # extend_seq_lens: const long long*
         _int("canary_plan_offsets", "verify_capacity", "i64", verify_capacity),
-        _ptr(out_verify_offsets_scratch),  # verify_offsets: long long*
-        _ptr(out_write_offsets),  # write_offsets: long long*
-        _ptr(out_write_seed_slot_indices),  # write_seed_slot_indices: long long*
-        _ptr(out_write_num_valid_reqs),  # write_num_valid_reqs: int*
-        _int("canary_plan_offsets", "write_req_capacity", "i64", out_write_seed_slot_indices.shape[0]),
-        _ptr(out_verify_num_valid),  # verify_num_valid: int*
-        _ptr(out_verify_enable),  # verify_enable: int*
+        out_verify_offsets_scratch.data_ptr(),  # verify_offsets: long long*
+        out_write_offsets.data_ptr(),  # write_offsets: long long*
+        out_write_seed_slot_indices.data_ptr(),  # write_seed_slot_indices: long long*
+        out_write_num_valid_reqs.data_ptr(),  # write_num_valid_reqs: int*
+        out_write_seed_slot_indices.shape[0],  # write_req_capacity: long long (a size)
+        out_verify_num_valid.data_ptr(),  # verify_num_valid: int*
+        out_verify_enable.data_ptr(),  # verify_enable: int*
     )
 
 
 def bind_canary_plan_entries(*, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping, verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices, out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices, kv_token_id_vs_position_offset, swa_window_size, extra_request_values, out_extra_verify_expected) -> tuple:
     """Arguments of canary_plan_entries in ABI order."""
     return (
-        _ptr(req_pool_indices),  # req_pool_indices: const long long*
-        _ptr(prefix_lens),  # prefix_lens: const long long*
-        _int("canary_plan_entries", "batch_size", "i64", req_pool_indices.shape[0]),
-        _ptr(req_to_token),  # req_to_token: const int*
-        _int("canary_plan_entries", "req_to_token_rows", "i64", req_to_token.shape[0]),
-        _int("canary_plan_entries", "req_to_token_cols", "i64", req_to_token.shape[1]),
-        _int("canary_plan_entries", "req_to_token_row_stride", "i64", req_to_token.stride(0)),
-        _int("canary_plan_entries", "swa_window_size", "i64", swa_window_size),
+        req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
+        prefix_lens.data_ptr(),  # prefix_lens: const long long*
+        req_pool_indices.shape[0],  # batch_size: long long (a size)
+        req_to_token.data_ptr(),  # req_to_token: const int*
+        req_to_token.shape[0],  # req_to_token_rows: long long (a size)
+        req_to_token.shape[1],  # req_to_token_cols: long long (a size)
+        req_to_token.stride(0),  # req_to_token_row_stride: long long (a size)
+        swa_window_size,  # swa_window_size: long long (range-checked by the validators)
         _ptr(full_to_swa_index_mapping),  # full_to_swa_index_mapping: const long long*
-        _int("canary_plan_entries", "swa_lut_len", "i64", full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0),
-        _ptr(verify_offsets_scratch),  # verify_offsets: const long long*
-        _ptr(verify_enable),  # verify_enable: const int*
-        _int("canary_plan_entries", "verify_capacity", "i64", out_verify_slot_indices.shape[0]),
+        full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0,  # swa_lut_len: long long (a size)
+        verify_offsets_scratch.data_ptr(),  # verify_offsets: const long long*
+        verify_enable.data_ptr(),  # verify_enable: const int*
+        out_verify_slot_indices.shape[0],  # verify_capacity: long long (a size)
         _ptr(req_to_verify_expected_tokens),  # req_to_verify_expected_tokens: const int*
-        _int("canary_plan_entries", "expected_tokens_rows", "i64", req_to_verify_expected_tokens.shape[0] if req_to_verify_expected_tokens is not None else 0),
-        _int("canary_plan_entries", "expected_tokens_cols", "i64", req_to_verify_expected_tokens.shape[1] if req_to_verify_expected_tokens is not None else 0),
-        _int("canary_plan_entries", "expected_tokens_row_stride", "i64", req_to_verify_expected_tokens.stride(0) if req_to_verify_expected_tokens is not None else 0),
+        req_to_verify_expected_tokens.shape[0] if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_rows: long long (a size)
+        req_to_verify_expected_tokens.shape[1] if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_cols: long long (a size)
+        req_to_verify_expected_tokens.stride(0) if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_row_stride: long long (a size)
         _ptr(req_to_verify_expected_tokens_valid_lens),  # req_to_verify_expected_tokens_valid_lens: const long long*
-        _int("canary_plan_entries", "kv_token_id_vs_position_offset", "i64", kv_token_id_vs_position_offset),
-        _ptr(out_verify_slot_indices),  # verify_slot_indices: long long*
-        _ptr(out_verify_expected_tokens),  # verify_expected_tokens: long long*
-        _ptr(out_verify_expected_positions),  # verify_expected_positions: long long*
-        _ptr(out_verify_prev_slot_indices),  # verify_prev_slot_indices: long long*
+        kv_token_id_vs_position_offset,  # kv_token_id_vs_position_offset: long long (range-checked by the validators)
+        out_verify_slot_indices.data_ptr(),  # verify_slot_indices: long long*
+        out_verify_expected_tokens.data_ptr(),  # verify_expected_tokens: long long*
+        out_verify_expected_positions.data_ptr(),  # verify_expected_positions: long long*
+        out_verify_prev_slot_indices.data_ptr(),  # verify_prev_slot_indices: long long*
     )
 
 
 def bind_canary_scatter_req_token_ids(*, flat_in, offsets, req_pool_indices, pool_out) -> tuple:
     """Arguments of canary_scatter_req_token_ids in ABI order."""
     return (
-        _ptr(flat_in),  # flat_in: const long long*
-        _int("canary_scatter_req_token_ids", "flat_len", "i64", flat_in.shape[0]),
-        _ptr(offsets),  # offsets: const long long*
-        _ptr(req_pool_indices),  # req_pool_indices: const long long*
-        _int("canary_scatter_req_token_ids", "batch_size", "i64", req_pool_indices.shape[0]),
-        _ptr(pool_out),  # pool_out: int*
-        _int("canary_scatter_req_token_ids", "pool_rows", "i64", pool_out.shape[0]),
-        _int("canary_scatter_req_token_ids", "pool_cols", "i64", pool_out.shape[1]),
-        _int("canary_scatter_req_token_ids", "pool_row_stride", "i64", pool_out.stride(0)),
+        flat_in.data_ptr(),  # flat_in: const long long*
+        flat_in.shape[0],  # flat_len: long long (a size)
+        offsets.data_ptr(),  # offsets: const long long*
+        req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
+        req_pool_indices.shape[0],  # batch_size: long long (a size)
+        pool_out.data_ptr(),  # pool_out: int*
+        pool_out.shape[0],  # pool_rows: long long (a size)
+        pool_out.shape[1],  # pool_cols: long long (a size)
+        pool_out.stride(0),  # pool_row_stride: long long (a size)
     )
 
 
@@ -517,6 +469,373 @@ KERNELS = {
         ),
         kinds=("ptr", "i64", "ptr", "ptr", "i64", "ptr", "i64", "i64", "i64", ),
         bind=bind_canary_scatter_req_token_ids,
+    ),
+}
+
+
+# -- the operations: what every launch's validation checks (codegen/operations.py) -----------------
+# An expected value that is not checked, and a write seed that is the chain head (SEMANTICS.md §5).
+UNKNOWN = -1
+# The plan data classes' tensor fields: (name, dtype, dims over the capacity "cap", allocation fill).
+VERIFY_PLAN_FIELDS = (
+    ('verify_slot_indices', 'int64', ('cap',), 0),
+    ('verify_expected_tokens', 'int64', ('cap',), -1),
+    ('verify_expected_positions', 'int64', ('cap',), 0),
+    ('verify_prev_slot_indices', 'int64', ('cap',), 0),
+    ('verify_num_valid', 'int32', (1,), 0),
+    ('enable', 'int32', (1,), 1),
+)
+WRITE_PLAN_FIELDS = (
+    ('write_offsets', 'int64', ('cap+1',), 0),
+    ('write_seed_slot_indices', 'int64', ('cap',), -1),
+    ('write_num_valid_reqs', 'int32', (1,), 0),
+)
+
+
+# The operations that launch a kernel template of their own name (the plan runs its two stages').
+KERNEL_OPERATIONS = ('write', 'verify', 'plan_offsets', 'plan_entries', 'scatter', )
+
+
+@dataclass(frozen=True)
+class OperationRules:
+    """The tensors of one operation and what each must be (kv_canary/launch/validation.py checks them).
+
+    `rules[i]` = (name, dtype, dims, role, optional, contiguous, align, align_words, overlap name) of
+    the tensor `tensors(arguments)[i]`. dims: per dimension an int, None (any size), a symbol that
+    its first rule binds ("n") or a symbol plus one ("n+1"). Every tensor is on the device of the
+    first; no "input" may share memory with an "output".
+    """
+    device_of: str
+    rules: tuple
+    tensors: Callable               # operation arguments (a dict) -> the tensors, in rule order
+    arguments: Callable             # the operation's keywords -> them as a dict (defaults filled in)
+
+
+def _arguments_write(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
+                     expected_input_tokens=None, expected_input_positions=None, extra_inputs=None) -> dict:
+    return {'context': context, 'plan': plan, 'input_ids': input_ids, 'positions': positions,
+            'out_cache_loc': out_cache_loc, 'enable_write_input_assert': enable_write_input_assert,
+            'expected_input_tokens': expected_input_tokens,
+            'expected_input_positions': expected_input_positions, 'extra_inputs': extra_inputs}
+
+
+def _tensors_write(a: dict) -> tuple:
+    context = a['context']
+    plan = a['plan']
+    input_ids = a['input_ids']
+    positions = a['positions']
+    out_cache_loc = a['out_cache_loc']
+    expected_input_tokens = a['expected_input_tokens']
+    expected_input_positions = a['expected_input_positions']
+    return (
+        context.canary_buf,
+        context.violation_ring,
+        context.violation_write_index,
+        context.slot_run_counter,
+        context.kernel_run_counter,
+        context.enable_chain_position_assert,
+        getattr(context, 'violation_reason_counts', None),
+        plan.write_seed_slot_indices,
+        plan.write_offsets,
+        plan.write_num_valid_reqs,
+        input_ids,
+        positions,
+        out_cache_loc,
+        expected_input_tokens,
+        expected_input_positions,
+    )
+
+
+def _arguments_verify(*, context, plan, check_verify_expected_token, extra_slot_tables=None) -> dict:
+    return {'context': context, 'plan': plan, 'check_verify_expected_token': check_verify_expected_token,
+            'extra_slot_tables': extra_slot_tables}
+
+
+def _tensors_verify(a: dict) -> tuple:
+    context = a['context']
+    plan = a['plan']
+    return (
+        context.canary_buf,
+        context.violation_ring,
+        context.violation_write_index,
+        context.slot_run_counter,
+        context.kernel_run_counter,
+        context.enable_chain_position_assert,
+        getattr(context, 'violation_reason_counts', None),
+        plan.verify_slot_indices,
+        plan.verify_expected_tokens,
+        plan.verify_expected_positions,
+        plan.verify_prev_slot_indices,
+        plan.verify_num_valid,
+        plan.enable,
+    )
+
+
+def _arguments_plan(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
+                    req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
+                    req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
+                    kv_token_id_vs_position_offset=0, extra_request_values=None) -> dict:
+    return {'verify_plan_out': verify_plan_out, 'write_plan_out': write_plan_out,
+            'req_pool_indices': req_pool_indices, 'prefix_lens': prefix_lens,
+            'extend_seq_lens': extend_seq_lens, 'req_to_token': req_to_token,
+            'swa_window_size': swa_window_size, 'full_to_swa_index_mapping': full_to_swa_index_mapping,
+            'verify_capacity': verify_capacity,
+            'req_to_verify_expected_tokens': req_to_verify_expected_tokens,
+            'req_to_verify_expected_tokens_valid_lens': req_to_verify_expected_tokens_valid_lens,
+            'kv_token_id_vs_position_offset': kv_token_id_vs_position_offset,
+            'extra_request_values': extra_request_values}
+
+
+def _tensors_plan(a: dict) -> tuple:
+    req_to_token = a['req_to_token']
+    verify_plan_out = a['verify_plan_out']
+    write_plan_out = a['write_plan_out']
+    req_pool_indices = a['req_pool_indices']
+    prefix_lens = a['prefix_lens']
+    extend_seq_lens = a['extend_seq_lens']
+    full_to_swa_index_mapping = a['full_to_swa_index_mapping']
+    req_to_verify_expected_tokens = a['req_to_verify_expected_tokens']
+    req_to_verify_expected_tokens_valid_lens = a['req_to_verify_expected_tokens_valid_lens']
+    return (
+        req_to_token,
+        verify_plan_out.verify_slot_indices,
+        verify_plan_out.verify_expected_tokens,
+        verify_plan_out.verify_expected_positions,
+        verify_plan_out.verify_prev_slot_indices,
+        verify_plan_out.verify_num_valid,
+        verify_plan_out.enable,
+        write_plan_out.write_seed_slot_indices,
+        write_plan_out.write_offsets,
+        write_plan_out.write_num_valid_reqs,
+        req_pool_indices,
+        prefix_lens,
+        extend_seq_lens,
+        full_to_swa_index_mapping,
+        req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens,
+    )
+
+
+def _arguments_plan_offsets(*, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
+                            full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
+                            out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
+                            out_write_num_valid_reqs, swa_window_size, verify_capacity) -> dict:
+    return {'req_pool_indices': req_pool_indices, 'prefix_lens': prefix_lens, 'extend_seq_lens': extend_seq_lens,
+            'req_to_token': req_to_token, 'full_to_swa_index_mapping': full_to_swa_index_mapping,
+            'out_verify_offsets_scratch': out_verify_offsets_scratch,
+            'out_write_offsets': out_write_offsets,
+            'out_write_seed_slot_indices': out_write_seed_slot_indices,
+            'out_verify_num_valid': out_verify_num_valid, 'out_verify_enable': out_verify_enable,
+            'out_write_num_valid_reqs': out_write_num_valid_reqs, 'swa_window_size': swa_window_size,
+            'verify_capacity': verify_capacity}
+
+
+def _tensors_plan_offsets(a: dict) -> tuple:
+    req_to_token = a['req_to_token']
+    out_write_seed_slot_indices = a['out_write_seed_slot_indices']
+    out_write_offsets = a['out_write_offsets']
+    out_verify_num_valid = a['out_verify_num_valid']
+    out_verify_enable = a['out_verify_enable']
+    out_write_num_valid_reqs = a['out_write_num_valid_reqs']
+    req_pool_indices = a['req_pool_indices']
+    prefix_lens = a['prefix_lens']
+    extend_seq_lens = a['extend_seq_lens']
+    out_verify_offsets_scratch = a['out_verify_offsets_scratch']
+    full_to_swa_index_mapping = a['full_to_swa_index_mapping']
+    return (
+        req_to_token,
+        out_write_seed_slot_indices,
+        out_write_offsets,
+        out_verify_num_valid,
+        out_verify_enable,
+        out_write_num_valid_reqs,
+        req_pool_indices,
+        prefix_lens,
+        extend_seq_lens,
+        out_verify_offsets_scratch,
+        full_to_swa_index_mapping,
+    )
+
+
+def _arguments_plan_entries(*, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
+                            verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens,
+                            req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices,
+                            out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices,
+                            kv_token_id_vs_position_offset, swa_window_size, extra_request_values=None,
+                            out_extra_verify_expected=None) -> dict:
+    return {'req_pool_indices': req_pool_indices, 'prefix_lens': prefix_lens, 'req_to_token': req_to_token,
+            'full_to_swa_index_mapping': full_to_swa_index_mapping,
+            'verify_offsets_scratch': verify_offsets_scratch, 'verify_enable': verify_enable,
+            'req_to_verify_expected_tokens': req_to_verify_expected_tokens,
+            'req_to_verify_expected_tokens_valid_lens': req_to_verify_expected_tokens_valid_lens,
+            'out_verify_slot_indices': out_verify_slot_indices,
+            'out_verify_expected_tokens': out_verify_expected_tokens,
+            'out_verify_expected_positions': out_verify_expected_positions,
+            'out_verify_prev_slot_indices': out_verify_prev_slot_indices,
+            'kv_token_id_vs_position_offset': kv_token_id_vs_position_offset,
+            'swa_window_size': swa_window_size, 'extra_request_values': extra_request_values,
+            'out_extra_verify_expected': out_extra_verify_expected}
+
+
+def _tensors_plan_entries(a: dict) -> tuple:
+    req_to_token = a['req_to_token']
+    out_verify_slot_indices = a['out_verify_slot_indices']
+    out_verify_expected_tokens = a['out_verify_expected_tokens']
+    out_verify_expected_positions = a['out_verify_expected_positions']
+    out_verify_prev_slot_indices = a['out_verify_prev_slot_indices']
+    verify_enable = a['verify_enable']
+    req_pool_indices = a['req_pool_indices']
+    prefix_lens = a['prefix_lens']
+    verify_offsets_scratch = a['verify_offsets_scratch']
+    full_to_swa_index_mapping = a['full_to_swa_index_mapping']
+    req_to_verify_expected_tokens = a['req_to_verify_expected_tokens']
+    req_to_verify_expected_tokens_valid_lens = a['req_to_verify_expected_tokens_valid_lens']
+    return (
+        req_to_token,
+        out_verify_slot_indices,
+        out_verify_expected_tokens,
+        out_verify_expected_positions,
+        out_verify_prev_slot_indices,
+        verify_enable,
+        req_pool_indices,
+        prefix_lens,
+        verify_offsets_scratch,
+        full_to_swa_index_mapping,
+        req_to_verify_expected_tokens,
+        req_to_verify_expected_tokens_valid_lens,
+    )
+
+
+def _arguments_scatter(*, flat_in, offsets, req_pool_indices, pool_out) -> dict:
+    return {'flat_in': flat_in, 'offsets': offsets, 'req_pool_indices': req_pool_indices, 'pool_out': pool_out}
+
+
+def _tensors_scatter(a: dict) -> tuple:
+    pool_out = a['pool_out']
+    flat_in = a['flat_in']
+    req_pool_indices = a['req_pool_indices']
+    offsets = a['offsets']
+    return (
+        pool_out,
+        flat_in,
+        req_pool_indices,
+        offsets,
+    )
+
+
+OPERATIONS = {
+    'write': OperationRules(
+        device_of='canary_buf',
+        rules=(
+            ('canary_buf', 'uint8', ('slots', None), 'output', False, True, 8, '8-byte record words', 'canary_buf'),
+            ('violation_ring', 'int64', ('ring', 8), 'output', False, True, 0, '', 'violation_ring'),
+            ('violation_write_index', 'int32', (1,), 'output', False, True, 0, '', 'violation_write_index'),
+            ('slot_run_counter', 'int64', (1,), 'output', False, True, 0, '', 'slot_run_counter'),
+            ('kernel_run_counter', 'int64', (1,), 'output', False, True, 0, '', 'kernel_run_counter'),
+            ('enable_chain_position_assert', 'int32', (1,), 'input', False, True, 0, '', 'enable_chain_position_assert'),
+            ('violation_reason_counts', 'int64', (7,), 'output', True, True, 0, '', 'violation_reason_counts'),
+            ('plan.write_seed_slot_indices', 'int64', ('wcap',), 'input', False, True, 0, '', 'plan.write_seed_slot_indices'),
+            ('plan.write_offsets', 'int64', ('wcap+1',), 'input', False, True, 0, '', 'plan.write_offsets'),
+            ('plan.write_num_valid_reqs', 'int32', (1,), 'input', False, True, 0, '', 'plan.write_num_valid_reqs'),
+            ('input_ids', 'int64', ('n',), 'input', False, True, 0, '', 'input_ids'),
+            ('positions', 'int64', ('n',), 'input', False, True, 0, '', 'positions'),
+            ('out_cache_loc', 'int64', ('n',), 'input', False, True, 0, '', 'out_cache_loc'),
+            ('expected_input_tokens', 'int64', ('n',), 'input', True, True, 0, '', 'expected_input_tokens'),
+            ('expected_input_positions', 'int64', ('n',), 'input', True, True, 0, '', 'expected_input_positions'),
+        ),
+        tensors=_tensors_write,
+        arguments=_arguments_write,
+    ),
+    'verify': OperationRules(
+        device_of='canary_buf',
+        rules=(
+            ('canary_buf', 'uint8', ('slots', None), 'input', False, True, 8, '8-byte record words', 'canary_buf'),
+            ('violation_ring', 'int64', ('ring', 8), 'output', False, True, 0, '', 'violation_ring'),
+            ('violation_write_index', 'int32', (1,), 'output', False, True, 0, '', 'violation_write_index'),
+            ('slot_run_counter', 'int64', (1,), 'output', False, True, 0, '', 'slot_run_counter'),
+            ('kernel_run_counter', 'int64', (1,), 'output', False, True, 0, '', 'kernel_run_counter'),
+            ('enable_chain_position_assert', 'int32', (1,), 'input', False, True, 0, '', 'enable_chain_position_assert'),
+            ('violation_reason_counts', 'int64', (7,), 'output', True, True, 0, '', 'violation_reason_counts'),
+            ('plan.verify_slot_indices', 'int64', ('cap',), 'input', False, True, 0, '', 'plan.verify_slot_indices'),
+            ('plan.verify_expected_tokens', 'int64', ('cap',), 'input', False, True, 0, '', 'plan.verify_expected_tokens'),
+            ('plan.verify_expected_positions', 'int64', ('cap',), 'input', False, True, 0, '', 'plan.verify_expected_positions'),
+            ('plan.verify_prev_slot_indices', 'int64', ('cap',), 'input', False, True, 0, '', 'plan.verify_prev_slot_indices'),
+            ('plan.verify_num_valid', 'int32', (1,), 'input', False, True, 0, '', 'plan.verify_num_valid'),
+            ('plan.enable', 'int32', (1,), 'input', False, True, 0, '', 'plan.enable'),
+        ),
+        tensors=_tensors_verify,
+        arguments=_arguments_verify,
+    ),
+    'plan': OperationRules(
+        device_of='req_to_token',
+        rules=(
+            ('req_to_token', 'int32', ('rows', 'cols'), 'input', False, True, 0, '', 'req_to_token'),
+            ('plan.verify_slot_indices', 'int64', ('cap',), 'output', False, True, 0, '', 'verify_plan_out.verify_slot_indices'),
+            ('plan.verify_expected_tokens', 'int64', ('cap',), 'output', False, True, 0, '', 'verify_plan_out.verify_expected_tokens'),
+            ('plan.verify_expected_positions', 'int64', ('cap',), 'output', False, True, 0, '', 'verify_plan_out.verify_expected_positions'),
+            ('plan.verify_prev_slot_indices', 'int64', ('cap',), 'output', False, True, 0, '', 'verify_plan_out.verify_prev_slot_indices'),
+            ('plan.verify_num_valid', 'int32', (1,), 'output', False, True, 0, '', 'verify_plan_out.verify_num_valid'),
+            ('plan.enable', 'int32', (1,), 'output', False, True, 0, '', 'verify_plan_out.enable'),
+            ('plan.write_seed_slot_indices', 'int64', ('wcap',), 'output', False, True, 0, '', 'write_plan_out.write_seed_slot_indices'),
+            ('plan.write_offsets', 'int64', ('wcap+1',), 'output', False, True, 0, '', 'write_plan_out.write_offsets'),
+            ('plan.write_num_valid_reqs', 'int32', (1,), 'output', False, True, 0, '', 'write_plan_out.write_num_valid_reqs'),
+            ('req_pool_indices', 'int64', ('bs',), 'input', False, True, 0, '', 'req_pool_indices'),
+            ('prefix_lens', 'int64', ('bs',), 'input', False, True, 0, '', 'prefix_lens'),
+            ('extend_seq_lens', 'int64', ('bs',), 'input', False, True, 0, '', 'extend_seq_lens'),
+            ('full_to_swa_index_mapping', 'int64', (None,), 'input', True, True, 0, '', 'full_to_swa_index_mapping'),
+            ('req_to_verify_expected_tokens', 'int32', (None, None), 'input', True, True, 0, '', 'req_to_verify_expected_tokens'),
+            ('req_to_verify_expected_tokens_valid_lens', 'int64', ('bs',), 'input', True, True, 0, '', 'req_to_verify_expected_tokens_valid_lens'),
+        ),
+        tensors=_tensors_plan,
+        arguments=_arguments_plan,
+    ),
+    'plan_offsets': OperationRules(
+        device_of='req_to_token',
+        rules=(
+            ('req_to_token', 'int32', ('rows', 'cols'), 'input', False, True, 0, '', 'req_to_token'),
+            ('out_write_seed_slot_indices', 'int64', ('wcap',), 'output', False, True, 0, '', 'out_write_seed_slot_indices'),
+            ('out_write_offsets', 'int64', ('wcap+1',), 'output', False, True, 0, '', 'out_write_offsets'),
+            ('out_verify_num_valid', 'int32', (1,), 'output', False, True, 0, '', 'out_verify_num_valid'),
+            ('out_verify_enable', 'int32', (1,), 'output', False, True, 0, '', 'out_verify_enable'),
+            ('out_write_num_valid_reqs', 'int32', (1,), 'output', False, True, 0, '', 'out_write_num_valid_reqs'),
+            ('req_pool_indices', 'int64', ('bs',), 'input', False, True, 0, '', 'req_pool_indices'),
+            ('prefix_lens', 'int64', ('bs',), 'input', False, True, 0, '', 'prefix_lens'),
+            ('extend_seq_lens', 'int64', ('bs',), 'input', False, True, 0, '', 'extend_seq_lens'),
+            ('out_verify_offsets_scratch', 'int64', (None,), 'output', False, True, 0, '', 'out_verify_offsets_scratch'),
+            ('full_to_swa_index_mapping', 'int64', (None,), 'input', True, True, 0, '', 'full_to_swa_index_mapping'),
+        ),
+        tensors=_tensors_plan_offsets,
+        arguments=_arguments_plan_offsets,
+    ),
+    'plan_entries': OperationRules(
+        device_of='req_to_token',
+        rules=(
+            ('req_to_token', 'int32', ('rows', 'cols'), 'input', False, True, 0, '', 'req_to_token'),
+            ('out_verify_slot_indices', 'int64', ('cap',), 'output', False, True, 0, '', 'out_verify_slot_indices'),
+            ('out_verify_expected_tokens', 'int64', ('cap',), 'output', False, True, 0, '', 'out_verify_expected_tokens'),
+            ('out_verify_expected_positions', 'int64', ('cap',), 'output', False, True, 0, '', 'out_verify_expected_positions'),
+            ('out_verify_prev_slot_indices', 'int64', ('cap',), 'output', False, True, 0, '', 'out_verify_prev_slot_indices'),
+            ('verify_enable', 'int32', (1,), 'input', False, True, 0, '', 'verify_enable'),
+            ('req_pool_indices', 'int64', ('bs',), 'input', False, True, 0, '', 'req_pool_indices'),
+            ('prefix_lens', 'int64', ('bs',), 'input', False, True, 0, '', 'prefix_lens'),
+            ('verify_offsets_scratch', 'int64', (None,), 'input', False, True, 0, '', 'verify_offsets_scratch'),
+            ('full_to_swa_index_mapping', 'int64', (None,), 'input', True, True, 0, '', 'full_to_swa_index_mapping'),
+            ('req_to_verify_expected_tokens', 'int32', (None, None), 'input', True, True, 0, '', 'req_to_verify_expected_tokens'),
+            ('req_to_verify_expected_tokens_valid_lens', 'int64', ('bs',), 'input', True, True, 0, '', 'req_to_verify_expected_tokens_valid_lens'),
+        ),
+        tensors=_tensors_plan_entries,
+        arguments=_arguments_plan_entries,
+    ),
+    'scatter': OperationRules(
+        device_of='pool_out',
+        rules=(
+            ('pool_out', 'int32', (None, None), 'output', False, False, 0, '', 'pool_out'),
+            ('flat_in', 'int64', (None,), 'input', False, True, 0, '', 'flat_in'),
+            ('req_pool_indices', 'int64', ('bs',), 'input', False, True, 0, '', 'req_pool_indices'),
+            ('offsets', 'int64', ('bs+1',), 'input', False, True, 0, '', 'offsets'),
+        ),
+        tensors=_tensors_scatter,
+        arguments=_arguments_scatter,
     ),
 }
 

@@ -1,0 +1,438 @@
+"""The operation table: every operation of the launch path described once.
+
+One `Operation` per backend operation (write, verify, plan and its two stages, scatter). Everything
+that used to list operations by hand is rendered or derived from this table:
+
+- the kernel templates a schema may name (`KERNEL_TEMPLATES`: launch shapes and specialisations,
+  what codegen/checks.py checks kernels.yaml against) and the kernel's parameters in ABI order
+  (`params`: the CUDA signature, the emulation launcher and the Python binding;
+  codegen/kernel_abi.py builds the parameter lists);
+- the operation's keywords (SGLang's keyword-only arguments with their defaults, the input-field
+  keywords a schema's fields make appear): the binding functions of generated/kernel_abi.py and the
+  public launch rows of codegen/launches.py;
+- the per-tensor rules (dtype, dims, device, contiguity, alignment, input or output) that
+  kv_canary/launch/validation.py checks at every launch, rendered as data into generated/kernel_abi.py
+  (`OPERATIONS`), with the expressions that reach each tensor from the operation's arguments;
+- the plan data classes' fields (`verify_plan_fields`, `WRITE_PLAN_FIELDS`) and the "unknown"
+  sentinel they start with, rendered for kv_canary/launch/allocation.py.
+
+Adding an operation is one entry here (docs/adding-a-kernel.md lists what else it touches).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from .kernel_abi import (
+    C_TYPES,
+    ELEMENT_KINDS,
+    KIND_RANGES,
+    REAL_KV_SOURCE_PARAMS,
+    REAL_KV_TAIL_PARAMS,
+    Param,
+    plan_entries_params,
+    plan_offsets_params,
+    scatter_params,
+    verify_params,
+    write_params,
+)
+from .model import Kernel, Schema
+
+# The value of an expected entry (a plan's expected tokens and fields) that is not checked, and of
+# a write seed that is the chain head: SEMANTICS.md §5 calls it "unknown".
+UNKNOWN = -1
+
+ROLES = ("input", "output")
+
+
+@dataclass(frozen=True)
+class KernelTemplateSpec:
+    """What a kernel template accepts: launch shapes and compile-time specialisations."""
+    shapes: tuple[str, ...]
+    specializations: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Keyword:
+    """One keyword argument of an operation, in SGLang's order."""
+    name: str
+    default: Optional[str] = None   # Python source of the default; None: required
+    # An input-field keyword ({field: tensor}): the Record property naming its fields, and what it
+    # maps them to. It appears in a public signature only when the schema has such fields.
+    fields: str = ""
+    what: str = ""
+
+
+@dataclass(frozen=True)
+class TensorRule:
+    """One tensor an operation reads or writes, and what it must be.
+
+    `dims`: per dimension an int, None (any size), a symbol ("n": the first rule naming it binds it
+    to the size it finds, the next ones must match) or a symbol plus one ("cap+1"). Every tensor is
+    on the device of the operation's first tensor, is checked against its storage, and is an input
+    or an output: no input may share memory with an output of the same launch.
+    """
+    name: str                       # as messages name it
+    path: str                       # Python expression over the operation's arguments
+    dtype: str                      # torch dtype name
+    dims: tuple
+    role: str                       # one of ROLES
+    optional: bool = False          # None is allowed (and not checked)
+    contiguous: bool = True
+    align: int = 0                  # bytes the kernels read it in (0: its element size)
+    align_words: str = ""           # what those words are (the alignment message)
+    overlap_name: str = ""          # the name in overlap messages, when it differs from `name`
+
+    @property
+    def overlap_label(self) -> str:
+        return self.overlap_name or self.name
+
+
+@dataclass(frozen=True)
+class DataField:
+    """A tensor field of a launch data class and how allocate() fills it."""
+    name: str
+    dtype: str
+    dims: tuple                     # as TensorRule.dims; the capacity symbol is the class's
+    fill: int = 0
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str                       # backend operation and validator (validate_<name>)
+    keywords: tuple[Keyword, ...]   # the operation's keyword arguments, in order
+    device_of: str                  # the tensor whose device the others must share (its rule's name)
+    tensors: Callable[[Schema], tuple[TensorRule, ...]]
+    # The kernel template of the same name (None: an operation that runs other operations' kernels).
+    kernel: Optional[KernelTemplateSpec] = None
+    params: Optional[Callable[[Schema], tuple[Param, ...]]] = None
+    real_kv: bool = False           # the binding also takes `kv`, the context's real-KV parameters
+
+    @property
+    def binding_args(self) -> tuple[str, ...]:
+        """The keywords of the generated binding functions (their parameter values are expressions over them)."""
+        return tuple(k.name for k in self.keywords) + (("kv",) if self.real_kv else ())
+
+
+# -- the plan data classes -----------------------------------------------------------------------
+def verify_plan_fields(schema: Schema) -> tuple[DataField, ...]:
+    """VerifyPlan: int64 arrays of the capacity (expected values start unknown), the int32 scalars,
+    then one expected array per input field verified per request."""
+    per_request = tuple(DataField(f"verify_expected_{f.name}", "int64", ("cap",), UNKNOWN)
+                        for f in schema.canary.per_request_fields)
+    return (DataField("verify_slot_indices", "int64", ("cap",)),
+            DataField("verify_expected_tokens", "int64", ("cap",), UNKNOWN),
+            DataField("verify_expected_positions", "int64", ("cap",)),
+            DataField("verify_prev_slot_indices", "int64", ("cap",)),
+            DataField("verify_num_valid", "int32", (1,)),
+            DataField("enable", "int32", (1,), 1),  # SGLang's default: enabled
+            *per_request)
+
+
+WRITE_PLAN_FIELDS = (
+    DataField("write_offsets", "int64", ("cap+1",)),
+    DataField("write_seed_slot_indices", "int64", ("cap",), UNKNOWN),  # unknown: the chain head
+    DataField("write_num_valid_reqs", "int32", (1,)),
+)
+
+
+def _plan_rules(fields, arg: str, symbol: str, role: str, *, label: str) -> tuple[TensorRule, ...]:
+    """A plan data class's tensors: the field that binds the capacity first, then the others in order."""
+    def rule(f: DataField) -> TensorRule:
+        dims = tuple(d.replace("cap", symbol) if isinstance(d, str) else d for d in f.dims)
+        name = f"{label}.{f.name}"
+        return TensorRule(name, f"{arg}.{f.name}", f.dtype, dims, role,
+                          overlap_name="" if arg == label else f"{arg}.{f.name}")
+    binder = next(f for f in fields if f.dims == ("cap",))
+    return (rule(binder), *(rule(f) for f in fields if f is not binder))
+
+
+def _mapping_rules(schema: Schema, keyword: str, fields: str, dims: tuple, role: str) -> tuple[TensorRule, ...]:
+    return tuple(TensorRule(f"{keyword}[{f.name!r}]", f"{keyword}[{f.name!r}]", "int64", dims, role)
+                 for f in getattr(schema.canary, fields))
+
+
+# -- per-tensor rules of each operation, in the order they are checked ----------------------------
+def _context_rules(schema: Schema, canary_buf_role: str) -> tuple[TensorRule, ...]:
+    word = schema.canary.word_bytes
+    return (
+        TensorRule("canary_buf", "context.canary_buf", "uint8", ("slots", None), canary_buf_role, align=word,
+                   align_words=f"{word}-byte record words"),
+        TensorRule("violation_ring", "context.violation_ring", "int64", ("ring", len(schema.violation.fields)),
+                   "output"),
+        TensorRule("violation_write_index", "context.violation_write_index", "int32", (1,), "output"),
+        TensorRule("slot_run_counter", "context.slot_run_counter", "int64", (1,), "output"),
+        TensorRule("kernel_run_counter", "context.kernel_run_counter", "int64", (1,), "output"),
+        TensorRule("enable_chain_position_assert", "context.enable_chain_position_assert", "int32", (1,), "input"),
+        # [extension] optional per-reason totals; getattr: an SGLang-style context object has no such field.
+        TensorRule("violation_reason_counts", "getattr(context, 'violation_reason_counts', None)", "int64",
+                   (len(schema.fail_reason.members),), "output", optional=True),
+    )
+
+
+def write_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    return (
+        *_context_rules(schema, "output"),
+        *_plan_rules(WRITE_PLAN_FIELDS, "plan", "wcap", "input", label="plan"),
+        TensorRule("input_ids", "input_ids", "int64", ("n",), "input"),
+        TensorRule("positions", "positions", "int64", ("n",), "input"),
+        TensorRule("out_cache_loc", "out_cache_loc", "int64", ("n",), "input"),
+        TensorRule("expected_input_tokens", "expected_input_tokens", "int64", ("n",), "input", optional=True),
+        TensorRule("expected_input_positions", "expected_input_positions", "int64", ("n",), "input", optional=True),
+        *_mapping_rules(schema, "extra_inputs", "input_fields", ("n",), "input"),
+    )
+
+
+def verify_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    return (
+        *_context_rules(schema, "input"),
+        *_plan_rules(verify_plan_fields(schema), "plan", "cap", "input", label="plan"),
+        *_mapping_rules(schema, "extra_slot_tables", "per_slot_fields", ("slots",), "input"),
+    )
+
+
+def _request_rules(*, extend: bool) -> tuple[TensorRule, ...]:
+    """The plan's request arrays, int64 [bs]."""
+    return (TensorRule("req_pool_indices", "req_pool_indices", "int64", ("bs",), "input"),
+            TensorRule("prefix_lens", "prefix_lens", "int64", ("bs",), "input"),
+            *((TensorRule("extend_seq_lens", "extend_seq_lens", "int64", ("bs",), "input"),) if extend else ()))
+
+
+_REQ_TO_TOKEN = TensorRule("req_to_token", "req_to_token", "int32", ("rows", "cols"), "input")
+_SWA_LUT = TensorRule("full_to_swa_index_mapping", "full_to_swa_index_mapping", "int64", (None,), "input",
+                      optional=True)
+_EXPECTED_POOL = (
+    TensorRule("req_to_verify_expected_tokens", "req_to_verify_expected_tokens", "int32", (None, None), "input",
+               optional=True),
+    TensorRule("req_to_verify_expected_tokens_valid_lens", "req_to_verify_expected_tokens_valid_lens", "int64",
+               ("bs",), "input", optional=True),
+)
+
+
+def plan_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    return (
+        _REQ_TO_TOKEN,
+        *_plan_rules(verify_plan_fields(schema), "verify_plan_out", "cap", "output", label="plan"),
+        *_plan_rules(WRITE_PLAN_FIELDS, "write_plan_out", "wcap", "output", label="plan"),
+        *_request_rules(extend=True),
+        _SWA_LUT,
+        *_EXPECTED_POOL,
+        *_mapping_rules(schema, "extra_request_values", "per_request_fields", ("bs",), "input"),
+    )
+
+
+def plan_offsets_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    return (
+        _REQ_TO_TOKEN,
+        TensorRule("out_write_seed_slot_indices", "out_write_seed_slot_indices", "int64", ("wcap",), "output"),
+        TensorRule("out_write_offsets", "out_write_offsets", "int64", ("wcap+1",), "output"),
+        TensorRule("out_verify_num_valid", "out_verify_num_valid", "int32", (1,), "output"),
+        TensorRule("out_verify_enable", "out_verify_enable", "int32", (1,), "output"),
+        TensorRule("out_write_num_valid_reqs", "out_write_num_valid_reqs", "int32", (1,), "output"),
+        *_request_rules(extend=True),
+        TensorRule("out_verify_offsets_scratch", "out_verify_offsets_scratch", "int64", (None,), "output"),
+        _SWA_LUT,
+    )
+
+
+def plan_entries_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    return (
+        _REQ_TO_TOKEN,
+        TensorRule("out_verify_slot_indices", "out_verify_slot_indices", "int64", ("cap",), "output"),
+        TensorRule("out_verify_expected_tokens", "out_verify_expected_tokens", "int64", ("cap",), "output"),
+        TensorRule("out_verify_expected_positions", "out_verify_expected_positions", "int64", ("cap",), "output"),
+        TensorRule("out_verify_prev_slot_indices", "out_verify_prev_slot_indices", "int64", ("cap",), "output"),
+        TensorRule("verify_enable", "verify_enable", "int32", (1,), "input"),
+        *_request_rules(extend=False),
+        TensorRule("verify_offsets_scratch", "verify_offsets_scratch", "int64", (None,), "input"),
+        _SWA_LUT,
+        *_EXPECTED_POOL,
+        *_mapping_rules(schema, "extra_request_values", "per_request_fields", ("bs",), "input"),
+        *_mapping_rules(schema, "out_extra_verify_expected", "per_request_fields", ("cap",), "output"),
+    )
+
+
+def scatter_rules(schema: Schema) -> tuple[TensorRule, ...]:
+    # pool_out may be a view with padded rows (SGLang's scatter steps rows by stride(0) too).
+    return (
+        TensorRule("pool_out", "pool_out", "int32", (None, None), "output", contiguous=False),
+        TensorRule("flat_in", "flat_in", "int64", (None,), "input"),
+        TensorRule("req_pool_indices", "req_pool_indices", "int64", ("bs",), "input"),
+        TensorRule("offsets", "offsets", "int64", ("bs+1",), "input"),
+    )
+
+
+# -- the table ---------------------------------------------------------------------------------------
+_EXTRA_INPUTS = Keyword("extra_inputs", fields="input_fields", what="int64 per-token tensor")
+_EXTRA_SLOT_TABLES = Keyword("extra_slot_tables", fields="per_slot_fields", what="int64 [num_slots] tensor")
+_EXTRA_REQUEST_VALUES = Keyword("extra_request_values", fields="per_request_fields", what="int64 [bs] tensor")
+_OUT_EXTRA = Keyword("out_extra_verify_expected", fields="per_request_fields",
+                     what="int64 [verify capacity] output tensor")
+
+
+def _kw(*names: str) -> tuple[Keyword, ...]:
+    return tuple(Keyword(n) for n in names)
+
+
+OPERATIONS: dict[str, Operation] = {op.name: op for op in (
+    Operation(
+        "write",
+        (*_kw("context", "plan", "input_ids", "positions", "out_cache_loc", "enable_write_input_assert"),
+         Keyword("expected_input_tokens", "None"), Keyword("expected_input_positions", "None"), _EXTRA_INPUTS),
+        "canary_buf", write_rules,
+        KernelTemplateSpec(("per_request", "block_per_request")), write_params, real_kv=True),
+    Operation(
+        "verify",
+        (*_kw("context", "plan", "check_verify_expected_token"), _EXTRA_SLOT_TABLES),
+        "canary_buf", verify_rules,
+        KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)), verify_params,
+        real_kv=True),
+    # The whole plan: its two stages over a scratch of verify offsets (kv_canary/backends/kernels.py).
+    Operation(
+        "plan",
+        (*_kw("verify_plan_out", "write_plan_out", "req_pool_indices", "prefix_lens", "extend_seq_lens",
+              "req_to_token", "swa_window_size", "full_to_swa_index_mapping", "verify_capacity"),
+         Keyword("req_to_verify_expected_tokens", "None"), Keyword("req_to_verify_expected_tokens_valid_lens", "None"),
+         Keyword("kv_token_id_vs_position_offset", "0"), _EXTRA_REQUEST_VALUES),
+        "req_to_token", plan_rules),
+    # The plan's two stages take SGLang's keywords of launch_plan_offsets_kernel / launch_plan_entries_kernel.
+    Operation(
+        "plan_offsets",
+        _kw("req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token", "full_to_swa_index_mapping",
+            "out_verify_offsets_scratch", "out_write_offsets", "out_write_seed_slot_indices", "out_verify_num_valid",
+            "out_verify_enable", "out_write_num_valid_reqs", "swa_window_size", "verify_capacity"),
+        "req_to_token", plan_offsets_rules, KernelTemplateSpec(("single_block",)), plan_offsets_params),
+    Operation(
+        "plan_entries",
+        (*_kw("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping", "verify_offsets_scratch",
+              "verify_enable", "req_to_verify_expected_tokens", "req_to_verify_expected_tokens_valid_lens",
+              "out_verify_slot_indices", "out_verify_expected_tokens", "out_verify_expected_positions",
+              "out_verify_prev_slot_indices", "kv_token_id_vs_position_offset", "swa_window_size"),
+         _EXTRA_REQUEST_VALUES, _OUT_EXTRA),
+        "req_to_token", plan_entries_rules, KernelTemplateSpec(("per_entry", "persistent", "fixed_grid")),
+        plan_entries_params),
+    Operation(
+        "scatter", _kw("flat_in", "offsets", "req_pool_indices", "pool_out"),
+        "pool_out", scatter_rules, KernelTemplateSpec(("per_request",)), scatter_params),
+)}
+
+# kernels.yaml `template:` -> what it accepts (the keys are the templates codegen knows).
+KERNEL_TEMPLATES = {name: op.kernel for name, op in OPERATIONS.items() if op.kernel is not None}
+
+# The input-field keywords: keyword -> (the Record property naming its fields, what it maps them to).
+FIELD_KEYWORDS = {k.name: (k.fields, k.what) for op in OPERATIONS.values() for k in op.keywords if k.fields}
+
+
+def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
+    return OPERATIONS[kernel.template].params(schema)
+
+
+def _narrowest(a: str, b: str) -> str:
+    (alo, ahi), (blo, bhi) = KIND_RANGES[a], KIND_RANGES[b]
+    return a if (alo, ahi) == (max(alo, blo), min(ahi, bhi)) else b
+
+
+def argument_kinds(schema: Schema) -> dict[str, str]:
+    """Python arguments whose value must fit a C integer of the kernels -> that integer's kind.
+
+    Three ways a value reaches one: a scalar parameter whose value is the operation argument itself
+    (`swa_window_size`), a real-KV parameter taken from a RealKvSource field (`RealKvSource.page_size`),
+    and a capacity whose count a kernel stores through an `int*` (`verify_capacity`). Where several
+    parameters take one argument, the narrowest type wins.
+    """
+    out: dict[str, str] = {}
+
+    def add(argument: str, kind: str) -> None:
+        out[argument] = _narrowest(out[argument], kind) if argument in out else kind
+
+    for _, ctype, value in REAL_KV_SOURCE_PARAMS:
+        if value.startswith("s.") and C_TYPES[ctype][0] != "ptr":
+            add("RealKvSource." + value[2:], C_TYPES[ctype][0])
+    for kernel in schema.kernels:
+        op = OPERATIONS.get(kernel.template)
+        if op is None or op.params is None:
+            continue
+        for p in kernel_params(schema, kernel):
+            if not p.is_pointer and p.value in op.binding_args:
+                add(p.value, p.kind)
+            if p.holds_count_of:
+                add(p.holds_count_of, ELEMENT_KINDS[p.dtype])
+    return dict(sorted(out.items()))
+
+
+# A scalar parameter that is a tensor's size or stride (or a count of sources) fits int64 by
+# construction: the binding passes it as it is. Every other scalar is range-checked when bound.
+_SIZE = re.compile(r"(\.shape\[\d+\]|\.stride\(\d+\)|\.stride\(\d+\) \* t\.element_size\(\))$|^len\(")
+
+
+def _value_of(param: Param, schema: Schema) -> str:
+    """The expression a parameter's value comes from (a real-KV `kv[i]` resolved to its source)."""
+    m = re.fullmatch(r"kv\[(\d+)\]", param.value)
+    if m is None:
+        return param.value
+    i, per_source = int(m.group(1)), len(REAL_KV_SOURCE_PARAMS)
+    sources = schema.constant("MAX_REAL_KV_SOURCES").value * per_source
+    return REAL_KV_SOURCE_PARAMS[i % per_source][2] if i < sources else REAL_KV_TAIL_PARAMS[i - sources][2]
+
+
+def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
+    """How the generated binding passes each parameter: "address" (already an integer), "ptr" (a
+    tensor the validators require), "nullable" (a tensor or None -> NULL), "size" (an int that fits
+    by construction: a size, a stride, a count of sources), "fits" (an argument the validators
+    range-check against this parameter's C type: argument_kinds) or "checked" (an int range-checked
+    here against its C type)."""
+    op = OPERATIONS[kernel.template]
+    required = {r.path for r in op.tensors(schema) if not r.optional}
+    kinds = argument_kinds(schema)
+    out = []
+    for p in kernel.params:
+        value = re.sub(r" if .* else 0$", "", _value_of(p, schema))
+        argument = "RealKvSource." + value[2:] if value.startswith("s.") else value
+        if p.address:
+            out.append("address")
+        elif p.is_pointer:
+            out.append("ptr" if p.value in required else "nullable")
+        elif _SIZE.search(value) and (p.kind == "i64" or value.startswith("len(")):
+            out.append("size")
+        elif kinds.get(argument) == p.kind:
+            out.append("fits")
+        else:
+            out.append("checked")
+    return tuple(out)
+
+
+def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str], ...]:
+    """(parameter, form, expression) of each item of the generated binding's tuple: a run of real-KV
+    parameters passed as they are is one slice of `kv` (form "splice"; its parameters are in ABI order)."""
+    out: list = []
+    for p, form in zip(kernel.params, binding_forms(schema, kernel)):
+        m = re.fullmatch(r"kv\[(\d+)\]", p.value)
+        if m and form != "checked" and out and out[-1][1] == "splice" and out[-1][3] == int(m.group(1)):
+            first = out[-1][4]
+            out[-1] = (out[-1][0], "splice", f"*kv[{first}:{int(m.group(1)) + 1}]", int(m.group(1)) + 1, first)
+        elif m and form != "checked":
+            i = int(m.group(1))
+            out.append((p, "splice", f"*kv[{i}:{i + 1}]", i + 1, i))
+        else:
+            out.append((p, form, p.value, None, None))
+    return tuple((p, form, expr) for p, form, expr, _, _ in out)
+
+
+def rules_context(schema: Schema) -> dict:
+    """What templates/python/kernel_abi.py.j2 renders the operations from."""
+    return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
+            "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
+            "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
+            "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
+            "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
+
+
+def keyword_decls(op: Operation) -> list[str]:
+    """The operation's keywords as the runtime takes them: an input-field mapping may be left out ({})."""
+    return [k.name if k.default is None and not k.fields else f"{k.name}={k.default or 'None'}" for k in op.keywords]
+
+
+def rule_roots(rules: tuple[TensorRule, ...]) -> tuple[str, ...]:
+    """The operation arguments the rules' paths start from, in first-use order."""
+    return tuple(dict.fromkeys(re.match(r"(?:getattr\()?(\w+)", r.path).group(1) for r in rules))
