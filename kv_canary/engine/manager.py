@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -50,14 +50,14 @@ class _Group:
     name: str                     # the launch-tag group (`full`, `swa`, ...)
     pool: KvPoolView
     num_slots: int
-    bufs: dict                    # half -> canary buffer
-    contexts: dict                # (phase, half, kind) -> VerifyOrWriteContext, kind in {"verify", "write"}
     verify_plan: object
     write_plan: object
     sweep_plan: object
     slot_tables: dict             # input field name -> int64 [num_slots] (allocation epochs, caller tables)
-    out_cache_loc: Optional[torch.Tensor] = None   # int64 [token capacity]: the step's slots in this pool
-    launches: Optional[dict] = None  # (phase, half, kind) or "plan" -> its PreparedLaunch (bound at attach)
+    out_cache_loc: torch.Tensor   # int64 [token capacity]: the step's slots in this pool
+    token_inputs: dict            # input field name -> int64 [token capacity]: the step's per-token values
+    bufs: dict = field(default_factory=dict)      # half -> canary buffer
+    launches: dict = field(default_factory=dict)  # (phase, half, kind) or "plan" -> its PreparedLaunch
 
 
 class CanaryManager(Listened):
@@ -212,15 +212,15 @@ class CanaryManager(Listened):
         self._slot_table = self._allocate_slot_table(engine, cfg)
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
+        self._allocate_inputs(cfg, pools)
+        self._buf_of_tag: dict = {}  # launch tag value -> (group, half) of its canary buffer
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
-        self._allocate_inputs(cfg)
-        self._buf_of_tag = {int(ctx.kernel_kind): (g, half) for g in self.groups
-                            for (phase, half, kind), ctx in g.contexts.items()}
+        self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
+                                     req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
         self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
                                     reason_counts=self.reason_counts, keep_violations=self.keep_violations,
                                     record_of=self._records_of)
         self.monitor = self._make_monitor()
-        self._bind_launches()
 
     def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
         """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
@@ -252,51 +252,74 @@ class CanaryManager(Listened):
                               active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
 
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
-        A, L, dev = self.alloc, self.L, self.device
+        """The group's canary buffers and plans, and every launch it makes, validated and bound once
+        over the manager's fixed buffers."""
+        A, L, dev, bind, b = self.alloc, self.L, self.device, self.rt.bind, self.backend
         storage = pool.storage
-        bufs, contexts = {}, {}
+        g = _Group(name, pool, storage.num_slots, A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev),
+                   A.WritePlan.allocate(write_req_capacity=self.write_capacity, device=dev),
+                   A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
+                   self._slot_tables(name, pool), self._fixed(self.token_capacity),
+                   {f.name: self._fixed(self.token_capacity) for f in L.INPUT_FIELDS})
+        g.launches["plan"] = bind(
+            "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
+            req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
+            extend_seq_lens=self._extend_seq_lens, req_to_token=self._slot_table,
+            swa_window_size=pool.window, full_to_swa_index_mapping=pool.full_to_pool,
+            verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
+            req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
+            kv_token_id_vs_position_offset=0, extra_request_values={n: self._owners for n in self._per_request},
+            backend=b)
+        tables = {n: g.slot_tables[n] for n in self._per_slot}
         for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
             if half not in self.halves:
                 continue
-            bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
+            buf = g.bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
             sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
                                            num_bytes_per_token=storage.bytes_per_token,
                                            read_bytes=storage.bytes_per_token)
                             for t in (tensors[i] for i in self.fingerprinted[name]))
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
-                i = self.tags.index(tag)  # its kernel-run counter
-                for kind in ("verify", "write"):
+                self._buf_of_tag[int(tag)] = (g, half)
+                g.launches[(phase, half, "verify")] = bind(
+                    "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
+                    plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
+                    check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables, backend=b)
+                if phase != SWEEP_PHASE:
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
-                    mode = L.RealKvHashMode.NONE if (phase, kind) == ("head", "write") else self.real_kv_hash_mode
-                    contexts[(phase, half, kind)] = A.VerifyOrWriteContext(
-                        canary_buf=bufs[half], kernel_kind=tag, violation_ring=self.ring,
-                        violation_write_index=self.write_index, slot_run_counter=self.slot_run_counter,
-                        kernel_run_counter=self.kernel_run_counters[i:i + 1], real_kv_sources=sources,
-                        real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
-                        violation_reason_counts=self.reason_counts)
-        return _Group(name, pool, storage.num_slots, bufs, contexts,
-                      A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev),
-                      A.WritePlan.allocate(write_req_capacity=self.write_capacity, device=dev),
-                      A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
-                      self._slot_tables(name, pool))
+                    mode = L.RealKvHashMode.NONE if phase == "head" else self.real_kv_hash_mode
+                    g.launches[(phase, half, "write")] = bind(
+                        "launch_canary_write_kernel", context=self._context(buf, tag, sources, mode), plan=g.write_plan,
+                        input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
+                        enable_write_input_assert=self.enable_write_input_assert, extra_inputs=g.token_inputs,
+                        backend=b, **self._expected)
+        return g
 
-    def _allocate_inputs(self, cfg) -> None:
+    def _context(self, buf: torch.Tensor, tag, sources: tuple, mode):
+        """One launch's context: the canary buffer, the shared ring and counters, the tag's own
+        kernel-run counter."""
+        i = self.tags.index(tag)
+        return self.alloc.VerifyOrWriteContext(
+            canary_buf=buf, kernel_kind=tag, violation_ring=self.ring, violation_write_index=self.write_index,
+            slot_run_counter=self.slot_run_counter, kernel_run_counter=self.kernel_run_counters[i:i + 1],
+            real_kv_sources=sources, real_kv_hash_mode=mode, enable_chain_position_assert=self.chain_flag,
+            violation_reason_counts=self.reason_counts)
+
+    def _fixed(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int64, device=self.device)
+
+    def _allocate_inputs(self, cfg, pools: dict) -> None:
         """Every device input the manager itself passes to a launch, allocated once: steps refill
         these in place (HostStaging), so a captured CUDA graph keeps reading the right addresses."""
-        dev = self.device
-
-        def fixed(n: int) -> torch.Tensor:
-            return torch.zeros(n, dtype=torch.int64, device=dev)
+        fixed = self._fixed
         # No request extends by more than max_ctx tokens in one step; padding rows add one each.
         self.token_capacity = self.write_capacity * cfg.max_ctx
         self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
         self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
-        self._token_inputs = {g.name: {f.name: fixed(self.token_capacity) for f in self.L.INPUT_FIELDS}
-                              for g in self.groups}
-        # The write's input assert: what each batch token should be (None when the assert is off).
-        self._expected_tokens = fixed(self.token_capacity) if self.enable_write_input_assert else None
-        self._expected_positions = fixed(self.token_capacity) if self.enable_write_input_assert else None
+        # The write's input assert: what each batch token should be (no inputs when the assert is off).
+        names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
+        self._expected = {name: fixed(self.token_capacity) for name in names}
         # The batch, staged at every step: request rows beyond the batch are padding (row
         # REQ_POOL_IDX_PADDING, no prefix, no extend), tokens beyond it are never read.
         self._req_pool_indices = fixed(self.write_capacity)
@@ -304,47 +327,11 @@ class CanaryManager(Listened):
         self._extend_seq_lens = fixed(self.write_capacity)
         self._input_ids = fixed(self.token_capacity)
         self._positions = fixed(self.token_capacity)
-        for g in self.groups:
-            g.out_cache_loc = fixed(self.token_capacity)
         self._scatter_flat = fixed(cfg.max_ctx)
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
-        sweep_cap = max(g.num_slots for g in self.groups)
-        self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), dev)
-
-    def _bind_launches(self) -> None:
-        """Every launch the manager makes, validated and bound once over its fixed buffers."""
-        bind, b = self.rt.bind, self.backend
-        expected = {}
-        if self.enable_write_input_assert:
-            expected = {"expected_input_tokens": self._expected_tokens,
-                        "expected_input_positions": self._expected_positions}
-        for g in self.groups:
-            g.launches = {"plan": bind(
-                "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
-                req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
-                extend_seq_lens=self._extend_seq_lens, req_to_token=self._slot_table,
-                swa_window_size=g.pool.window, full_to_swa_index_mapping=g.pool.full_to_pool,
-                verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
-                req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
-                kv_token_id_vs_position_offset=0,
-                extra_request_values={n: self._owners for n in self._per_request}, backend=b)}
-            tables = {n: g.slot_tables[n] for n in self._per_slot}
-            for (phase, half, kind), ctx in g.contexts.items():
-                if kind == "verify":
-                    plan = g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan
-                    g.launches[(phase, half, kind)] = bind(
-                        "launch_canary_verify_kernel", context=ctx, plan=plan,
-                        check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables,
-                        backend=b)
-                elif phase != SWEEP_PHASE:
-                    g.launches[(phase, half, kind)] = bind(
-                        "launch_canary_write_kernel", context=ctx, plan=g.write_plan, input_ids=self._input_ids,
-                        positions=self._positions, out_cache_loc=g.out_cache_loc,
-                        enable_write_input_assert=self.enable_write_input_assert,
-                        extra_inputs=self._token_inputs[g.name], backend=b, **expected)
-        self._scatter = bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
-                             req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=b)
+        sweep_cap = max(p.storage.num_slots for p in pools.values())
+        self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), self.device)
 
     def set_chain_position_assert(self, enabled: bool) -> None:
         """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
@@ -468,14 +455,14 @@ class CanaryManager(Listened):
         known = (positions >= 0) & (positions < self._valid_lens[req])
         column = positions.clamp(0, self.req_pool.shape[1] - 1)
         tokens = self.req_pool[batch.req_pool_indices[req], column].to(torch.int64)
-        self._expected_tokens[:n].copy_(torch.where(known, tokens, batch.input_ids))
-        self._expected_positions[:n].copy_(positions)
+        self._expected["expected_input_tokens"][:n].copy_(torch.where(known, tokens, batch.input_ids))
+        self._expected["expected_input_positions"][:n].copy_(positions)
 
     def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> None:
         """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
         n = int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
-            buf = self._token_inputs[g.name][f.name][:n]
+            buf = g.token_inputs[f.name][:n]
             if f.source == "request_id":
                 buf.copy_(batch.token_rids)
             else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots

@@ -73,10 +73,7 @@ class CanaryMetrics:
         for counter in (self.violation_rows, self.rows_lost, self.protected_tokens):
             counter.labels(**self.labels)
         self.healthy.labels(**self.labels).set(1)
-        self._seen_rows = {"total": 0, "lost": 0}
-        self._seen_tag_reason: dict = {}
-        self._seen_runs = [0] * len(self.tags)
-        self._seen_tokens = 0
+        self._seen: dict = {}   # (metric, label values) -> the total it was last brought to
         self._pending: list[CounterSnapshot] = []
         manager.add_listener(self)
         self.on_drain()
@@ -85,17 +82,10 @@ class CanaryMetrics:
     def on_drain(self) -> None:
         """Add the rows the manager drained since the previous update."""
         st = self.manager.stats
-        for key, n in st.by_tag_reason.items():
-            delta = n - self._seen_tag_reason.get(key, 0)
-            if delta:
-                tag, reason = key
-                self.violations.labels(**self.labels, launch_tag=tag, fail_reason=sglang_reason_name(reason)).inc(delta)
-                self._seen_tag_reason[key] = n
-        for name, counter in (("total", self.violation_rows), ("lost", self.rows_lost)):
-            delta = getattr(st, name) - self._seen_rows[name]
-            if delta:
-                counter.labels(**self.labels).inc(delta)
-                self._seen_rows[name] = getattr(st, name)
+        for (tag, reason), n in st.by_tag_reason.items():
+            self._advance(self.violations, n, launch_tag=tag, fail_reason=sglang_reason_name(reason))
+        self._advance(self.violation_rows, st.total)
+        self._advance(self.rows_lost, st.lost)
 
     def after_step(self, step: int) -> None:
         """Every `read_every` steps, copy the device counters (asynchronously); apply the copies that
@@ -126,14 +116,17 @@ class CanaryMetrics:
         return CounterSnapshot([self.manager.kernel_run_counters, self.manager.slot_run_counter])
 
     def _apply(self, values: list[int]) -> None:
-        runs, tokens = values[:len(self.tags)], values[len(self.tags)]
-        for i, (tag, n) in enumerate(zip(self.tags, runs)):
-            if n > self._seen_runs[i]:
-                self.kernel_runs.labels(**self.labels, launch_tag=tag).inc(n - self._seen_runs[i])
-                self._seen_runs[i] = n
-        if tokens > self._seen_tokens:
-            self.protected_tokens.labels(**self.labels).inc(tokens - self._seen_tokens)
-            self._seen_tokens = tokens
+        for tag, n in zip(self.tags, values):
+            self._advance(self.kernel_runs, n, launch_tag=tag)
+        self._advance(self.protected_tokens, values[len(self.tags)])
+
+    def _advance(self, metric, total: int, **labels) -> None:
+        """Bring one series up to `total` (a reading older than the last one adds nothing)."""
+        key = (id(metric), *labels.values())
+        seen = self._seen.get(key, 0)
+        if total > seen:
+            metric.labels(**self.labels, **labels).inc(total - seen)
+            self._seen[key] = total
 
 
 def _families(prom, prefix: str, names: list, registry) -> tuple:
