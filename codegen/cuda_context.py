@@ -22,6 +22,7 @@ from .model import (
     block_per_request_shared_memory,
     verify_slice_chunks,
 )
+from .operations import UNKNOWN
 from .outputs import kernel_source_template
 
 
@@ -57,6 +58,7 @@ class LayoutHeader:
     inputs: WordTable       # role input, filled from extra_input_<field>
     per_request: WordTable  # inputs verified against a per_request value
     per_slot: WordTable     # inputs verified against a per_slot table
+    unknown: int            # codegen.operations.UNKNOWN
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,7 @@ def layout_header(schema: Schema) -> LayoutHeader:
     return LayoutHeader(
         schema, layout_fingerprint(schema), schema.chain_head, canary, schema.violation, schema.fail_reason,
         WordTable(canary.chain_fields), WordTable(tuple(f for f in canary.fields if f.role != "reserved")),
-        WordTable(canary.input_fields), WordTable(canary.per_request_fields), WordTable(canary.per_slot_fields))
+        WordTable(canary.input_fields), WordTable(canary.per_request_fields), WordTable(canary.per_slot_fields), UNKNOWN)
 
 
 def kernel_source(schema: Schema, kernel: Kernel) -> KernelSource:

@@ -81,21 +81,23 @@ LAUNCH_PHASES = ("head", "tail", "sweep")
 LAUNCH_HALVES = ("k", "v")
 REQUIRED_LAUNCH_GROUP = "full"
 
-# Which launches raise a FailReason bit (the report and the decoder tell verify rows from write
-# rows by it); the built-in reasons' kinds are fixed by the kernels and supplied by the generator.
+# The built-in FailReason members, fixed by the kernels and supplied by the generator (a schema
+# names them, nothing more): which launches raise each (the report and the decoder tell verify rows
+# from write rows by it), and whether its check compares a token id with an expected one (a report
+# then prints the expected token id, SEMANTICS.md §9).
 FAIL_REASON_KINDS = ("verify", "write", "both")
-BUILTIN_FAIL_REASON_KINDS = {
-    "VERIFY_CHAIN_HASH_MISMATCH": "verify",
-    "VERIFY_POSITION_MISMATCH": "verify",
-    "VERIFY_REAL_KV_HASH_MISMATCH": "verify",
-    "WRITE_TOKEN_MISMATCH": "write",
-    "WRITE_POSITION_MISMATCH": "write",
-    "VERIFY_TOKEN_MISMATCH": "verify",
-    "SLOT_OUT_OF_RANGE": "both",
-}
-# The built-in reasons whose check compares a token id with an expected one: a report prints the
-# expected token id for them (SEMANTICS.md §9).
-TOKEN_FAIL_REASONS = ("WRITE_TOKEN_MISMATCH", "VERIFY_TOKEN_MISMATCH")
+BUILTIN_FAIL_REASONS = (
+    # (member, kind, compares a token id)
+    ("VERIFY_CHAIN_HASH_MISMATCH", "verify", False),
+    ("VERIFY_POSITION_MISMATCH", "verify", False),
+    ("VERIFY_REAL_KV_HASH_MISMATCH", "verify", False),
+    ("WRITE_TOKEN_MISMATCH", "write", True),
+    ("WRITE_POSITION_MISMATCH", "write", False),
+    ("VERIFY_TOKEN_MISMATCH", "verify", True),
+    ("SLOT_OUT_OF_RANGE", "both", False),
+)
+BUILTIN_FAIL_REASON_KINDS = {name: kind for name, kind, _ in BUILTIN_FAIL_REASONS}
+TOKEN_FAIL_REASONS = tuple(name for name, _, token in BUILTIN_FAIL_REASONS if token)
 
 # Flag sets and enums the kernels depend on, with the members they must have.
 REQUIRED_FLAGS = {

@@ -15,6 +15,8 @@ that used to list operations by hand is rendered or derived from this table:
   (`OPERATIONS`), with the expressions that reach each tensor from the operation's arguments;
 - the plan data classes' fields (`verify_plan_fields`, `WRITE_PLAN_FIELDS`) and the "unknown"
   sentinel they start with, rendered for kv_canary/launch/allocation.py.
+- the arguments the whole plan hands its two stages (`plan_stage_values`: generated/kernel_abi.py
+  plan_stage_args, what kv_canary/backends/kernels.py launches the plan with).
 
 Adding an operation is one entry here (docs/adding-a-kernel.md lists what else it touches).
 """
@@ -317,6 +319,39 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
         "pool_out", scatter_rules, KernelTemplateSpec(("per_request",)), scatter_params),
 )}
 
+# -- the plan's two stages ---------------------------------------------------------------------------
+# The whole plan runs plan_offsets, then plan_entries, over a scratch of verify offsets between them
+# (kv_canary/backends/kernels.py). A stage keyword the plan takes too is passed on as it is, an
+# `out_<field>` one is that field of the plan data class the plan fills; these are the others.
+PLAN_STAGE_OTHER_VALUES = {
+    "out_verify_offsets_scratch": "scratch",
+    "verify_offsets_scratch": "scratch",
+    "out_verify_enable": "verify_plan_out.enable",
+    "verify_enable": "verify_plan_out.enable",
+    "out_extra_verify_expected": "{name: getattr(verify_plan_out, 'verify_expected_' + name) for name in "
+                                 "extra_request_values}",
+}
+PLAN_STAGES = ("plan_offsets", "plan_entries")
+
+
+def plan_stage_values(schema: Schema) -> dict[str, tuple[tuple[str, str], ...]]:
+    """stage -> (keyword, its value as a Python expression over the plan's keywords and `scratch`), in
+    the stage's keyword order (generated/kernel_abi.py plan_stage_args)."""
+    plan = {k.name: k.name for k in OPERATIONS["plan"].keywords}
+    fields = {f"out_{f.name}": f"{arg}.{f.name}" for arg, group in (("verify_plan_out", verify_plan_fields(schema)),
+                                                                    ("write_plan_out", WRITE_PLAN_FIELDS))
+              for f in group}
+    values = {**fields, **plan, **PLAN_STAGE_OTHER_VALUES}
+    return {stage: tuple((k.name, values[k.name]) for k in OPERATIONS[stage].keywords) for stage in PLAN_STAGES}
+
+
+def plan_stage_roots(schema: Schema) -> tuple[str, ...]:
+    """The plan keywords the stage values read, in the plan's keyword order."""
+    used = {name for stage in plan_stage_values(schema).values() for _, value in stage
+            for name in re.findall(r"\w+", value)}
+    return tuple(k.name for k in OPERATIONS["plan"].keywords if k.name in used)
+
+
 # kernels.yaml `template:` -> what it accepts (the keys are the templates codegen knows).
 KERNEL_TEMPLATES = {name: op.kernel for name, op in OPERATIONS.items() if op.kernel is not None}
 
@@ -424,6 +459,7 @@ def rules_context(schema: Schema) -> dict:
     return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
             "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
             "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
+            "plan_stages": plan_stage_values(schema), "plan_stage_roots": plan_stage_roots(schema),
             "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
             "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
 

@@ -847,3 +847,57 @@ def kernel_for_template(template: str) -> KernelAbi:
             return kernel
     raise ValueError(f"kv-canary: kernels.yaml declares no kernel with template '{template}' "
                      f"(kernels: {sorted(KERNELS)})")
+
+
+def plan_stage_args(plan: dict, scratch) -> tuple[dict, dict]:
+    """A whole plan's validated arguments as its two stages take them (SGLang's keywords of
+    launch_plan_offsets_kernel and launch_plan_entries_kernel), `scratch` the verify offsets between
+    them (codegen/operations.py plan_stage_values)."""
+    verify_plan_out = plan['verify_plan_out']
+    write_plan_out = plan['write_plan_out']
+    req_pool_indices = plan['req_pool_indices']
+    prefix_lens = plan['prefix_lens']
+    extend_seq_lens = plan['extend_seq_lens']
+    req_to_token = plan['req_to_token']
+    swa_window_size = plan['swa_window_size']
+    full_to_swa_index_mapping = plan['full_to_swa_index_mapping']
+    verify_capacity = plan['verify_capacity']
+    req_to_verify_expected_tokens = plan['req_to_verify_expected_tokens']
+    req_to_verify_expected_tokens_valid_lens = plan['req_to_verify_expected_tokens_valid_lens']
+    kv_token_id_vs_position_offset = plan['kv_token_id_vs_position_offset']
+    extra_request_values = plan['extra_request_values']
+    return (
+        {  # plan_offsets
+            'req_pool_indices': req_pool_indices,
+            'prefix_lens': prefix_lens,
+            'extend_seq_lens': extend_seq_lens,
+            'req_to_token': req_to_token,
+            'full_to_swa_index_mapping': full_to_swa_index_mapping,
+            'out_verify_offsets_scratch': scratch,
+            'out_write_offsets': write_plan_out.write_offsets,
+            'out_write_seed_slot_indices': write_plan_out.write_seed_slot_indices,
+            'out_verify_num_valid': verify_plan_out.verify_num_valid,
+            'out_verify_enable': verify_plan_out.enable,
+            'out_write_num_valid_reqs': write_plan_out.write_num_valid_reqs,
+            'swa_window_size': swa_window_size,
+            'verify_capacity': verify_capacity,
+        },
+        {  # plan_entries
+            'req_pool_indices': req_pool_indices,
+            'prefix_lens': prefix_lens,
+            'req_to_token': req_to_token,
+            'full_to_swa_index_mapping': full_to_swa_index_mapping,
+            'verify_offsets_scratch': scratch,
+            'verify_enable': verify_plan_out.enable,
+            'req_to_verify_expected_tokens': req_to_verify_expected_tokens,
+            'req_to_verify_expected_tokens_valid_lens': req_to_verify_expected_tokens_valid_lens,
+            'out_verify_slot_indices': verify_plan_out.verify_slot_indices,
+            'out_verify_expected_tokens': verify_plan_out.verify_expected_tokens,
+            'out_verify_expected_positions': verify_plan_out.verify_expected_positions,
+            'out_verify_prev_slot_indices': verify_plan_out.verify_prev_slot_indices,
+            'kv_token_id_vs_position_offset': kv_token_id_vs_position_offset,
+            'swa_window_size': swa_window_size,
+            'extra_request_values': extra_request_values,
+            'out_extra_verify_expected': {name: getattr(verify_plan_out, 'verify_expected_' + name) for name in extra_request_values},
+        },
+    )

@@ -131,34 +131,10 @@ class KernelBackend:
         device = self._device(args["req_to_token"])
         bs = int(args["req_pool_indices"].shape[0])
         scratch = torch.empty(bs + 1, dtype=torch.int64, device=device)
-        offsets, entries = plan_stage_args(args, scratch)
+        offsets, entries = self.abi.plan_stage_args(args, scratch)
         return device, [self.bound("plan_offsets", offsets, work=bs, device=device),
                         self.bound("plan_entries", entries, work=int(args["verify_plan_out"].verify_slot_indices.shape[0]),
                                    device=device)]
-
-
-def plan_stage_args(args: dict, scratch) -> tuple[dict, dict]:
-    """A whole plan's validated arguments as its two stages take them (SGLang's keywords), with
-    `scratch` as the verify offsets between them."""
-    vplan, wplan = args["verify_plan_out"], args["write_plan_out"]
-    common = {k: args[k] for k in ("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping",
-                                   "swa_window_size")}
-    offsets = dict(common, extend_seq_lens=args["extend_seq_lens"], out_verify_offsets_scratch=scratch,
-                   out_write_offsets=wplan.write_offsets, out_write_seed_slot_indices=wplan.write_seed_slot_indices,
-                   out_verify_num_valid=vplan.verify_num_valid, out_verify_enable=vplan.enable,
-                   out_write_num_valid_reqs=wplan.write_num_valid_reqs, verify_capacity=args["verify_capacity"])
-    extra = args["extra_request_values"]
-    entries = dict(common, verify_offsets_scratch=scratch, verify_enable=vplan.enable,
-                   req_to_verify_expected_tokens=args["req_to_verify_expected_tokens"],
-                   req_to_verify_expected_tokens_valid_lens=args["req_to_verify_expected_tokens_valid_lens"],
-                   out_verify_slot_indices=vplan.verify_slot_indices,
-                   out_verify_expected_tokens=vplan.verify_expected_tokens,
-                   out_verify_expected_positions=vplan.verify_expected_positions,
-                   out_verify_prev_slot_indices=vplan.verify_prev_slot_indices,
-                   kv_token_id_vs_position_offset=args["kv_token_id_vs_position_offset"],
-                   extra_request_values=extra,
-                   out_extra_verify_expected={name: getattr(vplan, "verify_expected_" + name) for name in extra})
-    return offsets, entries
 
 
 def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> int:

@@ -13,8 +13,8 @@ Rules for inputs that are valid by type but not by value (every backend implemen
   (TOKEN_TO_KV_SLOT_PADDING) as prev means "unreachable" -- yields one SLOT_OUT_OF_RANGE row
   (tag, slot, 0, 0, expected token column, 0, bad index, bit); the bad index is the slot if it is
   out of range, else the prev. A write entry with slot >= num_slots yields the row
-  (tag, slot, 0, 0, -1, 0, slot, bit) and is skipped; a request with a nonempty range whose
-  seed >= num_slots yields (tag, seed, 0, 0, -1, 0, seed, bit) and writes nothing.
+  (tag, slot, 0, 0, UNKNOWN, 0, slot, bit) and is skipped; a request with a nonempty range whose
+  seed >= num_slots yields (tag, seed, 0, 0, UNKNOWN, 0, seed, bit) and writes nothing.
 - Real-KV: when the mode is not NONE and there are sources, a slot whose row (slot // page_size)
   is >= a source tensor's dim 0 is treated like an out-of-range slot (bad index = the slot).
 - Ranges: write request r owns entries [clamp(off[r], 0, T), clamp(off[r+1], 0, T)); scatter
@@ -25,7 +25,7 @@ Rules for inputs that are valid by type but not by value (every backend implemen
   prefix lengths are clamped to [0, max_ctx], extend lengths to >= 0; an expected token is read
   only when 0 <= p + offset < min(valid_len, cols) and the row lies inside the pool; entries past
   the plan's total and seeds past bs are left untouched.
-- Input fields: a per_request expected value of -1 disables that entry's check.
+- Input fields: a per_request expected value of UNKNOWN (-1) disables that entry's check.
 - Duplicate slots in one write (or rows in one scatter): the later entry wins, and a seed written
   by an earlier request of the same launch is read with that request's values (sequential order).
 """
@@ -318,6 +318,7 @@ class Reference:
         self._head = L.to_signed64(L.CANARY_CHAIN_HEAD)
         self._pad_slot = L.TOKEN_TO_KV_SLOT_PADDING
         self._pad_req = L.REQ_POOL_IDX_PADDING
+        self._unknown = L.UNKNOWN  # an expected value not checked; a prev or seed that is the chain head
         self._partial_bytes = L.REAL_KV_PARTIAL_READ_BYTES
         self._mode_none, self._mode_partial = int(L.RealKvHashMode.NONE), int(L.RealKvHashMode.PARTIAL)
         reason = L.FailReason
@@ -368,10 +369,10 @@ class Reference:
         return rows
 
     def _oor_rows(self, tag: int, slot: np.ndarray) -> np.ndarray:
-        """SLOT_OUT_OF_RANGE rows of write entries or seeds: (tag, slot, 0, 0, -1, 0, slot, bit)."""
+        """SLOT_OUT_OF_RANGE rows of write entries or seeds: (tag, slot, 0, 0, UNKNOWN, 0, slot, bit)."""
         rows = self._rows(slot.size, tag)
         rows[:, self._col_slot] = slot
-        rows[:, self._col_expected_token] = -1
+        rows[:, self._col_expected_token] = self._unknown
         rows[:, self._col_aux] = slot
         rows[:, self._col_bits] = self._bit_oor
         return rows
@@ -444,7 +445,7 @@ class Reference:
         prevs = _np(plan.verify_prev_slot_indices[:n])
         exp_pos = _np(plan.verify_expected_positions[:n])
         exp_tok = (_np(plan.verify_expected_tokens[:n]) if check_verify_expected_token
-                   else np.full(n, -1, dtype=np.int64))
+                   else np.full(n, self._unknown, dtype=np.int64))
 
         live = slots != self._pad_slot
         slot_oor = live & ((slots < 0) | (slots >= num_slots))
@@ -466,12 +467,12 @@ class Reference:
         expected_chain[from_buf] = self._link_records(_gather_records(buf, p[from_buf]))
         et = exp_tok[sel]
         bits = np.where(reachable & (link != expected_chain), self._bit_chain, 0)
-        bits |= np.where((et != -1) & (rec[:, self._token] != et), self._bit_token, 0)
+        bits |= np.where((et != self._unknown) & (rec[:, self._token] != et), self._bit_token, 0)
         bits |= np.where(rec[:, self._position] != exp_pos[sel], self._bit_position, 0)
         bits |= np.where(rec[:, self._kv] != fp, self._bit_real_kv, 0)
-        for name, word, bit in self._per_request:   # per request, -1 = unknown
+        for name, word, bit in self._per_request:   # per request, UNKNOWN: no check
             want = _np(getattr(plan, "verify_expected_" + name)[:n])[sel]
-            bits |= np.where((want != -1) & (rec[:, word] != want), bit, 0)
+            bits |= np.where((want != self._unknown) & (rec[:, word] != want), bit, 0)
         for name, word, bit in self._per_slot:
             want = _take(extra_slot_tables[name], slots[sel])
             bits |= np.where(rec[:, word] != want, bit, 0)
@@ -657,7 +658,7 @@ class Reference:
         offsets = np.zeros(write_req_capacity + 1, dtype=np.int64)
         offsets[1: bs + 1] = np.cumsum(np.where(active, np.maximum(ext, 0), 0))
         seeded = active & (pre > 0) & (ext > 0)
-        seeds = np.full(bs, -1, dtype=np.int64)
+        seeds = np.full(bs, self._unknown, dtype=np.int64)
         last = np.minimum(pre[seeded] - 1, max_ctx - 1)
         seeds[seeded] = self._translate(_table(req_to_token, rp[seeded], last), lut)
         return offsets, seeds, np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
@@ -678,10 +679,10 @@ class Reference:
         pos = start[req] + rank
         slot = self._translate(_table(req_to_token, row, pos), lut)
         has_prev = pos > 0
-        prev = np.where(has_prev, _table(req_to_token, row, np.maximum(pos - 1, 0)), -1)
+        prev = np.where(has_prev, _table(req_to_token, row, np.maximum(pos - 1, 0)), self._unknown)
         if lut is not None:
             prev[has_prev] = self._translate(prev[has_prev], lut)
-        tok = np.full(req.size, -1, dtype=np.int64)
+        tok = np.full(req.size, self._unknown, dtype=np.int64)
         if req_to_verify_expected_tokens is not None:
             assert req_to_verify_expected_tokens_valid_lens is not None  # validated: given with the tokens
             pool = req_to_verify_expected_tokens

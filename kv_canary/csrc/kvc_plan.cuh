@@ -119,7 +119,7 @@ __device__ __forceinline__ void offsets(const OffsetsArgs& a) {
   kvc_u64 verify_carry = 0, write_carry = 0;  // identical in every thread
   for (kvc_i64 base = 0; base < batch_size; base += blockDim.x) {
     const kvc_i64 r = base + threadIdx.x;
-    kvc_i64 verify_count = 0, write_count = 0, seed = -1;
+    kvc_i64 verify_count = 0, write_count = 0, seed = kvc::UNKNOWN;
     if (r < batch_size) {
       const kvc_i64 row = b.req_pool_indices[r];
       const kvc_i64 prefix = b.prefix_lens[r];
@@ -202,10 +202,11 @@ __device__ __forceinline__ void entries(const EntriesArgs& a) {
     const kvc_i64 p = window_start(prefix, b.swa_window_size) + (e - a.verify_offsets[r]);
 
     a.verify_slot_indices[e] = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p));
-    a.verify_prev_slot_indices[e] = p > 0 ? translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p - 1)) : -1;
+    a.verify_prev_slot_indices[e] =
+        p > 0 ? translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p - 1)) : kvc::UNKNOWN;
     a.verify_expected_positions[e] = p;
 
-    kvc_i64 expected_token = -1;
+    kvc_i64 expected_token = kvc::UNKNOWN;
     if (a.req_to_verify_expected_tokens != nullptr) {
       // p + offset wraps like the reference's int64 sum (the offset is any int64).
       const kvc_i64 col = kvc::wrapping_add(p, a.kv_token_id_vs_position_offset);

@@ -28,11 +28,11 @@ struct Args {
   kvc_u64* __restrict__ kernel_run_counter;
 };
 
-// `bit` when stored != expected, except that an expected INPUT_EXPECTED_UNKNOWN disables the check
+// `bit` when stored != expected, except that an expected kvc::UNKNOWN disables the check
 // where kUnknownDisables (per_request expectations from the plan).
 template <bool kUnknownDisables>
 __device__ __forceinline__ kvc_i64 check_bit(kvc_i64 stored, kvc_i64 expected, kvc_i64 bit) {
-  if (kUnknownDisables && expected == kvc::INPUT_EXPECTED_UNKNOWN) return 0;
+  if (kUnknownDisables && expected == kvc::UNKNOWN) return 0;
   return stored != expected ? bit : 0;
 }
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ bool prepare_entry(const Args& a, const kvc::RealKvSo
   const bool slot_ok = slot >= 0 && slot < a.num_slots;
   const bool prev_ok = prev < a.num_slots;  // negative prev = chain head
   if (slot_ok && prev_ok && kvc::real_kv_in_range(kv, slot)) return true;
-  const kvc_i64 expected_token = kCheckExpectedToken ? a.verify_expected_tokens[e] : -1;
+  const kvc_i64 expected_token = kCheckExpectedToken ? a.verify_expected_tokens[e] : kvc::UNKNOWN;
   ring.append(kvc::make_row(ring.launch_tag, slot, 0, 0, expected_token, 0, (!slot_ok || prev_ok) ? slot : prev,
                             kvc::reason::kvc_member_SLOT_OUT_OF_RANGE),
               e);
@@ -76,7 +76,7 @@ template <bool kCheckExpectedToken>
 __device__ __forceinline__ void check_entry(const Args& a, const kvc::Ring& ring, kvc_i64 e, kvc_i64 slot,
                                             kvc_i64 prev, kvc_u64 kv_hash) {
   const kvc_i64 stride = a.slot_stride_bytes;
-  const kvc_i64 expected_token = kCheckExpectedToken ? a.verify_expected_tokens[e] : -1;
+  const kvc_i64 expected_token = kCheckExpectedToken ? a.verify_expected_tokens[e] : kvc::UNKNOWN;
   const kvc_i64 expected_position = a.verify_expected_positions[e];
 
   kvc_i64 rec[kvc::CANARY_FIELDS];
@@ -91,12 +91,12 @@ __device__ __forceinline__ void check_entry(const Args& a, const kvc::Ring& ring
 
   kvc_i64 bits = 0;
   if (prev_reachable && stored_chain != expected_chain) bits |= kvc::reason::kvc_member_VERIFY_CHAIN_HASH_MISMATCH;
-  if (kCheckExpectedToken && expected_token != -1 && stored_token != expected_token)
+  if (kCheckExpectedToken && expected_token != kvc::UNKNOWN && stored_token != expected_token)
     bits |= kvc::reason::kvc_member_VERIFY_TOKEN_MISMATCH;
   if (stored_position != expected_position) bits |= kvc::reason::kvc_member_VERIFY_POSITION_MISMATCH;
   if (rec[kvc::KV_FINGERPRINT_WORD] != static_cast<kvc_i64>(kv_hash))
     bits |= kvc::reason::kvc_member_VERIFY_REAL_KV_HASH_MISMATCH;
-  // Verified input fields: per_request expectations from the plan (INPUT_EXPECTED_UNKNOWN = no
+  // Verified input fields: per_request expectations from the plan (kvc::UNKNOWN = no
   // check), per_slot expectations from the caller's tables.
   bits |= input_checks<true>(rec, a.expected, e, kvc::PerRequestWords{}, kvc::PerRequestReasons{});
   bits |= input_checks<false>(rec, a.slot_tables, slot, kvc::PerSlotWords{}, kvc::PerSlotReasons{});

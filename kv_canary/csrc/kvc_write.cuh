@@ -47,7 +47,8 @@ struct Inputs {
 
 // §8: an index that cannot be dereferenced (a seed, or an entry's slot) is reported, never read.
 __device__ __forceinline__ void out_of_range(const kvc::Ring& ring, kvc_i64 index) {
-  ring.append(kvc::make_row(ring.launch_tag, index, 0, 0, -1, 0, index, kvc::reason::kvc_member_SLOT_OUT_OF_RANGE));
+  ring.append(
+      kvc::make_row(ring.launch_tag, index, 0, 0, kvc::UNKNOWN, 0, index, kvc::reason::kvc_member_SLOT_OUT_OF_RANGE));
 }
 
 // One entry: the record to store, complete once its chain link (the running hash before it) is set

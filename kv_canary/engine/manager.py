@@ -374,9 +374,9 @@ class CanaryManager(Listened):
             raise ValueError(f"kv-canary: a batch may hold at most {self.write_capacity} rows and "
                              f"{self.token_capacity} tokens (fixed at attach), got {bs} rows and {n} tokens")
         valid = [self._valid_len[r.row] if r is not None else 0 for r in batch.requests]
-        # -1 disables the owner check: padding rows, and requests whose prefix came from the radix
+        # UNKNOWN disables the owner check: padding rows, and requests whose prefix came from the radix
         # cache (those slots were written, and are owned, by an earlier request).
-        owners = [r.rid if r is not None and not r.matched else -1 for r in batch.requests]
+        owners = [r.rid if r is not None and not r.matched else self.L.UNKNOWN for r in batch.requests]
         self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
         self.monitor.on_forward()
 
@@ -482,12 +482,12 @@ class CanaryManager(Listened):
             lut = g.pool.translate
             if lut is not None:
                 s = [lut(x) for x in slots]
-                p = [lut(x) if x >= 0 else -1 for x in prevs]
+                p = [lut(x) if x >= 0 else self.L.UNKNOWN for x in prevs]
             n, plan = len(s), g.sweep_plan
             self._stage.upload([(s, plan.verify_slot_indices), (positions, plan.verify_expected_positions),
                                 (tokens, plan.verify_expected_tokens), (p, plan.verify_prev_slot_indices)])
-            for name in self._per_request:  # the owner of a cached page is not tracked: -1 = no check
-                getattr(plan, "verify_expected_" + name)[:n] = -1
+            for name in self._per_request:  # the owner of a cached page is not tracked: no check
+                getattr(plan, "verify_expected_" + name)[:n] = self.L.UNKNOWN
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
             for half in self.halves:

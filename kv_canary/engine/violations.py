@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 MASK64 = (1 << 64) - 1
-# What each standard column carries (the layer names its column VIOLATION_COL_<CARRIES>).
-STANDARD_CARRIES = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token",
-                    "stored_chain_hash", "expected_aux", "fail_reason")
 
 
 def sglang_reason_name(member_name: str) -> str:
@@ -72,7 +69,7 @@ class ViolationDecoder:
     def __init__(self, layout):
         self.layout = layout
         self.width = layout.VIOLATION_FIELDS
-        self.cols = {c: getattr(layout, "VIOLATION_COL_" + c.upper()) for c in STANDARD_CARRIES}
+        self.cols = {c: getattr(layout, "VIOLATION_COL_" + c.upper()) for c in layout.VIOLATION_CARRIES}
         used = set(self.cols.values())
         self.extra_cols = tuple((name, i) for i, name in enumerate(layout.VIOLATION_FIELD_NAMES) if i not in used)
         self._bits = sorted(((int(m), m.name) for m in layout.FailReason), key=lambda t: t[0])

@@ -106,32 +106,30 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                    "zero_for_testing_": zero_verify_plan, "__module__": __name__},
         frozen=True, slots=True, kw_only=True)
 
-    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-    class WritePlan:
-        """Per-request write ranges and chain seeds (SEMANTICS.md §5.1)."""
-        write_offsets: torch.Tensor                 # int64 [cap + 1]
-        write_seed_slot_indices: torch.Tensor       # int64 [cap], UNKNOWN (-1) = chain head
-        write_num_valid_reqs: torch.Tensor          # int32 [1]
+    def allocate_write_plan(cls, *, write_req_capacity: int, device):
+        """Zeroed offsets and count, seeds unknown (UNKNOWN = -1: the chain head)."""
+        cap = v.check_write_capacity(write_req_capacity)
+        device = v.check_device("device", device)
+        return allocate_or_explain(f"a WritePlan of write_req_capacity={cap}", write_plan_bytes(cls, cap), device,
+                                   lambda: cls(**allocate_fields(abi.WRITE_PLAN_FIELDS, cap, device)))
 
-        @classmethod
-        def allocate(cls, *, write_req_capacity: int, device) -> "WritePlan":
-            cap = v.check_write_capacity(write_req_capacity)
-            device = v.check_device("device", device)
-            return allocate_or_explain(f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
-                                       lambda: cls(**allocate_fields(abi.WRITE_PLAN_FIELDS, cap, device)))
+    def write_plan_bytes(cls, write_req_capacity: int) -> int:
+        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
+        return fields_bytes(abi.WRITE_PLAN_FIELDS, v.check_int("write_req_capacity", write_req_capacity, minimum=0))
 
-        @classmethod
-        def allocation_bytes(cls, write_req_capacity: int) -> int:
-            """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
-            return fields_bytes(abi.WRITE_PLAN_FIELDS, v.check_int("write_req_capacity", write_req_capacity, minimum=0))
+    def zero_write_plan(self):
+        """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
+        zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
+        for name, *_ in abi.WRITE_PLAN_FIELDS:
+            getattr(self, name).zero_()
+        return self
 
-        def zero_for_testing_(self) -> "WritePlan":
-            """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
-            zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
-            self.write_offsets.zero_()
-            self.write_seed_slot_indices.zero_()
-            self.write_num_valid_reqs.zero_()
-            return self
+    WritePlan = dataclasses.make_dataclass(
+        "WritePlan", [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
+        namespace={"__doc__": "Per-request write ranges and chain seeds (SEMANTICS.md §5.1).",
+                   "allocate": classmethod(allocate_write_plan), "allocation_bytes": classmethod(write_plan_bytes),
+                   "zero_for_testing_": zero_write_plan, "__module__": __name__},
+        frozen=True, slots=True, kw_only=True)
 
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:

@@ -117,7 +117,7 @@ def test_zero_for_testing_resets_every_plan_tensor_in_place(schema):
 
 # -- the plan's two stages ----------------------------------------------------------------------------
 def _oracle_stages(layer, case: dict, scratch: torch.Tensor) -> None:
-    offsets, entries = scenarios.plan_stages(case, scratch)
+    offsets, entries = scenarios.plan_stages(layer, case, scratch)
     Oracle(layer).plan_offsets(**offsets)
     Oracle(layer).plan_entries(**entries)
 
@@ -168,7 +168,7 @@ def _small_case(layer, seed: int = 3) -> tuple[dict, torch.Tensor]:
         case = scenarios.make_plan_case(rng, layer, n_reqs=4)
         scratch = scenarios.make_plan_scratch(rng, case)
         probe = scenarios.clone_case(case)
-        kv_canary.runtime_for(layer).launch_plan_offsets_kernel(**scenarios.plan_stages(probe, scratch.clone())[0])
+        kv_canary.runtime_for(layer).launch_plan_offsets_kernel(**scenarios.plan_stages(layer, probe, scratch.clone())[0])
         if int(probe["verify_plan_out"].enable[0]) == 1 and int(probe["verify_plan_out"].verify_num_valid[0]) > 1:
             return case, scratch
 
@@ -176,7 +176,7 @@ def _small_case(layer, seed: int = 3) -> tuple[dict, torch.Tensor]:
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
 def test_entries_stage_of_a_disabled_plan_writes_nothing(default_layer, backend):
     case, scratch = _small_case(default_layer)
-    _, entries = scenarios.plan_stages(case, scratch)
+    _, entries = scenarios.plan_stages(default_layer, case, scratch)
     entries["verify_enable"].fill_(0)
     entries["verify_offsets_scratch"].fill_(-7)   # never read: any values pass
     before = scenarios.clone_case(case)
@@ -187,7 +187,7 @@ def test_entries_stage_of_a_disabled_plan_writes_nothing(default_layer, backend)
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
 def test_entries_stage_rejects_a_scratch_the_offsets_stage_did_not_fill(default_layer, backend):
     case, scratch = _small_case(default_layer)
-    offsets, entries = scenarios.plan_stages(case, scratch)
+    offsets, entries = scenarios.plan_stages(default_layer, case, scratch)
     kv_canary.launch_plan_offsets_kernel(**offsets, backend="torch")
     filled = scratch.clone()
     scratch[1] += 1
@@ -219,14 +219,14 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     empty = scenarios.clone_case(case)
     for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens"):
         empty[name] = empty[name][:0]
-    _, entries = scenarios.plan_stages(empty, torch.tensor([5], dtype=torch.int64))
+    _, entries = scenarios.plan_stages(default_layer, empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
     _kernels_only(emulated, "plan_entries", **rt.validators.validate_plan_entries(**entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
-        _, entries = scenarios.plan_stages(scenarios.clone_case(case), scratch.clone())
+        _, entries = scenarios.plan_stages(default_layer, scenarios.clone_case(case), scratch.clone())
         bs = int(case["req_pool_indices"].shape[0])
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
@@ -249,7 +249,7 @@ def test_stages_raise_the_plans_swa_error(default_layer, backend):
                 extend_seq_lens=torch.tensor([0, 1]), req_to_token=r2t, swa_window_size=2,
                 full_to_swa_index_mapping=lut, verify_capacity=8, req_to_verify_expected_tokens=None,
                 req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0)
-    offsets, entries = scenarios.plan_stages(case, torch.zeros(3, dtype=torch.int64))
+    offsets, entries = scenarios.plan_stages(default_layer, case, torch.zeros(3, dtype=torch.int64))
     # Row 2's seed (position 2) is slot 11; its window [1, 3) reads slots 12, 11, predecessors 4, 12.
     before = scenarios.clone_case(offsets)
     with pytest.raises(ValueError, match=r"^kv-canary: SWA slot 11 is outside full_to_swa_index_mapping length 10$"):
@@ -266,7 +266,7 @@ def test_stages_raise_the_plans_swa_error(default_layer, backend):
 
 def test_stage_arguments_are_validated_by_name(default_layer):
     case, scratch = _small_case(default_layer)
-    offsets, entries = scenarios.plan_stages(case, scratch)
+    offsets, entries = scenarios.plan_stages(default_layer, case, scratch)
     bs = int(case["req_pool_indices"].shape[0])
     short = dict(offsets, out_verify_offsets_scratch=torch.zeros(bs, dtype=torch.int64))
     with pytest.raises(ValueError, match=rf"^kv-canary: out_verify_offsets_scratch must hold at least bs \+ 1 = "

@@ -32,7 +32,7 @@ def run(layer, kind: str, case: dict, backend: str) -> dict:
 def run_plan_stages(layer, case: dict, scratch, backend: str) -> dict:
     """launch_plan_offsets_kernel then launch_plan_entries_kernel on a plan case, with `scratch`."""
     rt = kv_canary.runtime_for(layer)
-    offsets, entries = scenarios.plan_stages(case, scratch)
+    offsets, entries = scenarios.plan_stages(layer, case, scratch)
     rt.launch_plan_offsets_kernel(**offsets, backend=backend)
     rt.launch_plan_entries_kernel(**entries, backend=backend)
     return case

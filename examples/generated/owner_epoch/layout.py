@@ -36,6 +36,9 @@ REAL_KV_PARTIAL_READ_BYTES = 16  # bytes read per source in PARTIAL mode
 REAL_KV_LOAD_ALIGN_BYTES = 16  # vector load width; read sizes and row strides are multiples of it
 # HEAD = splitmix64(CANARY_CHAIN_ANCHOR): the expected chain link of a chain's first slot.
 CANARY_CHAIN_HEAD = 0xDE7FAE23A9A1B716
+# SEMANTICS.md §5's "unknown": an expected token or input value that is not checked, and a prev
+# slot or write seed that is the chain head.
+UNKNOWN = -1
 
 # -- canary record (one per KV slot) --------------------------------------------------------
 CANARY_WORD_BYTES = 8
@@ -96,6 +99,8 @@ VIOLATION_COL_EXPECTED_TOKEN = 4
 VIOLATION_COL_STORED_CHAIN_HASH = 5
 VIOLATION_COL_EXPECTED_AUX = 6
 VIOLATION_COL_FAIL_REASON = 7
+# Every meaning a column carries (each has its VIOLATION_COL_<CARRIES>).
+VIOLATION_CARRIES = ("launch_tag", "slot", "stored_position", "stored_token", "expected_token", "stored_chain_hash", "expected_aux", "fail_reason", )
 
 # -- real-KV source parameter row (int32) ---------------------------------------------------
 REAL_KV_SOURCE_FIELDS_PER_ENTRY = 3

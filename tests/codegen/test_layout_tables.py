@@ -1,0 +1,79 @@
+"""Tables the generated layer renders from the generator, so that the runtime keeps no copy of them:
+what each violation column carries, the "unknown" sentinel, the built-in fail reasons, the plan's
+stage arguments."""
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from kv_canary.codegen.load import load_schema
+from kv_canary.codegen.model import BUILTIN_FAIL_REASONS
+from kv_canary.codegen.operations import OPERATIONS, UNKNOWN
+from support.layers import generate_layer
+
+from kv_canary.engine.violations import ViolationDecoder
+from kv_canary.layer.sources import kernel_abi
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMAS = [ROOT / "kernels.yaml", *sorted((ROOT / "kv_canary" / "schemas").glob("*.yaml"))]
+
+
+@pytest.fixture(scope="module", params=SCHEMAS, ids=lambda p: p.name)
+def generated(request):
+    return generate_layer(request.param), load_schema(request.param)
+
+
+def test_the_layers_carries_are_the_schemas_violation_columns(generated):
+    layer, schema = generated
+    L = layer.layout
+    columns = {f.carries: f.index for f in schema.violation.fields}
+    assert sorted(L.VIOLATION_CARRIES) == sorted(columns)
+    assert {c: getattr(L, "VIOLATION_COL_" + c.upper()) for c in L.VIOLATION_CARRIES} == columns
+    # The decoder reads every column by what it carries: a row of distinct values lands field by field.
+    v = ViolationDecoder(L).decode_row([100 + i for i in range(L.VIOLATION_FIELDS)])
+    assert (v.launch_tag_value, v.slot, v.position, v.stored_token, v.expected_token, v.stored_chain_hash,
+            v.expected_aux, v.reason_bits) == tuple(100 + columns[c] for c in (
+                "launch_tag", "slot", "stored_position", "stored_token", "expected_token", "stored_chain_hash",
+                "expected_aux", "fail_reason"))
+
+
+def test_one_unknown_sentinel(generated):
+    layer, _ = generated
+    header = (Path(layer.__file__).parent / "cuda" / "kv_canary_layout.cuh").read_text(encoding="utf-8")
+    # SEMANTICS.md §5: -1 = unknown (an expected token not checked, a prev or seed at the chain head).
+    assert layer.layout.UNKNOWN == kernel_abi(layer).UNKNOWN == UNKNOWN == -1
+    assert "constexpr kvc_i64 UNKNOWN = -1LL;" in header
+    assert "INPUT_EXPECTED_UNKNOWN" not in header
+
+
+def test_builtin_fail_reasons_reach_the_layer(generated):
+    layer, _ = generated
+    L = layer.layout
+    for name, kind, compares_token in BUILTIN_FAIL_REASONS:
+        member = L.FailReason[name]
+        assert L.FAIL_REASON_KINDS[member] == kind
+        assert bool(L.VERIFY_REASON_BITS & member) == (kind == "verify")
+        assert bool(L.WRITE_REASON_BITS & member) == (kind == "write")
+        assert bool(L.TOKEN_REASON_BITS & member) == compares_token
+
+
+def test_the_plans_stages_fill_every_field_of_its_plans(generated):
+    """plan_stage_args (rendered from the operation table) hands each stage its own keywords, and the
+    two stages together reach every field of both plan data classes."""
+    layer, schema = generated
+    abi = kernel_abi(layer)
+    fields = {cls: {name: object() for name, *_ in table}
+              for cls, table in (("verify_plan_out", abi.VERIFY_PLAN_FIELDS), ("write_plan_out", abi.WRITE_PLAN_FIELDS))}
+    plan = {k.name: object() for k in OPERATIONS["plan"].keywords}
+    plan.update({cls: SimpleNamespace(**values) for cls, values in fields.items()},
+                extra_request_values={f.name: object() for f in schema.canary.per_request_fields})
+    scratch = object()
+    stages = abi.plan_stage_args(plan, scratch)
+    assert [list(s) for s in stages] == [[k.name for k in OPERATIONS[op].keywords] for op in ("plan_offsets", "plan_entries")]
+    reached = {id(v) for s in stages for v in s.values()}
+    reached |= {id(v) for v in stages[1]["out_extra_verify_expected"].values()}
+    assert id(scratch) in reached
+    for cls, values in fields.items():
+        missing = [name for name, v in values.items() if id(v) not in reached]
+        assert not missing, f"the plan's stages never reach {cls}.{missing}"
