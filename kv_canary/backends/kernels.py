@@ -2,7 +2,7 @@
 its two stages, scatter) as launches of the generated kernels.
 
 Which kernel, which variant, every argument value: decided here, from the layer's generated kernel
-ABI (generated/kernel_abi.py: `KERNELS[name].bind(**arguments)` returns a kernel's arguments in ABI
+ABI (generated/kernel_abi.py: `KERNELS[name].bind(arguments[, kv])` returns a kernel's arguments in ABI
 order, rendered from the same parameter list as the CUDA signature). Subclasses say how big a grid
 is and how a launch of those values runs (`launcher`: CuPy's kernel call on a GPU, the emulation
 library's packed-argument entry point on the host).
@@ -70,13 +70,15 @@ class KernelBackend:
                                  f"`specializations: {{{flag}: [false, true]}}` for it in kernels.yaml")
         return kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
 
-    def bound(self, template: str, args: dict, *, work: int, device: torch.device, **flags) -> tuple:
+    def bound(self, template: str, args: dict, *, work: int, device: torch.device, kv: tuple | None = None,
+              **flags) -> tuple:
         """(kernel, entry point, blocks, threads, values, args) of one kernel launch over `args` (kept
         with the launch: the values hold their tensors' addresses, not the tensors)."""
         kernel = self.kernels[template]
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
-        return kernel, entry, blocks, threads, kernel.bind(**args), args
+        values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
+        return kernel, entry, blocks, threads, values, args
 
     def prepare(self, operation: str, args: dict, *, host_checks: bool = True) -> Prepared:
         """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
@@ -101,13 +103,13 @@ class KernelBackend:
     def _write(self, args: dict):
         device = self._device(args["context"].canary_buf)
         kv = self.abi.real_kv_args(args["context"])
-        return device, [self.bound("write", dict(args, kv=kv), work=int(args["plan"].write_seed_slot_indices.shape[0]),
+        return device, [self.bound("write", args, kv=kv, work=int(args["plan"].write_seed_slot_indices.shape[0]),
                                    device=device)]
 
     def _verify(self, args: dict):
         device = self._device(args["context"].canary_buf)
         kv = self.abi.real_kv_args(args["context"])
-        return device, [self.bound("verify", dict(args, kv=kv), work=int(args["plan"].verify_slot_indices.shape[0]),
+        return device, [self.bound("verify", args, kv=kv, work=int(args["plan"].verify_slot_indices.shape[0]),
                                    device=device, check_verify_expected_token=args["check_verify_expected_token"])]
 
     def _plan_offsets(self, args: dict):

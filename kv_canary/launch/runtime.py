@@ -52,11 +52,12 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
-def _device_of(path: str, args: dict) -> torch.device:
-    """The device of the argument at `path` ("req_to_token", "context.canary_buf")."""
+def _device_getter(path: str):
+    """args -> the device of the argument at `path` ("req_to_token", "context.canary_buf")."""
     head, _, attr = path.partition(".")
-    value = args[head]
-    return (getattr(value, attr) if attr else value).device
+    if attr:
+        return lambda args: getattr(args[head], attr).device
+    return lambda args: args[head].device
 
 
 class PreparedLaunch:
@@ -90,6 +91,9 @@ class Runtime:
         self.layout = layer.layout
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
+        # What every launch looks up, found once: operation -> its validator; path -> device getter.
+        self._validate = {op: getattr(self.validators, "validate_" + op) for op in self.validators.operations}
+        self._devices: dict = {}
 
     @property
     def api(self):
@@ -101,8 +105,11 @@ class Runtime:
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        args = getattr(self.validators, "validate_" + operation)(**arguments)
-        return self.backend(choose_backend(backend, _device_of(device_of, args))).prepare(operation, args)
+        args = self._validate[operation](**arguments)
+        device = self._devices.get(device_of)
+        if device is None:
+            device = self._devices[device_of] = _device_getter(device_of)
+        return self.backend(choose_backend(backend, device(args))).prepare(operation, args)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
         """Validate `arguments` for `operation`, then run it on the chosen backend."""
