@@ -36,6 +36,7 @@ class KernelBackend:
                              f"run `{regenerate_command(layer)}`")
         self.kernels = {template: self.abi.kernel_for_template(template) for template in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
+        self._operations = {op: getattr(self, "_" + op) for op in (*self.abi.KERNEL_OPERATIONS, "plan")}
 
     # -- hooks ----------------------------------------------------------------------------------
     def check_device(self, device: torch.device) -> None:
@@ -56,7 +57,7 @@ class KernelBackend:
 
     # -- binding --------------------------------------------------------------------------------
     def entry_point(self, kernel, **flags) -> str:
-        key = (kernel.name, *flags.items())
+        key = (kernel.name, *flags.items()) if flags else kernel.name
         entry = self._entry_points.get(key)
         if entry is None:
             entry = self._entry_points[key] = self._entry_point(kernel, **flags)
@@ -83,16 +84,18 @@ class KernelBackend:
     def prepare(self, operation: str, args: dict, *, host_checks: bool = True) -> Prepared:
         """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
         a host backend's value checks (what the kernels alone do with such values, as on a GPU)."""
-        device, stages = getattr(self, "_" + operation)(args)
+        device, stages = self._operations[operation](args)
         runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
                 for kernel, entry, blocks, threads, values, _ in stages]
         checks = self.checks(operation) if host_checks else None
-
-        def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
-            if checks is not None:
-                checks(args)
-            for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
-                launch()
+        if checks is None and len(runs) == 1:
+            run = runs[0]  # the launch holds its values; `stages` below holds the tensors
+        else:
+            def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
+                if checks is not None:
+                    checks(args)
+                for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
+                    launch()
         return Prepared(run, args, tuple(stages))
 
     # -- the operations: (device, [bound kernel launch, ...]) -----------------------------------

@@ -108,6 +108,8 @@ class Validators:
         # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
         # besides tensors is checked when they are built, not again at every launch.
         self.frozen_context = self.frozen_source = None
+        self.frozen_plans: dict = {}
+        self.ranges = {argument: self.abi.RANGES[kind] for argument, kind in self.abi.ARGUMENT_KINDS.items()}
         self.messages = layout.MESSAGES
         fields = layout.INPUT_FIELDS
         self.input_fields = tuple(f.name for f in fields)
@@ -310,9 +312,9 @@ class Validators:
     def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
         """`value` within the C integer of the kernels that takes argument `argument` (default: `name`;
         the kind comes from the generated kernel ABI, never from a table here)."""
-        kind = self.abi.ARGUMENT_KINDS[argument or name]
-        lo, hi = self.abi.RANGES[kind]
+        lo, hi = self.ranges[argument or name]
         if not lo <= value <= hi:
+            kind = self.abi.ARGUMENT_KINDS[argument or name]
             side, bound = ("<=", hi) if value > hi else (">=", lo)
             raise ValueError(f"{self.prefix}{name} must be {side} {_bound(bound)} (the kernels hold it in a C "
                              f"{self.abi.C_NAMES[kind]}), got {value}")
@@ -330,6 +332,8 @@ class Validators:
 
     def as_int(self, name: str, value: Any) -> int:
         """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
+        if type(value) is int:
+            return value
         if not isinstance(value, bool):
             try:
                 return operator.index(value)
@@ -552,6 +556,8 @@ class Validators:
 
     def check_plan_class(self, plan: Any, cls: str) -> None:
         """A VerifyPlan or WritePlan (of this schema): every field its class has."""
+        if type(plan) is self.frozen_plans.get(cls):
+            return
         for attr in self.plan_classes[cls]:
             if not hasattr(plan, attr):
                 of = " of this schema" if cls == "VerifyPlan" else ""
