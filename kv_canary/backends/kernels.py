@@ -81,10 +81,11 @@ class KernelBackend:
         values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
         return kernel, entry, blocks, threads, values, args
 
-    def prepare(self, operation: str, args: dict, *, host_checks: bool = True) -> Prepared:
+    def prepare(self, operation: str, args: dict, *, host_checks: bool = True, read: list | None = None) -> Prepared:
         """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
-        a host backend's value checks (what the kernels alone do with such values, as on a GPU)."""
-        device, stages = self._operations[operation](args)
+        a host backend's value checks (what the kernels alone do with such values, as on a GPU);
+        `read`: what the validators read of the real-KV sources (write, verify; real_kv_args)."""
+        device, stages = self._operations[operation](args) if read is None else self._operations[operation](args, read)
         runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
                 for kernel, entry, blocks, threads, values, _ in stages]
         checks = self.checks(operation) if host_checks else None
@@ -103,15 +104,15 @@ class KernelBackend:
         self.check_device(tensor.device)
         return tensor.device
 
-    def _write(self, args: dict):
+    def _write(self, args: dict, read: list | None = None):
         device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"])
+        kv = self.abi.real_kv_args(args["context"], read)
         return device, [self.bound("write", args, kv=kv, work=int(args["plan"].write_seed_slot_indices.shape[0]),
                                    device=device)]
 
-    def _verify(self, args: dict):
+    def _verify(self, args: dict, read: list | None = None):
         device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"])
+        kv = self.abi.real_kv_args(args["context"], read)
         return device, [self.bound("verify", args, kv=kv, work=int(args["plan"].verify_slot_indices.shape[0]),
                                    device=device, check_verify_expected_token=args["check_verify_expected_token"])]
 

@@ -105,10 +105,14 @@ class Runtime:
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        args = self._validate[operation](**arguments)
-        device = self._devices.get(device_of)
+        validate, device = self._validate[operation], self._devices.get(device_of)
         if device is None:
             device = self._devices[device_of] = _device_getter(device_of)
+        if operation in self.validators.real_kv_operations:  # what validation read, the binding takes
+            read: list = []
+            args = validate(read, **arguments)
+            return self.backend(choose_backend(backend, device(args))).prepare(operation, args, read=read)
+        args = validate(**arguments)
         return self.backend(choose_backend(backend, device(args))).prepare(operation, args)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:

@@ -119,6 +119,7 @@ class Validators:
         # operation -> (its tensors, its compiled rules, the device's tensor, its keywords as a dict)
         self.operations = {name: (op.tensors, _compile(op.rules, bound.get(name, {})), op.device_of, op.arguments)
                            for name, op in self.abi.OPERATIONS.items()}
+        self.real_kv_operations = frozenset(("write", "verify"))  # the launches that read real-KV sources
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
@@ -440,10 +441,10 @@ class Validators:
         return self._span(tensor)
 
     def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False,
-                              spans: Optional[list] = None) -> tuple:
+                              spans: Optional[list] = None, read: Optional[list] = None) -> tuple:
         """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
         when they were built; only their tensors are checked again. `spans` collects their tensors'
-        spans (inputs of every launch)."""
+        spans (inputs of every launch), `read` what the binding takes of each (real_kv_args)."""
         if not frozen:
             if not isinstance(sources, (tuple, list)):
                 raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
@@ -457,12 +458,14 @@ class Validators:
                 if type(t) is _TENSOR and t.device == device and t.is_contiguous():
                     size = t.shape
                     if len(size) >= 2 and size[0]:
-                        ptr, n, es = t.data_ptr(), t.nbytes, t.itemsize
-                        if (not ptr % align and not t.stride(0) * es % align
+                        ptr, n, es, stride0 = t.data_ptr(), t.nbytes, t.itemsize, t.stride()[0]
+                        if (not ptr % align and not stride0 * es % align
                                 and n // size[0] >= src.page_size * src.num_bytes_per_token
                                 and t.storage_offset() * es + n <= t.untyped_storage().nbytes()):
                             if spans is not None and n:
                                 spans.append((ptr, ptr + n, self.source_names[i], False))
+                            if read is not None:
+                                read.append((ptr, stride0, es, size[0]))
                             continue
             else:
                 for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
@@ -477,6 +480,9 @@ class Validators:
             if src.tensor.device != device:
                 raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
                                  f"got {src.tensor.device}")
+            if read is not None:
+                t = src.tensor
+                read.append((t.data_ptr(), t.stride(0), t.element_size(), t.shape[0]))
         return tuple(sources)
 
     # -- buffers and plans --------------------------------------------------------------------------------
@@ -571,14 +577,15 @@ class Validators:
         self.check_context_fields(context)
         return False
 
-    def check_context_values(self, context: Any, sizes: dict, spans: list, *, frozen: bool) -> int:
+    def check_context_values(self, context: Any, sizes: dict, spans: list, *, frozen: bool,
+                             read: Optional[list] = None) -> int:
         """The checks of a context its rules cannot make; returns num_slots."""
         buf = context.canary_buf
         stride, word = buf.shape[1], self.layout.CANARY_WORD_BYTES
         if stride % word or stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
             self.check_slot_stride(stride, _shape(buf))
         self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
-        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=spans)
+        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=spans, read=read)
         if not frozen:
             self.check_context_disjoint(context)
         return sizes["slots"]
@@ -632,7 +639,8 @@ class Validators:
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
     # Each takes the operation's keywords (generated/kernel_abi.py OPERATIONS[...].arguments: SGLang's
     # names and defaults, from the operation table).
-    def validate_write(self, **arguments) -> dict:
+    def validate_write(self, _read: Optional[list] = None, **arguments) -> dict:
+        """`_read` (the runtime's): receives what the binding takes of the real-KV sources."""
         a = self.operations["write"][3](**arguments)
         context = a["context"]
         frozen = self.check_context_object(context)
@@ -645,18 +653,18 @@ class Validators:
             raise self.fail("expected_inputs_forbidden")
         a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
         sizes, spans = self.check_tensors("write", a)
-        self.check_context_values(context, sizes, spans, frozen=frozen)
+        self.check_context_values(context, sizes, spans, frozen=frozen, read=_read)
         self.check_spans(spans)
         return a
 
-    def validate_verify(self, **arguments) -> dict:
+    def validate_verify(self, _read: Optional[list] = None, **arguments) -> dict:
         a = self.operations["verify"][3](**arguments)
         frozen = self.check_context_object(a["context"])
         self.check_plan_class(a["plan"], "VerifyPlan")
         self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
         a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
         sizes, spans = self.check_tensors("verify", a)
-        self.check_context_values(a["context"], sizes, spans, frozen=frozen)
+        self.check_context_values(a["context"], sizes, spans, frozen=frozen, read=_read)
         self.check_spans(spans)
         return a
 

@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 3262be9b12d3bc34d297ab5db95910eb9cbf6f7144fd27288391eac299784727
+# body-sha256: 7f383bae3782d38511c5b08132da12728e0d4bf3e59c019ac6c18c5d11e0ce4f
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "28e530ad9b1dd1603996fe2d8729661069c4e9f0b131fe9adf7151adb513f57a",
     "cuda/kv_canary_layout.cuh": "80e76e62138c00065abc6e6d2fc9ca9ca5adf76eff1f862e2fcc97304ebf1223",
     "emulation/kv_canary_launchers.cpp": "75c4238afb1dabe76b7f36289c6114f937b9a4c92b220d7ebb2c636c932e4fd9",
-    "kernel_abi.py": "4efb843915836f17c596f62c965a5cf220ee19adf80d7b74aaf34da5d399916f",
+    "kernel_abi.py": "144e899604d1893695a08b81c3ec4926d268d841109b17b2dc49ee6912e3754a",
     "layout.py": "ed168a520931f8097722d713cc2bc836cec53b1665e9b6d3cb31c827b709864d",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

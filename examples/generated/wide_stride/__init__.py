@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 0a50e6a161e3b64e1cf0b0ea208e10f98c4d2bbd899b514ff8265a5c7b01c934
+# body-sha256: 6bb0ca63508d07c6ed9abcce992f41214c14b2ed29d4751e07f06e78713fa5c7
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "31b912430120fc2e7bce07b19aa4b627b1749a94cfc15a4e2a51d6cfb3054f12",
     "cuda/kv_canary_layout.cuh": "9c80bebc498ab9a799c138082efb176706bf03e54888200a2c96b7bdecde1316",
     "emulation/kv_canary_launchers.cpp": "3b7d08fc73cbea01b7fe733811080f97d29b695933a5c5bc93247e389c2cea80",
-    "kernel_abi.py": "c2df8435107fce61bdf12924c8ef032bc2aa94704a1e925f90a318cf98bce8bc",
+    "kernel_abi.py": "7bb9d2525c20fa1440c9e1f2ba794edf7ce19f6446efd3f10d8b1d8f8ca05417",
     "layout.py": "825f7c59dac74549397e90079f1deededc6ae232c9ce53f1333c51d3ae924b4f",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }

@@ -107,13 +107,19 @@ def _int(kernel: str, param: str, kind: str, value) -> int:
 _NO_SOURCE = (0, 0, 0, 0, 0, 0, )
 
 
-def real_kv_args(context) -> tuple:
-    """The real-KV parameters of a context in ABI order (the `kv` argument of the bindings)."""
+def real_kv_args(context, read: tuple | None = None) -> tuple:
+    """The real-KV parameters of a context in ABI order (the `kv` argument of the bindings).
+    `read`: per source the (data_ptr(), stride(0), element_size(), shape[0]) of its tensor, as the
+    validators read them (None: read here)."""
     out = ()
     sources = context.real_kv_sources
-    for s in sources[:MAX_REAL_KV_SOURCES]:  # validated: never more
-        t = s.tensor
-        out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
+    for i, s in enumerate(sources[:MAX_REAL_KV_SOURCES]):  # validated: never more
+        if read is None:
+            t = s.tensor
+            out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
+        else:
+            ptr, stride0, element_size, rows = read[i]
+            out += (ptr, stride0 * element_size, rows, s.page_size, s.num_bytes_per_token, s.read_bytes)
     return out + _NO_SOURCE * (MAX_REAL_KV_SOURCES - len(sources)) + (len(context.real_kv_sources), context.real_kv_hash_mode)
 
 
