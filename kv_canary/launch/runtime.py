@@ -91,9 +91,7 @@ class Runtime:
         self.layout = layer.layout
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
-        # What every launch looks up, found once: operation -> its validator; path -> device getter.
-        self._validate = {op: getattr(self.validators, "validate_" + op) for op in self.validators.operations}
-        self._devices: dict = {}
+        self._devices: dict = {}  # device_of path -> its getter
 
     @property
     def api(self):
@@ -105,14 +103,14 @@ class Runtime:
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        validate, device = self._validate[operation], self._devices.get(device_of)
+        device = self._devices.get(device_of)
         if device is None:
             device = self._devices[device_of] = _device_getter(device_of)
         if operation in self.validators.real_kv_operations:  # what validation read, the binding takes
             read: list = []
-            args = validate(read, **arguments)
+            args = self.validators.check(operation, arguments, read)
             return self.backend(choose_backend(backend, device(args))).prepare(operation, args, read=read)
-        args = validate(**arguments)
+        args = self.validators.check(operation, arguments)
         return self.backend(choose_backend(backend, device(args))).prepare(operation, args)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:

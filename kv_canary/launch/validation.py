@@ -119,6 +119,9 @@ class Validators:
         # operation -> (its tensors, its compiled rules, the device's tensor, its keywords as a dict)
         self.operations = {name: (op.tensors, _compile(op.rules, bound.get(name, {})), op.device_of, op.arguments)
                            for name, op in self.abi.OPERATIONS.items()}
+        self.key_sets = {names: frozenset(names) for names in (self.input_fields, self.per_request_fields,
+                                                               self.per_slot_fields)}
+        self._checks = {op: getattr(self, "_check_" + op) for op in self.operations}
         self.real_kv_operations = frozenset(("write", "verify"))  # the launches that read real-KV sources
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
@@ -629,6 +632,8 @@ class Validators:
         """A {field name: tensor} mapping with exactly `names` as keys ({} / None when there are none);
         its tensors are checked by the operation's rules."""
         given = {} if given is None else given
+        if type(given) is dict and len(given) == len(names) and given.keys() == self.key_sets[names]:
+            return {name: given[name] for name in names}  # the usual case: a dict, keys as declared
         if not isinstance(given, Mapping):
             raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
         if len(given) != len(names) or set(given) != set(names):
@@ -637,11 +642,32 @@ class Validators:
         return {name: given[name] for name in names}
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
-    # Each takes the operation's keywords (generated/kernel_abi.py OPERATIONS[...].arguments: SGLang's
-    # names and defaults, from the operation table).
-    def validate_write(self, _read: Optional[list] = None, **arguments) -> dict:
-        """`_read` (the runtime's): receives what the binding takes of the real-KV sources."""
-        a = self.operations["write"][3](**arguments)
+    def check(self, operation: str, arguments: dict, read: Optional[list] = None) -> dict:
+        """Validate `operation` over a dict of its keywords (validate_<operation>); `read` (write,
+        verify) receives what the binding takes of the real-KV sources (real_kv_args)."""
+        return self._checks[operation](self.operations[operation][3](**arguments), read)
+
+    def validate_write(self, **arguments) -> dict:
+        return self.check("write", arguments)
+
+    def validate_verify(self, **arguments) -> dict:
+        return self.check("verify", arguments)
+
+    def validate_plan(self, **arguments) -> dict:
+        return self.check("plan", arguments)
+
+    def validate_plan_offsets(self, **arguments) -> dict:
+        return self.check("plan_offsets", arguments)
+
+    def validate_plan_entries(self, **arguments) -> dict:
+        return self.check("plan_entries", arguments)
+
+    def validate_scatter(self, **arguments) -> dict:
+        return self.check("scatter", arguments)
+
+    # Each takes the operation's keywords as a dict (generated/kernel_abi.py OPERATIONS[...].arguments:
+    # SGLang's names and defaults, from the operation table).
+    def _check_write(self, a: dict, read: Optional[list] = None) -> dict:
         context = a["context"]
         frozen = self.check_context_object(context)
         self.check_plan_class(a["plan"], "WritePlan")
@@ -653,18 +679,17 @@ class Validators:
             raise self.fail("expected_inputs_forbidden")
         a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
         sizes, spans = self.check_tensors("write", a)
-        self.check_context_values(context, sizes, spans, frozen=frozen, read=_read)
+        self.check_context_values(context, sizes, spans, frozen=frozen, read=read)
         self.check_spans(spans)
         return a
 
-    def validate_verify(self, _read: Optional[list] = None, **arguments) -> dict:
-        a = self.operations["verify"][3](**arguments)
+    def _check_verify(self, a: dict, read: Optional[list] = None) -> dict:
         frozen = self.check_context_object(a["context"])
         self.check_plan_class(a["plan"], "VerifyPlan")
         self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
         a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
         sizes, spans = self.check_tensors("verify", a)
-        self.check_context_values(a["context"], sizes, spans, frozen=frozen, read=_read)
+        self.check_context_values(a["context"], sizes, spans, frozen=frozen, read=read)
         self.check_spans(spans)
         return a
 
@@ -702,8 +727,7 @@ class Validators:
             self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
                               unit="entries at most")
 
-    def validate_plan(self, **arguments) -> dict:
-        a = self.operations["plan"][3](**arguments)
+    def _check_plan(self, a: dict, read: Optional[list] = None) -> dict:
         self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
         self.check_plan_class(a["write_plan_out"], "WritePlan")
         self.check_verify_capacity(a["verify_capacity"])
@@ -716,9 +740,8 @@ class Validators:
         self.check_spans(spans)
         return a
 
-    def validate_plan_offsets(self, **arguments) -> dict:
+    def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> dict:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        a = self.operations["plan_offsets"][3](**arguments)
         self.check_verify_capacity(a["verify_capacity"])
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan_offsets", a)
@@ -727,17 +750,15 @@ class Validators:
         self.check_spans(spans)
         return a
 
-    def validate_plan_entries(self, **arguments) -> dict:
+    def _check_plan_entries(self, a: dict, read: Optional[list] = None) -> dict:
         """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
-        a = self.operations["plan_entries"][3](**arguments)
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan_entries", a)
         self.check_plan_sizes(sizes, scratch=a["verify_offsets_scratch"], scratch_name="verify_offsets_scratch")
         self.check_spans(spans)
         return a
 
-    def validate_scatter(self, **arguments) -> dict:
-        a = self.operations["scatter"][3](**arguments)
+    def _check_scatter(self, a: dict, read: Optional[list] = None) -> dict:
         sizes, spans = self.check_tensors("scatter", a)
         # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
         pool_out = a["pool_out"]
