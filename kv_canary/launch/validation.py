@@ -81,19 +81,18 @@ class _Rule:
 
 def _compile(rules, checks: dict) -> tuple:
     """Each rule as check_tensors reads it: (dtype, shape kind, its two values, alignment, element
-    size, output?, optional?, the size checks to run once it passed, the rule)."""
+    size, output?, optional?, the size checks to run once it passed or None, overlap name, the rule)."""
     bound: set = set()
     out = []
     for r in map(lambda rule: _Rule(*rule, bound=bound), rules):
         if r.fixed is not None:
             kind, a1, a2 = _FIXED, r.fixed, 0
         elif r.one is not None:
-            kind, a1, a2 = r.one
-            kind = _GENERAL if kind == _ANY else kind
+            kind, a1, a2 = r.one  # one dimension: _BINDS, _MATCHES or _ANY
         else:
             kind, a1, a2 = _GENERAL, None, 0
-        after = tuple(checks[size] for size in r.binds if size in checks)
-        out.append((r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r))
+        after = tuple(checks[size] for size in r.binds if size in checks) or None
+        out.append((r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
     return tuple(out)
 
 
@@ -148,7 +147,7 @@ class Validators:
         first = ts[0]  # the device_of tensor: every other one must share its device
         dev = first.device if type(first) is _TENSOR and not first.is_meta else None
         cpu = dev is not None and dev.type == "cpu"  # is_cpu reads faster than a device object
-        for (dtype, kind, a1, a2, align, es, output, optional, after, rule), t in zip(compiled, ts):
+        for (dtype, kind, a1, a2, align, es, output, optional, after, overlap, rule), t in zip(compiled, ts):
             if t is None and optional:
                 continue
             ok = (type(t) is _TENSOR and t.dtype is dtype and (t.is_cpu if cpu else t.device == dev)
@@ -163,8 +162,8 @@ class Validators:
                     sizes[a1] = shape[0]
                 elif kind == _MATCHES:
                     ok = shape[0] == sizes[a1] + a2
-                else:
-                    ok = self._dims(rule, shape, sizes)
+                elif kind != _ANY:
+                    ok = self._dims(rule, shape, sizes)  # a rule of another rank: refused
             if ok:
                 ptr, n = t.data_ptr(), t.nbytes
                 ok = not ptr % align and t.storage_offset() * es + n <= t.untyped_storage().nbytes()
@@ -178,9 +177,10 @@ class Validators:
                     cpu = dev.type == "cpu"
                 ptr, n = t.data_ptr(), self.extent(t)
             if n and ptr:
-                spans.append((ptr, ptr + n, rule.overlap, output))
-            for check in after:
-                check(sizes)
+                spans.append((ptr, ptr + n, overlap, output))
+            if after is not None:
+                for check in after:
+                    check(sizes)
         return sizes, spans
 
     @staticmethod
