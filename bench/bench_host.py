@@ -104,7 +104,7 @@ def _bare(op: str, args: dict, backend: str):
     the values the prepared launch bound; for torch, the reference's operation on validated arguments."""
     if backend == "emulated":
         return bare(LAYER, op, args, backend)
-    validated = getattr(RT.validators, "validate_" + op)(**args)
+    validated = RT.validators.check(op, args)
     run = getattr(LAYER.reference, op)
     return (lambda: run(**validated)), 0
 

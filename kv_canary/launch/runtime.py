@@ -4,7 +4,7 @@ A generated layer's public functions (generated/api.py, rendered from the launch
 codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) all call
 `Runtime.launch(operation, device_of, backend, **arguments)`, which does, at every call:
 
-1. `validate_<operation>(**arguments)` (kv_canary/launch/validation.py): every check, from shapes,
+1. `Validators.check(operation, arguments)` (kv_canary/launch/validation.py): every check, from shapes,
    dtypes, storages and Python values only; it returns the backend operation's keywords;
 2. the backend: the `backend=` keyword, else the KV_CANARY_BACKEND environment variable, else the
    tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise `torch`);

@@ -15,7 +15,7 @@ from the layer's kernel ABI (generated/kernel_abi.py ARGUMENT_KINDS and RANGES, 
 one description of every kernel parameter), so a value no kernel can hold is refused here, with
 the argument's own name, on every backend alike (the torch reference included). Everything is
 checked from shapes, dtypes, data pointers and Python arguments only: no device value is read, so
-validation never synchronises a GPU. Backends may assume validated inputs. `validate_<operation>`
+validation never synchronises a GPU. Backends may assume validated inputs. `check(operation, arguments)`
 returns the keyword arguments the backend operation takes, normalised (input-field mappings become
 dicts with exactly the schema's keys).
 """
@@ -643,27 +643,10 @@ class Validators:
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
     def check(self, operation: str, arguments: dict, read: Optional[list] = None) -> dict:
-        """Validate `operation` over a dict of its keywords (validate_<operation>); `read` (write,
-        verify) receives what the binding takes of the real-KV sources (real_kv_args)."""
+        """Validate `operation` over a dict of its keywords; returns the backend operation's keyword
+        arguments. `read` (write, verify) receives what the binding takes of the real-KV sources
+        (real_kv_args)."""
         return self._checks[operation](self.operations[operation][3](**arguments), read)
-
-    def validate_write(self, **arguments) -> dict:
-        return self.check("write", arguments)
-
-    def validate_verify(self, **arguments) -> dict:
-        return self.check("verify", arguments)
-
-    def validate_plan(self, **arguments) -> dict:
-        return self.check("plan", arguments)
-
-    def validate_plan_offsets(self, **arguments) -> dict:
-        return self.check("plan_offsets", arguments)
-
-    def validate_plan_entries(self, **arguments) -> dict:
-        return self.check("plan_entries", arguments)
-
-    def validate_scatter(self, **arguments) -> dict:
-        return self.check("scatter", arguments)
 
     # Each takes the operation's keywords as a dict (generated/kernel_abi.py OPERATIONS[...].arguments:
     # SGLang's names and defaults, from the operation table).
