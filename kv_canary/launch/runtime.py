@@ -67,7 +67,7 @@ class PreparedLaunch:
     named arguments replaced, validated and bound again as a whole."""
 
     def __init__(self, runtime: "Runtime", name: str, backend, arguments: dict):
-        operation, device_of = runtime.layer.api.LAUNCHES[name]
+        operation, device_of = runtime.launches[name]
         self.runtime, self.name, self.backend, self.arguments = runtime, name, backend, arguments
         self.prepared: Prepared = runtime.prepare(operation, device_of, backend, arguments)
         self.run = self.prepared.run
@@ -92,6 +92,7 @@ class Runtime:
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
         self._devices: dict = {}  # device_of path -> its getter
+        self.launches = layer.api.LAUNCHES  # public launch name -> (operation, device_of)
 
     @property
     def api(self):
@@ -119,7 +120,7 @@ class Runtime:
 
     def bind(self, name: str, **arguments) -> PreparedLaunch:
         """The public launch `name` validated and bound, not launched (PreparedLaunch)."""
-        if name not in self.layer.api.LAUNCHES:
+        if name not in self.launches:
             raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
                              f"launches are {', '.join(self.layer.api.LAUNCHES)}")
         return PreparedLaunch(self, name, arguments.pop("backend", None), arguments)

@@ -454,11 +454,12 @@ class Validators:
             if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
                 raise self.fail("real_kv_source_count", n=len(sources))
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        cpu = device.type == "cpu"  # is_cpu reads faster than a device object
         for i, src in enumerate(sources):
             if frozen and type(src) is self.frozen_source:
                 # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
                 t = src.tensor
-                if type(t) is _TENSOR and t.device == device and t.is_contiguous():
+                if type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous():
                     size = t.shape
                     if len(size) >= 2 and size[0]:
                         ptr, n, es, stride0 = t.data_ptr(), t.nbytes, t.itemsize, t.stride()[0]
