@@ -104,7 +104,7 @@ def _bare(op: str, args: dict, backend: str):
     the values the prepared launch bound; for torch, the reference's operation on validated arguments."""
     if backend == "emulated":
         return bare(LAYER, op, args, backend)
-    validated = getattr(RT.validators, "validate_" + op)(**args)
+    validated = RT.validators.check(op, args)
     run = getattr(LAYER.reference, op)
     return (lambda: run(**validated)), 0
 
@@ -156,14 +156,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--quick", action="store_true", help="fewer rounds and smaller manager batches")
+    parser.add_argument("--launches-only", action="store_true", help="only the per-launch figures (no manager steps)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the reference's tensors are small; a shared 2-core machine
     backends = ["torch"] + (["emulated"] if shutil.which("g++") is not None else [])
     print(f"kv-canary host launch path (torch {torch.__version__}, ctypes {ctypes.__version__})")
     rows = launch_costs(backends, rounds=40 if args.quick else 200, batch=20 if args.quick else 50)
     print("\n".join(launch_lines(rows)))
-    print(f"manager host cost per step (goal: decode host overhead <= {MANAGER_GOAL_MS:.2f} ms):")
-    steps = manager_costs(quick=args.quick)
+    steps = []
+    if not args.launches_only:
+        print(f"manager host cost per step (goal: decode host overhead <= {MANAGER_GOAL_MS:.2f} ms):")
+        steps = manager_costs(quick=args.quick)
     if args.json:
         args.json.write_text(json.dumps({"launches": rows, "manager_steps": steps}, indent=2))
     return 0

@@ -454,12 +454,20 @@ def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str
     return tuple((p, form, expr) for p, form, expr, _, _ in out)
 
 
+def binding_roots(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
+    """The operation arguments the binding's expressions read (besides `kv`), in first-use order."""
+    args = set(OPERATIONS[kernel.template].binding_args) - {"kv"}
+    used = (name for _, _, expr in binding_items(schema, kernel) for name in re.findall(r"[A-Za-z_]\w*", expr))
+    return tuple(dict.fromkeys(name for name in used if name in args))
+
+
 def rules_context(schema: Schema) -> dict:
     """What templates/python/kernel_abi.py.j2 renders the operations from."""
     return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
             "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
             "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
             "plan_stages": plan_stage_values(schema), "plan_stage_roots": plan_stage_roots(schema),
+            "binding_roots": lambda kernel: binding_roots(schema, kernel),
             "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
             "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
 

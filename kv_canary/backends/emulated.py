@@ -102,10 +102,11 @@ class EmulationLibrary:
         return fn
 
     def launcher(self, entry_point: str, *, blocks: int, threads: int, packed: PackedArgs):
-        fn = self.entry_point(entry_point)
+        fn = self._entry_points.get(entry_point) or self.entry_point(entry_point)
+        address = packed.address
 
-        def launch() -> None:
-            if fn(blocks, threads, packed.address) != 0:
+        def launch(_packed=packed) -> None:  # _packed: the slots live as long as the launch
+            if fn(blocks, threads, address) != 0:
                 raise self.failure(entry_point, blocks, threads)
         return launch
 
@@ -138,7 +139,6 @@ class EmulatedBackend(KernelBackend):
         self.threads = threads
         self.persistent_blocks = persistent_blocks
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
-        self._packers: dict = {}  # kernel name -> the struct its values pack with
         host = HostChecks(layer)
         # The operations that read index values check them at every run, before any kernel writes
         # (HostChecks has a method of the operation's name).
@@ -158,10 +158,8 @@ class EmulatedBackend(KernelBackend):
         return blocks_for(kernel, work, threads=threads, persistent_blocks=self.persistent_blocks), threads
 
     def launcher(self, kernel, entry_point: str, *, blocks: int, threads: int, values: tuple, device):
-        packer = self._packers.get(kernel.name)
-        if packer is None:
-            packer = self._packers[kernel.name] = _packer(kernel.kinds)
-        return self.library.launcher(entry_point, blocks=blocks, threads=threads, packed=PackedArgs(packer, values))
+        return self.library.launcher(entry_point, blocks=blocks, threads=threads,
+                                     packed=PackedArgs(_packer(kernel.kinds), values))
 
 
 def create(layer) -> EmulatedBackend:

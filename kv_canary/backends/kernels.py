@@ -2,7 +2,7 @@
 its two stages, scatter) as launches of the generated kernels.
 
 Which kernel, which variant, every argument value: decided here, from the layer's generated kernel
-ABI (generated/kernel_abi.py: `KERNELS[name].bind(**arguments)` returns a kernel's arguments in ABI
+ABI (generated/kernel_abi.py: `KERNELS[name].bind(arguments[, kv])` returns a kernel's arguments in ABI
 order, rendered from the same parameter list as the CUDA signature). Subclasses say how big a grid
 is and how a launch of those values runs (`launcher`: CuPy's kernel call on a GPU, the emulation
 library's packed-argument entry point on the host).
@@ -36,6 +36,7 @@ class KernelBackend:
                              f"run `{regenerate_command(layer)}`")
         self.kernels = {template: self.abi.kernel_for_template(template) for template in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
+        self._operations = {op: getattr(self, "_" + op) for op in (*self.abi.KERNEL_OPERATIONS, "plan")}
 
     # -- hooks ----------------------------------------------------------------------------------
     def check_device(self, device: torch.device) -> None:
@@ -56,7 +57,7 @@ class KernelBackend:
 
     # -- binding --------------------------------------------------------------------------------
     def entry_point(self, kernel, **flags) -> str:
-        key = (kernel.name, *flags.items())
+        key = (kernel.name, *flags.items()) if flags else kernel.name
         entry = self._entry_points.get(key)
         if entry is None:
             entry = self._entry_points[key] = self._entry_point(kernel, **flags)
@@ -70,27 +71,32 @@ class KernelBackend:
                                  f"`specializations: {{{flag}: [false, true]}}` for it in kernels.yaml")
         return kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
 
-    def bound(self, template: str, args: dict, *, work: int, device: torch.device, **flags) -> tuple:
+    def bound(self, template: str, args: dict, *, work: int, device: torch.device, kv: tuple | None = None,
+              **flags) -> tuple:
         """(kernel, entry point, blocks, threads, values, args) of one kernel launch over `args` (kept
         with the launch: the values hold their tensors' addresses, not the tensors)."""
         kernel = self.kernels[template]
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
-        return kernel, entry, blocks, threads, kernel.bind(**args), args
+        values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
+        return kernel, entry, blocks, threads, values, args
 
-    def prepare(self, operation: str, args: dict, *, host_checks: bool = True) -> Prepared:
+    def prepare(self, operation: str, args: dict, *, host_checks: bool = True, read: list | None = None) -> Prepared:
         """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
-        a host backend's value checks (what the kernels alone do with such values, as on a GPU)."""
-        device, stages = getattr(self, "_" + operation)(args)
+        a host backend's value checks (what the kernels alone do with such values, as on a GPU);
+        `read`: what the validators read of the real-KV sources (write, verify; real_kv_args)."""
+        device, stages = self._operations[operation](args) if read is None else self._operations[operation](args, read)
         runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
                 for kernel, entry, blocks, threads, values, _ in stages]
         checks = self.checks(operation) if host_checks else None
-
-        def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
-            if checks is not None:
-                checks(args)
-            for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
-                launch()
+        if checks is None and len(runs) == 1:
+            run = runs[0]  # the launch holds its values; `stages` below holds the tensors
+        else:
+            def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
+                if checks is not None:
+                    checks(args)
+                for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
+                    launch()
         return Prepared(run, args, tuple(stages))
 
     # -- the operations: (device, [bound kernel launch, ...]) -----------------------------------
@@ -98,16 +104,16 @@ class KernelBackend:
         self.check_device(tensor.device)
         return tensor.device
 
-    def _write(self, args: dict):
+    def _write(self, args: dict, read: list | None = None):
         device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"])
-        return device, [self.bound("write", dict(args, kv=kv), work=int(args["plan"].write_seed_slot_indices.shape[0]),
+        kv = self.abi.real_kv_args(args["context"], read)
+        return device, [self.bound("write", args, kv=kv, work=int(args["plan"].write_seed_slot_indices.shape[0]),
                                    device=device)]
 
-    def _verify(self, args: dict):
+    def _verify(self, args: dict, read: list | None = None):
         device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"])
-        return device, [self.bound("verify", dict(args, kv=kv), work=int(args["plan"].verify_slot_indices.shape[0]),
+        kv = self.abi.real_kv_args(args["context"], read)
+        return device, [self.bound("verify", args, kv=kv, work=int(args["plan"].verify_slot_indices.shape[0]),
                                    device=device, check_verify_expected_token=args["check_verify_expected_token"])]
 
     def _plan_offsets(self, args: dict):

@@ -24,7 +24,7 @@ class TorchBackend:
         self._checks = {"plan": checks.plan_rows_only, "plan_offsets": checks.plan_rows_only,
                         "plan_entries": checks.plan_entries_scratch, "scatter": checks.scatter}
 
-    def prepare(self, operation: str, args: dict) -> Prepared:
+    def prepare(self, operation: str, args: dict, *, read: list | None = None) -> Prepared:
         op, checks = getattr(self.reference, operation), self._checks.get(operation)
 
         def run() -> None:

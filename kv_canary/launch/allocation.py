@@ -202,6 +202,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
             violation_reason_counts=allocate_reason_counts(device=device) if count_reasons else None)
 
     v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
+    v.frozen_plans = {"VerifyPlan": VerifyPlan, "WritePlan": WritePlan}
     names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
              "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
              "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")

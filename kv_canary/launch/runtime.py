@@ -4,7 +4,7 @@ A generated layer's public functions (generated/api.py, rendered from the launch
 codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) all call
 `Runtime.launch(operation, device_of, backend, **arguments)`, which does, at every call:
 
-1. `validate_<operation>(**arguments)` (kv_canary/launch/validation.py): every check, from shapes,
+1. `Validators.check(operation, arguments)` (kv_canary/launch/validation.py): every check, from shapes,
    dtypes, storages and Python values only; it returns the backend operation's keywords;
 2. the backend: the `backend=` keyword, else the KV_CANARY_BACKEND environment variable, else the
    tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise `torch`);
@@ -52,11 +52,12 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
-def _device_of(path: str, args: dict) -> torch.device:
-    """The device of the argument at `path` ("req_to_token", "context.canary_buf")."""
+def _device_getter(path: str):
+    """args -> the device of the argument at `path` ("req_to_token", "context.canary_buf")."""
     head, _, attr = path.partition(".")
-    value = args[head]
-    return (getattr(value, attr) if attr else value).device
+    if attr:
+        return lambda args: getattr(args[head], attr).device
+    return lambda args: args[head].device
 
 
 class PreparedLaunch:
@@ -66,7 +67,7 @@ class PreparedLaunch:
     named arguments replaced, validated and bound again as a whole."""
 
     def __init__(self, runtime: "Runtime", name: str, backend, arguments: dict):
-        operation, device_of = runtime.layer.api.LAUNCHES[name]
+        operation, device_of = runtime.launches[name]
         self.runtime, self.name, self.backend, self.arguments = runtime, name, backend, arguments
         self.prepared: Prepared = runtime.prepare(operation, device_of, backend, arguments)
         self.run = self.prepared.run
@@ -90,6 +91,8 @@ class Runtime:
         self.layout = layer.layout
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
+        self._devices: dict = {}  # device_of path -> its getter
+        self.launches = layer.api.LAUNCHES  # public launch name -> (operation, device_of)
 
     @property
     def api(self):
@@ -101,8 +104,15 @@ class Runtime:
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        args = getattr(self.validators, "validate_" + operation)(**arguments)
-        return self.backend(choose_backend(backend, _device_of(device_of, args))).prepare(operation, args)
+        device = self._devices.get(device_of)
+        if device is None:
+            device = self._devices[device_of] = _device_getter(device_of)
+        if operation in self.validators.real_kv_operations:  # what validation read, the binding takes
+            read: list = []
+            args = self.validators.check(operation, arguments, read)
+            return self.backend(choose_backend(backend, device(args))).prepare(operation, args, read=read)
+        args = self.validators.check(operation, arguments)
+        return self.backend(choose_backend(backend, device(args))).prepare(operation, args)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
         """Validate `arguments` for `operation`, then run it on the chosen backend."""
@@ -110,7 +120,7 @@ class Runtime:
 
     def bind(self, name: str, **arguments) -> PreparedLaunch:
         """The public launch `name` validated and bound, not launched (PreparedLaunch)."""
-        if name not in self.layer.api.LAUNCHES:
+        if name not in self.launches:
             raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
                              f"launches are {', '.join(self.layer.api.LAUNCHES)}")
         return PreparedLaunch(self, name, arguments.pop("backend", None), arguments)

@@ -15,7 +15,7 @@ from the layer's kernel ABI (generated/kernel_abi.py ARGUMENT_KINDS and RANGES, 
 one description of every kernel parameter), so a value no kernel can hold is refused here, with
 the argument's own name, on every backend alike (the torch reference included). Everything is
 checked from shapes, dtypes, data pointers and Python arguments only: no device value is read, so
-validation never synchronises a GPU. Backends may assume validated inputs. `validate_<operation>`
+validation never synchronises a GPU. Backends may assume validated inputs. `check(operation, arguments)`
 returns the keyword arguments the backend operation takes, normalised (input-field mappings become
 dicts with exactly the schema's keys).
 """
@@ -33,6 +33,7 @@ _UINT8 = torch.uint8
 _TENSOR = torch.Tensor
 _DTYPES = {"uint8": torch.uint8, "int32": torch.int32, "int64": torch.int64}
 _ANY, _EQUALS, _BINDS, _MATCHES = range(4)  # what a rule's dimension does (see _Rule)
+_FIXED, _GENERAL = 4, 5  # a rule's shape as a whole: every size fixed; any other rank-N check
 
 
 def _shape(t: torch.Tensor) -> tuple:
@@ -78,9 +79,21 @@ class _Rule:
         self.one = out[0] if len(out) == 1 and self.fixed is None else None
 
 
-def _compile(rules) -> list:
+def _compile(rules, checks: dict) -> tuple:
+    """Each rule as check_tensors reads it: (dtype, shape kind, its two values, alignment, element
+    size, output?, optional?, the size checks to run once it passed or None, overlap name, the rule)."""
     bound: set = set()
-    return [_Rule(*rule, bound=bound) for rule in rules]
+    out = []
+    for r in map(lambda rule: _Rule(*rule, bound=bound), rules):
+        if r.fixed is not None:
+            kind, a1, a2 = _FIXED, r.fixed, 0
+        elif r.one is not None:
+            kind, a1, a2 = r.one  # one dimension: _BINDS, _MATCHES or _ANY
+        else:
+            kind, a1, a2 = _GENERAL, None, 0
+        after = tuple(checks[size] for size in r.binds if size in checks) or None
+        out.append((r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
+    return tuple(out)
 
 
 class Validators:
@@ -94,15 +107,21 @@ class Validators:
         # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
         # besides tensors is checked when they are built, not again at every launch.
         self.frozen_context = self.frozen_source = None
+        self.frozen_plans: dict = {}
+        self.ranges = {argument: self.abi.RANGES[kind] for argument, kind in self.abi.ARGUMENT_KINDS.items()}
         self.messages = layout.MESSAGES
         fields = layout.INPUT_FIELDS
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
         self.per_slot_fields = tuple(f.name for f in fields if f.verify_expected == "per_slot")
+        bound = self._size_checks()
         # operation -> (its tensors, its compiled rules, the device's tensor, its keywords as a dict)
-        self.operations = {name: (op.tensors, tuple(_compile(op.rules)), op.device_of, op.arguments)
+        self.operations = {name: (op.tensors, _compile(op.rules, bound.get(name, {})), op.device_of, op.arguments)
                            for name, op in self.abi.OPERATIONS.items()}
-        self.bound = self._size_checks()
+        self.key_sets = {names: frozenset(names) for names in (self.input_fields, self.per_request_fields,
+                                                               self.per_slot_fields)}
+        self._checks = {op: getattr(self, "_check_" + op) for op in self.operations}
+        self.real_kv_operations = frozenset(("write", "verify"))  # the launches that read real-KV sources
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
@@ -115,68 +134,70 @@ class Validators:
         return ValueError(self.message(key, **values))
 
     # -- the operations' tensors (generated rules) ------------------------------------------------------
-    def check_tensors(self, operation: str, args: dict, bound: Optional[dict] = None) -> tuple[dict, list, list]:
+    def check_tensors(self, operation: str, args: dict) -> tuple[dict, list]:
         """Every tensor of `operation` against its generated rule; returns the sizes the rules bound
-        ({"n": tokens, "cap": capacity, ...}) and the (first byte, end, name) spans of the inputs and
-        outputs (for check_spans). One read of each attribute per tensor; a tensor that breaks its
-        rule goes to check_tensor, which raises with the first thing that is wrong. `bound`: {size:
-        check(sizes)} run as soon as the tensor that binds the size has passed (a capacity above 0)."""
-        tensors, rules, device_of, _ = self.operations[operation]
+        ({"n": tokens, "cap": capacity, ...}) and the (first byte, end, name, output?) spans of its
+        tensors (for check_spans). One read of each attribute per tensor; a tensor that breaks its
+        rule goes to refuse, which raises with the first thing that is wrong. The size checks of the
+        operation (_size_checks: a capacity above 0) run as soon as the tensor binding the size passed."""
+        tensors, compiled, device_of, _ = self.operations[operation]
         sizes: dict = {}
-        inputs: list = []
-        outputs: list = []
-        dev = None
-        for rule, t in zip(rules, tensors(args)):
-            if t is None and rule.optional:
+        spans: list = []
+        ts = tensors(args)
+        first = ts[0]  # the device_of tensor: every other one must share its device
+        dev = first.device if type(first) is _TENSOR and not first.is_meta else None
+        cpu = dev is not None and dev.type == "cpu"  # is_cpu reads faster than a device object
+        for (dtype, kind, a1, a2, align, es, output, optional, after, overlap, rule), t in zip(compiled, ts):
+            if t is None and optional:
                 continue
-            ok = type(t) is _TENSOR and t.dtype is rule.dtype
+            ok = (type(t) is _TENSOR and t.dtype is dtype and (t.is_cpu if cpu else t.device == dev)
+                  and t.is_contiguous())
             if ok:
                 shape = t.shape
-                if rule.fixed is not None:
-                    ok = shape == rule.fixed
-                elif rule.one is not None:
-                    what, value, plus = rule.one
-                    if len(shape) != 1:
-                        ok = False
-                    elif what == _BINDS:
-                        sizes[value] = shape[0]
-                    elif what == _MATCHES:
-                        ok = shape[0] == sizes[value] + plus
-                else:
-                    ok = len(shape) == rule.rank
-                    for (what, value, plus), got in zip(rule.dims, shape if ok else ()):
-                        if what == _EQUALS:
-                            ok = got == value
-                        elif what == _MATCHES:
-                            ok = got == sizes[value] + plus
-                        elif what == _BINDS:
-                            sizes[value] = got
-                        if not ok:
-                            break
+                if kind == _FIXED:
+                    ok = shape == a1
+                elif len(shape) != 1:
+                    ok = kind == _GENERAL and self._dims(rule, shape, sizes)
+                elif kind == _BINDS:
+                    sizes[a1] = shape[0]
+                elif kind == _MATCHES:
+                    ok = shape[0] == sizes[a1] + a2
+                elif kind != _ANY:
+                    ok = self._dims(rule, shape, sizes)  # a rule of another rank: refused
             if ok:
-                if dev is None:
-                    dev, ok = t.device, not t.is_meta
-                else:
-                    ok = t.device == dev
-            if ok and t.is_contiguous():
                 ptr, n = t.data_ptr(), t.nbytes
-                ok = not ptr % rule.align_bytes and t.storage_offset() * rule.es + n <= t.untyped_storage().nbytes()
-            else:
-                ok = False
+                ok = not ptr % align and t.storage_offset() * es + n <= t.untyped_storage().nbytes()
             if not ok:
                 self.refuse(rule, t, sizes, dev, device_of)  # raises, but for a valid non-contiguous tensor
                 for (what, value, _), got in zip(rule.dims, t.shape):
                     if what == _BINDS:
                         sizes[value] = got
-                dev = t.device if dev is None else dev
+                if dev is None:
+                    dev = t.device
+                    cpu = dev.type == "cpu"
                 ptr, n = t.data_ptr(), self.extent(t)
             if n and ptr:
-                (outputs if rule.output else inputs).append((ptr, ptr + n, rule.overlap))
-            if bound is not None and rule.binds:
-                for size in rule.binds:
-                    if size in bound:
-                        bound[size](sizes)
-        return sizes, inputs, outputs
+                spans.append((ptr, ptr + n, overlap, output))
+            if after is not None:
+                for check in after:
+                    check(sizes)
+        return sizes, spans
+
+    @staticmethod
+    def _dims(rule: "_Rule", shape, sizes: dict) -> bool:
+        """`shape` against a rule of any rank, binding the sizes its symbols name first."""
+        if len(shape) != rule.rank:
+            return False
+        for (what, value, plus), got in zip(rule.dims, shape):
+            if what == _EQUALS:
+                if got != value:
+                    return False
+            elif what == _MATCHES:
+                if got != sizes[value] + plus:
+                    return False
+            elif what == _BINDS:
+                sizes[value] = got
+        return True
 
     def refuse(self, rule: _Rule, t: Any, sizes: dict, device, device_of: str) -> None:
         """Raise the text of the first thing `t` breaks of `rule` (the checks one by one)."""
@@ -188,24 +209,33 @@ class Validators:
         if rule.align:
             self.check_aligned(rule.name, t, rule.align, rule.words)
 
-    def check_spans(self, inputs: list, outputs: list) -> None:
+    def check_spans(self, spans: list) -> None:
         """No input shares memory with an output of the same launch: a kernel reading what it writes
-        gives different results on different backends (thread order, copies), so it is refused."""
-        if not outputs:
-            return
-        lo, hi = min(s[0] for s in outputs), max(s[1] for s in outputs)
-        for start, end, name in inputs:
-            if start >= hi or end <= lo:  # outside every output: the usual case
-                continue
-            for o_start, o_end, out in outputs:
-                if start < o_end and o_start < end:
-                    raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
-                                     f"outputs must not share memory (pass a copy of {name})")
+        gives different results on different backends (thread order, copies), so it is refused.
+        `spans`: (first byte, end, name, output?); one pass in address order, keeping the furthest
+        end of the inputs and of the outputs seen so far."""
+        in_end = out_end = 0
+        in_name = out_name = ""
+        for start, end, name, output in sorted(spans):
+            if output:
+                if start < in_end:
+                    self.refuse_overlap(in_name, name)
+                if end > out_end:
+                    out_end, out_name = end, name
+            else:
+                if start < out_end:
+                    self.refuse_overlap(name, out_name)
+                if end > in_end:
+                    in_end, in_name = end, name
+
+    def refuse_overlap(self, name: str, out: str) -> None:
+        raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
+                         f"outputs must not share memory (pass a copy of {name})")
 
     def check_disjoint(self, inputs: dict, outputs: dict) -> None:
         """check_spans over {name: tensor or None} mappings."""
-        self.check_spans([(*span, name) for name, t in inputs.items() for span in (self._span(t),) if span],
-                         [(*span, name) for name, t in outputs.items() for span in (self._span(t),) if span])
+        self.check_spans([(*span, name, output) for names, output in ((inputs, False), (outputs, True))
+                          for name, t in names.items() for span in (self._span(t),) if span])
 
     def _span(self, t) -> tuple:
         """(first byte, one past the last) of a tensor with memory; () for anything else."""
@@ -286,9 +316,9 @@ class Validators:
     def check_fits(self, name: str, value: int, *, argument: Optional[str] = None) -> int:
         """`value` within the C integer of the kernels that takes argument `argument` (default: `name`;
         the kind comes from the generated kernel ABI, never from a table here)."""
-        kind = self.abi.ARGUMENT_KINDS[argument or name]
-        lo, hi = self.abi.RANGES[kind]
+        lo, hi = self.ranges[argument or name]
         if not lo <= value <= hi:
+            kind = self.abi.ARGUMENT_KINDS[argument or name]
             side, bound = ("<=", hi) if value > hi else (">=", lo)
             raise ValueError(f"{self.prefix}{name} must be {side} {_bound(bound)} (the kernels hold it in a C "
                              f"{self.abi.C_NAMES[kind]}), got {value}")
@@ -306,6 +336,8 @@ class Validators:
 
     def as_int(self, name: str, value: Any) -> int:
         """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
+        if type(value) is int:
+            return value
         if not isinstance(value, bool):
             try:
                 return operator.index(value)
@@ -412,29 +444,32 @@ class Validators:
         return self._span(tensor)
 
     def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False,
-                              spans: Optional[list] = None) -> tuple:
+                              spans: Optional[list] = None, read: Optional[list] = None) -> tuple:
         """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
         when they were built; only their tensors are checked again. `spans` collects their tensors'
-        spans (inputs of every launch)."""
+        spans (inputs of every launch), `read` what the binding takes of each (real_kv_args)."""
         if not frozen:
             if not isinstance(sources, (tuple, list)):
                 raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
             if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
                 raise self.fail("real_kv_source_count", n=len(sources))
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        cpu = device.type == "cpu"  # is_cpu reads faster than a device object
         for i, src in enumerate(sources):
             if frozen and type(src) is self.frozen_source:
                 # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
                 t = src.tensor
-                if type(t) is _TENSOR and t.device == device and t.is_contiguous():
+                if type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous():
                     size = t.shape
                     if len(size) >= 2 and size[0]:
-                        ptr, n, es = t.data_ptr(), t.nbytes, t.itemsize
-                        if (not ptr % align and not t.stride(0) * es % align
+                        ptr, n, es, stride0 = t.data_ptr(), t.nbytes, t.itemsize, t.stride()[0]
+                        if (not ptr % align and not stride0 * es % align
                                 and n // size[0] >= src.page_size * src.num_bytes_per_token
                                 and t.storage_offset() * es + n <= t.untyped_storage().nbytes()):
                             if spans is not None and n:
-                                spans.append((ptr, ptr + n, self.source_names[i]))
+                                spans.append((ptr, ptr + n, self.source_names[i], False))
+                            if read is not None:
+                                read.append((ptr, stride0, es, size[0]))
                             continue
             else:
                 for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
@@ -445,10 +480,13 @@ class Validators:
             span = self.check_real_kv_tensor(src.tensor, page_size=src.page_size,
                                              num_bytes_per_token=src.num_bytes_per_token)
             if spans is not None and span:
-                spans.append((*span, f"real_kv_sources[{i}].tensor"))
+                spans.append((*span, f"real_kv_sources[{i}].tensor", False))
             if src.tensor.device != device:
                 raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
                                  f"got {src.tensor.device}")
+            if read is not None:
+                t = src.tensor
+                read.append((t.data_ptr(), t.stride(0), t.element_size(), t.shape[0]))
         return tuple(sources)
 
     # -- buffers and plans --------------------------------------------------------------------------------
@@ -528,6 +566,8 @@ class Validators:
 
     def check_plan_class(self, plan: Any, cls: str) -> None:
         """A VerifyPlan or WritePlan (of this schema): every field its class has."""
+        if type(plan) is self.frozen_plans.get(cls):
+            return
         for attr in self.plan_classes[cls]:
             if not hasattr(plan, attr):
                 of = " of this schema" if cls == "VerifyPlan" else ""
@@ -541,14 +581,15 @@ class Validators:
         self.check_context_fields(context)
         return False
 
-    def check_context_values(self, context: Any, sizes: dict, inputs: list, *, frozen: bool) -> int:
+    def check_context_values(self, context: Any, sizes: dict, spans: list, *, frozen: bool,
+                             read: Optional[list] = None) -> int:
         """The checks of a context its rules cannot make; returns num_slots."""
         buf = context.canary_buf
         stride, word = buf.shape[1], self.layout.CANARY_WORD_BYTES
         if stride % word or stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
             self.check_slot_stride(stride, _shape(buf))
         self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
-        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=inputs)
+        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=spans, read=read)
         if not frozen:
             self.check_context_disjoint(context)
         return sizes["slots"]
@@ -592,6 +633,8 @@ class Validators:
         """A {field name: tensor} mapping with exactly `names` as keys ({} / None when there are none);
         its tensors are checked by the operation's rules."""
         given = {} if given is None else given
+        if type(given) is dict and len(given) == len(names) and given.keys() == self.key_sets[names]:
+            return {name: given[name] for name in names}  # the usual case: a dict, keys as declared
         if not isinstance(given, Mapping):
             raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
         if len(given) != len(names) or set(given) != set(names):
@@ -600,10 +643,15 @@ class Validators:
         return {name: given[name] for name in names}
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
-    # Each takes the operation's keywords (generated/kernel_abi.py OPERATIONS[...].arguments: SGLang's
-    # names and defaults, from the operation table).
-    def validate_write(self, **arguments) -> dict:
-        a = self.operations["write"][3](**arguments)
+    def check(self, operation: str, arguments: dict, read: Optional[list] = None) -> dict:
+        """Validate `operation` over a dict of its keywords; returns the backend operation's keyword
+        arguments. `read` (write, verify) receives what the binding takes of the real-KV sources
+        (real_kv_args)."""
+        return self._checks[operation](self.operations[operation][3](**arguments), read)
+
+    # Each takes the operation's keywords as a dict (generated/kernel_abi.py OPERATIONS[...].arguments:
+    # SGLang's names and defaults, from the operation table).
+    def _check_write(self, a: dict, read: Optional[list] = None) -> dict:
         context = a["context"]
         frozen = self.check_context_object(context)
         self.check_plan_class(a["plan"], "WritePlan")
@@ -614,20 +662,19 @@ class Validators:
         if not enabled and not all(missing):
             raise self.fail("expected_inputs_forbidden")
         a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
-        sizes, inputs, outputs = self.check_tensors("write", a, self.bound["write"])
-        self.check_context_values(context, sizes, inputs, frozen=frozen)
-        self.check_spans(inputs, outputs)
+        sizes, spans = self.check_tensors("write", a)
+        self.check_context_values(context, sizes, spans, frozen=frozen, read=read)
+        self.check_spans(spans)
         return a
 
-    def validate_verify(self, **arguments) -> dict:
-        a = self.operations["verify"][3](**arguments)
+    def _check_verify(self, a: dict, read: Optional[list] = None) -> dict:
         frozen = self.check_context_object(a["context"])
         self.check_plan_class(a["plan"], "VerifyPlan")
         self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
         a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
-        sizes, inputs, outputs = self.check_tensors("verify", a, self.bound["verify"])
-        self.check_context_values(a["context"], sizes, inputs, frozen=frozen)
-        self.check_spans(inputs, outputs)
+        sizes, spans = self.check_tensors("verify", a)
+        self.check_context_values(a["context"], sizes, spans, frozen=frozen, read=read)
+        self.check_spans(spans)
         return a
 
     # -- the plan and its two stages (SGLang dtypes: req_to_token and the expected-token pool int32) ----
@@ -664,50 +711,46 @@ class Validators:
             self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
                               unit="entries at most")
 
-    def validate_plan(self, **arguments) -> dict:
-        a = self.operations["plan"][3](**arguments)
+    def _check_plan(self, a: dict, read: Optional[list] = None) -> dict:
         self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
         self.check_plan_class(a["write_plan_out"], "WritePlan")
         self.check_verify_capacity(a["verify_capacity"])
         self.check_plan_scalars(a)
-        sizes, inputs, outputs = self.check_tensors("plan", a, self.bound["plan"])
+        sizes, spans = self.check_tensors("plan", a)
         if a["verify_capacity"] != sizes["cap"]:
             raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
                              f"got {a['verify_capacity']}")
         self.check_plan_sizes(sizes)
-        self.check_spans(inputs, outputs)
+        self.check_spans(spans)
         return a
 
-    def validate_plan_offsets(self, **arguments) -> dict:
+    def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> dict:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        a = self.operations["plan_offsets"][3](**arguments)
         self.check_verify_capacity(a["verify_capacity"])
         self.check_plan_scalars(a)
-        sizes, inputs, outputs = self.check_tensors("plan_offsets", a, self.bound["plan_offsets"])
+        sizes, spans = self.check_tensors("plan_offsets", a)
         self.check_plan_sizes(sizes, scratch=a["out_verify_offsets_scratch"], scratch_name="out_verify_offsets_scratch",
                               entries=False)
-        self.check_spans(inputs, outputs)
+        self.check_spans(spans)
         return a
 
-    def validate_plan_entries(self, **arguments) -> dict:
+    def _check_plan_entries(self, a: dict, read: Optional[list] = None) -> dict:
         """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
-        a = self.operations["plan_entries"][3](**arguments)
         self.check_plan_scalars(a)
-        sizes, inputs, outputs = self.check_tensors("plan_entries", a, self.bound["plan_entries"])
+        sizes, spans = self.check_tensors("plan_entries", a)
         self.check_plan_sizes(sizes, scratch=a["verify_offsets_scratch"], scratch_name="verify_offsets_scratch")
-        self.check_spans(inputs, outputs)
+        self.check_spans(spans)
         return a
 
-    def validate_scatter(self, **arguments) -> dict:
-        a = self.operations["scatter"][3](**arguments)
-        sizes, inputs, outputs = self.check_tensors("scatter", a)
+    def _check_scatter(self, a: dict, read: Optional[list] = None) -> dict:
+        sizes, spans = self.check_tensors("scatter", a)
         # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
         pool_out = a["pool_out"]
         rows, cols = _shape(pool_out)
         if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
             raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
                              f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
-        self.check_spans(inputs, outputs)
+        self.check_spans(spans)
         return a
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:

@@ -77,8 +77,8 @@ def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
     abi = kernel_abi(default_layer)
     kernel = abi.kernel_for_template("verify")
     case["plan"].enable.fill_(1)
-    args = kernel.bind(context=case["context"], plan=case["plan"], check_verify_expected_token=False,
-                       extra_slot_tables={}, kv=abi.real_kv_args(case["context"]))
+    args = kernel.bind(dict(context=case["context"], plan=case["plan"], check_verify_expected_token=False,
+                            extra_slot_tables={}), abi.real_kv_args(case["context"]))
     entry = kernel.entry_point(check_verify_expected_token=False)
     with pytest.raises(EmulationLaunchError, match="strict warp check: lane .* does not exist"):
         backend.launcher(kernel, entry, blocks=1, threads=48, values=args, device=None)()

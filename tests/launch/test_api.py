@@ -125,7 +125,7 @@ class _Recorder:
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls
 
-    def prepare(self, op: str, args: dict):
+    def prepare(self, op: str, args: dict, **_):
         return Prepared(lambda: self.calls.append((self.name, op)), args)
 
 

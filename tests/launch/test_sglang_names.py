@@ -222,7 +222,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     _, entries = scenarios.plan_stages(default_layer, empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
-    _kernels_only(emulated, "plan_entries", **rt.validators.validate_plan_entries(**entries))
+    _kernels_only(emulated, "plan_entries", **rt.validators.check("plan_entries", entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
@@ -231,7 +231,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
         before = scenarios.clone_case(entries)
-        _kernels_only(emulated, "plan_entries", **rt.validators.validate_plan_entries(**entries))
+        _kernels_only(emulated, "plan_entries", **rt.validators.check("plan_entries", entries))
         written = min(claimed, cap)
         for name in ("out_verify_slot_indices", "out_verify_expected_positions", "out_verify_prev_slot_indices"):
             assert torch.equal(entries[name][written:], before[name][written:]), (seed, name)
@@ -398,7 +398,7 @@ class _Recorder:
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls
 
-    def prepare(self, op: str, args: dict):
+    def prepare(self, op: str, args: dict, **_):
         return Prepared(lambda: self.calls.append(self.name), args)
 
 

@@ -2,7 +2,7 @@
 # template: codegen/templates/python/kernel_abi.py.j2
 """Kernel ABI of the generated CUDA sources: entry points, launch shapes, parameters and binding.
 
-`KERNELS[name].bind(**operation arguments)` returns the launch's arguments in ABI order as Python
+`KERNELS[name].bind(operation arguments[, kv])` returns the launch's arguments in ABI order as Python
 ints (a tensor's data pointer, or 0 for None; sizes, and arguments the validators range-check
 against this C type, as they are; other scalars range-checked here against their C type), and
 `kinds` says how each crosses into C ("ptr", "i64", "i32"). The binding is generated from the same
@@ -76,7 +76,7 @@ class KernelAbi:
     variants: tuple                 # ((entry point, ((flag, value), ...)), ...)
     params: tuple                   # ((name, C type), ...) in ABI order
     kinds: tuple                    # "ptr", "i64" or "i32" per parameter
-    bind: Callable                  # operation arguments -> argument values in ABI order
+    bind: Callable                  # (operation arguments[, real_kv_args]) -> argument values in ABI order
 
     def entry_point(self, **flags: bool) -> str:
         """The entry point compiled for exactly these specialisation flags."""
@@ -107,18 +107,33 @@ def _int(kernel: str, param: str, kind: str, value) -> int:
 _NO_SOURCE = (0, 0, 0, 0, 0, 0, )
 
 
-def real_kv_args(context) -> tuple:
-    """The real-KV parameters of a context in ABI order (the `kv` argument of the bindings)."""
+def real_kv_args(context, read: tuple | None = None) -> tuple:
+    """The real-KV parameters of a context in ABI order (the `kv` argument of the bindings).
+    `read`: per source the (data_ptr(), stride(0), element_size(), shape[0]) of its tensor, as the
+    validators read them (None: read here)."""
     out = ()
     sources = context.real_kv_sources
-    for s in sources[:MAX_REAL_KV_SOURCES]:  # validated: never more
-        t = s.tensor
-        out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
+    for i, s in enumerate(sources[:MAX_REAL_KV_SOURCES]):  # validated: never more
+        if read is None:
+            t = s.tensor
+            out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes)
+        else:
+            ptr, stride0, element_size, rows = read[i]
+            out += (ptr, stride0 * element_size, rows, s.page_size, s.num_bytes_per_token, s.read_bytes)
     return out + _NO_SOURCE * (MAX_REAL_KV_SOURCES - len(sources)) + (len(context.real_kv_sources), context.real_kv_hash_mode)
 
 
-def bind_canary_write(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert, expected_input_tokens, expected_input_positions, extra_inputs, kv) -> tuple:
-    """Arguments of canary_write in ABI order."""
+def bind_canary_write(a: dict, kv: tuple) -> tuple:
+    """Arguments of canary_write in ABI order (`a`: the operation's validated arguments)."""
+    context = a["context"]
+    plan = a["plan"]
+    input_ids = a["input_ids"]
+    positions = a["positions"]
+    out_cache_loc = a["out_cache_loc"]
+    enable_write_input_assert = a["enable_write_input_assert"]
+    expected_input_tokens = a["expected_input_tokens"]
+    expected_input_positions = a["expected_input_positions"]
+    extra_inputs = a["extra_inputs"]
     return (
         context.canary_buf.data_ptr(),  # canary_buf: unsigned char*
         context.canary_buf.shape[0],  # num_slots: long long (a size)
@@ -149,8 +164,11 @@ def bind_canary_write(*, context, plan, input_ids, positions, out_cache_loc, ena
     )
 
 
-def bind_canary_verify(*, context, plan, check_verify_expected_token, extra_slot_tables, kv) -> tuple:
-    """Arguments of canary_verify in ABI order."""
+def bind_canary_verify(a: dict, kv: tuple) -> tuple:
+    """Arguments of canary_verify in ABI order (`a`: the operation's validated arguments)."""
+    context = a["context"]
+    plan = a["plan"]
+    extra_slot_tables = a["extra_slot_tables"]
     return (
         context.canary_buf.data_ptr(),  # canary_buf: const unsigned char*
         context.canary_buf.shape[0],  # num_slots: long long (a size)
@@ -176,8 +194,21 @@ def bind_canary_verify(*, context, plan, check_verify_expected_token, extra_slot
     )
 
 
-def bind_canary_plan_offsets(*, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets, out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable, out_write_num_valid_reqs, swa_window_size, verify_capacity) -> tuple:
-    """Arguments of canary_plan_offsets in ABI order."""
+def bind_canary_plan_offsets(a: dict) -> tuple:
+    """Arguments of canary_plan_offsets in ABI order (`a`: the operation's validated arguments)."""
+    req_pool_indices = a["req_pool_indices"]
+    prefix_lens = a["prefix_lens"]
+    req_to_token = a["req_to_token"]
+    swa_window_size = a["swa_window_size"]
+    full_to_swa_index_mapping = a["full_to_swa_index_mapping"]
+    extend_seq_lens = a["extend_seq_lens"]
+    verify_capacity = a["verify_capacity"]
+    out_verify_offsets_scratch = a["out_verify_offsets_scratch"]
+    out_write_offsets = a["out_write_offsets"]
+    out_write_seed_slot_indices = a["out_write_seed_slot_indices"]
+    out_write_num_valid_reqs = a["out_write_num_valid_reqs"]
+    out_verify_num_valid = a["out_verify_num_valid"]
+    out_verify_enable = a["out_verify_enable"]
     return (
         req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
         prefix_lens.data_ptr(),  # prefix_lens: const long long*
@@ -201,8 +232,24 @@ def bind_canary_plan_offsets(*, req_pool_indices, prefix_lens, extend_seq_lens, 
     )
 
 
-def bind_canary_plan_entries(*, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping, verify_offsets_scratch, verify_enable, req_to_verify_expected_tokens, req_to_verify_expected_tokens_valid_lens, out_verify_slot_indices, out_verify_expected_tokens, out_verify_expected_positions, out_verify_prev_slot_indices, kv_token_id_vs_position_offset, swa_window_size, extra_request_values, out_extra_verify_expected) -> tuple:
-    """Arguments of canary_plan_entries in ABI order."""
+def bind_canary_plan_entries(a: dict) -> tuple:
+    """Arguments of canary_plan_entries in ABI order (`a`: the operation's validated arguments)."""
+    req_pool_indices = a["req_pool_indices"]
+    prefix_lens = a["prefix_lens"]
+    req_to_token = a["req_to_token"]
+    swa_window_size = a["swa_window_size"]
+    full_to_swa_index_mapping = a["full_to_swa_index_mapping"]
+    verify_offsets_scratch = a["verify_offsets_scratch"]
+    verify_enable = a["verify_enable"]
+    out_verify_slot_indices = a["out_verify_slot_indices"]
+    req_to_verify_expected_tokens = a["req_to_verify_expected_tokens"]
+    req_to_verify_expected_tokens_valid_lens = a["req_to_verify_expected_tokens_valid_lens"]
+    kv_token_id_vs_position_offset = a["kv_token_id_vs_position_offset"]
+    out_verify_expected_tokens = a["out_verify_expected_tokens"]
+    out_verify_expected_positions = a["out_verify_expected_positions"]
+    out_verify_prev_slot_indices = a["out_verify_prev_slot_indices"]
+    extra_request_values = a["extra_request_values"]
+    out_extra_verify_expected = a["out_extra_verify_expected"]
     return (
         req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
         prefix_lens.data_ptr(),  # prefix_lens: const long long*
@@ -232,8 +279,12 @@ def bind_canary_plan_entries(*, req_pool_indices, prefix_lens, req_to_token, ful
     )
 
 
-def bind_canary_scatter_req_token_ids(*, flat_in, offsets, req_pool_indices, pool_out) -> tuple:
-    """Arguments of canary_scatter_req_token_ids in ABI order."""
+def bind_canary_scatter_req_token_ids(a: dict) -> tuple:
+    """Arguments of canary_scatter_req_token_ids in ABI order (`a`: the operation's validated arguments)."""
+    flat_in = a["flat_in"]
+    offsets = a["offsets"]
+    req_pool_indices = a["req_pool_indices"]
+    pool_out = a["pool_out"]
     return (
         flat_in.data_ptr(),  # flat_in: const long long*
         flat_in.shape[0],  # flat_len: long long (a size)
