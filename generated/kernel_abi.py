@@ -35,7 +35,7 @@ LAYOUT_FINGERPRINT_SYMBOL = "kv_canary_layout_fingerprint"
 HEADER = "cuda/kv_canary_layout.cuh"
 EMULATION_SOURCE = "emulation/kv_canary_launchers.cpp"
 # Emulation library exports: kvc_emu_launch_<entry point>(grid, block, *params),
-# kvc_emu_params_launch_<entry point>(grid, block, void** params) (cuLaunchKernel's convention), and the identity.
+# kvc_emu_params_launch_<entry point>(grid, block, slots) (parameter i in the 8-byte slot i), and the identity.
 EMULATION_LAUNCHER_PREFIX = "kvc_emu_launch_"
 EMULATION_PARAMS_LAUNCHER_PREFIX = "kvc_emu_params_launch_"
 EMULATION_ABI_VERSION_FUNCTION = "kvc_emu_abi_version"

@@ -72,11 +72,11 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_write(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_write(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_write, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_write, grid, block, slots);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_verify(unsigned grid, unsigned block, 
     const unsigned char* canary_buf,
@@ -130,11 +130,11 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_verify, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_verify, grid, block, slots);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token(unsigned grid, unsigned block, 
     const unsigned char* canary_buf,
@@ -188,11 +188,11 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify_check_verify_expected_token(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_verify_check_verify_expected_token(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_verify_check_verify_expected_token, grid, block, slots);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_plan_offsets(unsigned grid, unsigned block, 
     const long long* __restrict__ req_pool_indices,
@@ -220,11 +220,11 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_offsets(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_offsets(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_plan_offsets, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_plan_offsets, grid, block, slots);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_plan_entries(unsigned grid, unsigned block, 
     const long long* __restrict__ req_pool_indices,
@@ -256,11 +256,11 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_entries(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_plan_entries(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_plan_entries, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_plan_entries, grid, block, slots);
 }
 extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_canary_scatter_req_token_ids(unsigned grid, unsigned block, 
     const long long* __restrict__ flat_in,
@@ -278,9 +278,9 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
   return rc;
 }
 
-// cuLaunchKernel's convention: params[i] points to the value of parameter i (what the `cuda`
-// backend's packed argument buffer holds, so emulation runs that exact buffer).
-extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_scatter_req_token_ids(unsigned grid, unsigned block, void** params) {
+// Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/emulated.py packs
+// them once per prepared launch, so a run is one call of three arguments).
+extern "C" __attribute__((visibility("default"))) int kvc_emu_params_launch_kvcanary_canary_scatter_req_token_ids(unsigned grid, unsigned block, const void* slots) {
 #line 42 "codegen/templates/emulation/launchers.cpp.j2"
-  return kvc_emu::params_launch(kvc_emu_launch_kvcanary_canary_scatter_req_token_ids, grid, block, params);
+  return kvc_emu::slots_launch(kvc_emu_launch_kvcanary_canary_scatter_req_token_ids, grid, block, slots);
 }

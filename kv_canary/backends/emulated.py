@@ -4,11 +4,11 @@ ctypes. Same kernels, same argument binding and same launch shapes as the `cuda`
 tensors. Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for
 persistent grids) so that tests are fast while still running several warps and several blocks.
 
-A launch passes its arguments packed as cuLaunchKernel reads them (`void** kernelParams`: one
-pointer per parameter to an 8-byte slot holding its value; a 32-bit `int` in the slot's low bytes)
-to the generated kvc_emu_params_launch_<entry point>: packed once when the launch is prepared, so a
-prepared launch costs one ctypes call of three arguments. Strict warp mode is on: undefined warp
-behaviour (a shuffle naming an inactive lane, a barrier some threads skip) fails the launch.
+A launch passes its arguments packed (one 8-byte slot per parameter holding its value; a 32-bit
+`int` in the slot's low bytes) to the generated kvc_emu_params_launch_<entry point>: packed once,
+into a bytes object, when the launch is prepared, so a prepared launch costs one ctypes call of
+three arguments. Strict warp mode is on: undefined warp behaviour (a shuffle naming an inactive
+lane, a barrier some threads skip) fails the launch.
 
 As a host backend it reads index values for free: like the torch reference it raises for request
 rows outside req_to_token / pool_out, for SWA indices outside the LUT and for a plan-entries
@@ -17,7 +17,6 @@ scratch the offsets stage did not fill (host_checks.py), where a GPU kernel can 
 from __future__ import annotations
 
 import ctypes
-import functools
 import struct
 import sys
 from pathlib import Path
@@ -45,28 +44,9 @@ class EmulationLaunchError(RuntimeError):
     """A kernel failed under emulation (strict warp check, trap, bad launch shape)."""
 
 
-@functools.lru_cache(maxsize=None)
 def _packer(kinds: tuple) -> struct.Struct:
-    return struct.Struct("<" + "".join(SLOT_FORMATS[k] for k in kinds))
-
-
-@functools.lru_cache(maxsize=None)
-def _lanes(n: int) -> tuple[int, int]:
-    """(sum of 1 << 64 i, sum of 8 i << 64 i) for i < n: base * ones + steps holds base + 8 i in its
-    i-th 64-bit lane (no lane carries into the next: every address is below 2**64)."""
-    return sum(1 << (64 * i) for i in range(n)), sum((SLOT_BYTES * i) << (64 * i) for i in range(n))
-
-
-class PackedArgs:
-    """One launch's values in slots, and the pointer array to them (`address`: the `void**`)."""
-
-    def __init__(self, packer: struct.Struct, values: tuple) -> None:
-        n = max(1, packer.size // SLOT_BYTES)
-        self._slots = (ctypes.c_uint64 * n).from_buffer_copy(packer.pack(*values) if values else bytes(SLOT_BYTES))
-        ones, steps = _lanes(n)  # slot i's address: base + 8 i, all n as one integer's 8-byte lanes
-        self._pointers = (ctypes.c_void_p * n).from_buffer_copy(
-            (ctypes.addressof(self._slots) * ones + steps).to_bytes(SLOT_BYTES * n, "little"))
-        self.address = ctypes.addressof(self._pointers)
+    """Packs a launch's values into slots (as bytes: immutable, ctypes passes their buffer as it is)."""
+    return struct.Struct(("<" + "".join(SLOT_FORMATS[k] for k in kinds)) if kinds else f"<{SLOT_BYTES}x")
 
 
 class EmulationLibrary:
@@ -92,21 +72,20 @@ class EmulationLibrary:
         self._entry_points: dict = {}
 
     def entry_point(self, entry_point: str):
-        """The C function taking (grid, block, void** params) for `entry_point`."""
+        """The C function taking (grid, block, packed slots) for `entry_point`."""
         fn = self._entry_points.get(entry_point)
         if fn is None:
             fn = getattr(self.lib, self.abi.EMULATION_PARAMS_LAUNCHER_PREFIX + entry_point)
-            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p]
+            fn.argtypes = [ctypes.c_uint, ctypes.c_uint, ctypes.c_char_p]
             fn.restype = ctypes.c_int
             self._entry_points[entry_point] = fn
         return fn
 
-    def launcher(self, entry_point: str, *, blocks: int, threads: int, packed: PackedArgs):
+    def launcher(self, entry_point: str, *, blocks: int, threads: int, packed: bytes):
         fn = self._entry_points.get(entry_point) or self.entry_point(entry_point)
-        address = packed.address
 
-        def launch(_packed=packed) -> None:  # _packed: the slots live as long as the launch
-            if fn(blocks, threads, address) != 0:
+        def launch() -> None:
+            if fn(blocks, threads, packed) != 0:
                 raise self.failure(entry_point, blocks, threads)
         return launch
 
@@ -143,6 +122,7 @@ class EmulatedBackend(KernelBackend):
         # The operations that read index values check them at every run, before any kernel writes
         # (HostChecks has a method of the operation's name).
         self._checks = {op: getattr(host, op) for op in self.abi.OPERATIONS if hasattr(host, op)}
+        self._packers = {name: _packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cpu":
@@ -159,7 +139,7 @@ class EmulatedBackend(KernelBackend):
 
     def launcher(self, kernel, entry_point: str, *, blocks: int, threads: int, values: tuple, device):
         return self.library.launcher(entry_point, blocks=blocks, threads=threads,
-                                     packed=PackedArgs(_packer(kernel.kinds), values))
+                                     packed=self._packers[kernel.name].pack(*values))
 
 
 def create(layer) -> EmulatedBackend:

