@@ -1,8 +1,8 @@
 """The launch table: kv-canary's public launch functions, described once.
 
 generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from this
-table; kv_canary.launch.runtime dispatches them generically (`validate_<operation>` then the backend's
-`<operation>`). A public launch is a row naming an operation of codegen/operations.py, whose
+table; kv_canary.launch.runtime dispatches them generically (`Validators.check(operation,
+arguments)`, then the backend's `<operation>`). A public launch is a row naming an operation of codegen/operations.py, whose
 keywords it takes (docs/adding-a-kernel.md).
 
 Signatures are SGLang's: keyword-only, in SGLang's order, with its defaults. Keywords for the input

@@ -102,7 +102,7 @@ class DataField:
 
 @dataclass(frozen=True)
 class Operation:
-    name: str                       # backend operation and validator (validate_<name>)
+    name: str                       # backend operation, and its checks (Validators._check_<name>)
     keywords: tuple[Keyword, ...]   # the operation's keyword arguments, in order
     device_of: str                  # the tensor whose device the others must share (its rule's name)
     tensors: Callable[[Schema], tuple[TensorRule, ...]]
