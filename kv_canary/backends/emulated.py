@@ -82,7 +82,7 @@ class EmulationLibrary:
         return fn
 
     def launcher(self, entry_point: str, *, blocks: int, threads: int, packed: bytes):
-        fn = self._entry_points.get(entry_point) or self.entry_point(entry_point)
+        fn = self.entry_point(entry_point)
 
         def launch() -> None:
             if fn(blocks, threads, packed) != 0:
