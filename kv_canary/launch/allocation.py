@@ -55,8 +55,9 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         read_bytes: int
 
         def __post_init__(self) -> None:
-            v.check_real_kv_source(tensor=self.tensor, page_size=self.page_size,
-                                   num_bytes_per_token=self.num_bytes_per_token, read_bytes=self.read_bytes)
+            v.check_real_kv_params(page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
+                                   read_bytes=self.read_bytes)
+            v.check_real_kv_tensor(self.tensor, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class VerifyOrWriteContext:
@@ -81,7 +82,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     def allocate_verify_plan(cls, *, verify_capacity: int, device):
         """Zeroed entries, expected values unknown (UNKNOWN = -1), num_valid 0 and enable 1 (SGLang's default)."""
-        cap = v.check_verify_capacity(verify_capacity)
+        cap = v.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
         device = v.check_device("device", device)
         return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
                                    lambda: cls(**allocate_fields(abi.VERIFY_PLAN_FIELDS, cap, device)))
@@ -108,7 +109,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     def allocate_write_plan(cls, *, write_req_capacity: int, device):
         """Zeroed offsets and count, seeds unknown (UNKNOWN = -1: the chain head)."""
-        cap = v.check_write_capacity(write_req_capacity)
+        cap = v.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
         device = v.check_device("device", device)
         return allocate_or_explain(f"a WritePlan of write_req_capacity={cap}", write_plan_bytes(cls, cap), device,
                                    lambda: cls(**allocate_fields(abi.WRITE_PLAN_FIELDS, cap, device)))

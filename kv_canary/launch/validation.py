@@ -389,13 +389,9 @@ class Validators:
         return value
 
     # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
-    def check_real_kv_source(self, *, tensor: Any, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
-        """The §4 rules, in SGLang's order; plus the 16-byte alignment that vector loads need."""
-        self.check_real_kv_params(page_size=page_size, num_bytes_per_token=num_bytes_per_token, read_bytes=read_bytes)
-        self.check_real_kv_tensor(tensor, page_size=page_size, num_bytes_per_token=num_bytes_per_token)
-
     def check_real_kv_params(self, *, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
-        """A source's integers (fixed once a RealKvSource is built)."""
+        """A source's integers (fixed once a RealKvSource is built), in SGLang's order (§4): checked
+        before its tensor (check_real_kv_tensor)."""
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         page_size = self.as_int("RealKvSource.page_size", page_size)
         num_bytes_per_token = self.as_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
@@ -498,27 +494,13 @@ class Validators:
         if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
             raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
 
-    def check_canary_buf(self, canary_buf: Any) -> int:
-        """uint8 [num_slots, stride], contiguous, stride a multiple of 8 holding the record, 8-byte
-        aligned (records are read as int64 words); returns num_slots."""
-        self.check_tensor("canary_buf", canary_buf, dtype=_UINT8, ndim=2)
-        self.check_slot_stride(int(canary_buf.shape[1]), _shape(canary_buf))
-        word = self.layout.CANARY_WORD_BYTES
-        self.check_aligned("canary_buf", canary_buf, word, f"{word}-byte record words")
-        return int(canary_buf.shape[0])
-
-    def check_capacity(self, name: str, value: Any, message: str) -> int:
-        """A positive int (numpy integer scalars too) that fits the C int the kernels count it in."""
+    def check_capacity(self, name: str, value: Any, message: str, argument: Optional[str] = None) -> int:
+        """A positive int (numpy integer scalars too) that fits the C int the kernels count it in
+        (`argument`: the kernel argument that takes it, default `name`; "" for a size with no C int)."""
         value = self.as_int(name, value)
         if value <= 0:
             raise self.fail(message, n=value)
-        return self.check_fits(name, value)
-
-    def check_verify_capacity(self, verify_capacity: Any) -> int:
-        return self.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
-
-    def check_write_capacity(self, write_req_capacity: Any) -> int:
-        return self.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
+        return self.check_fits(name, value, argument=argument) if argument != "" else value
 
     def check_ring_capacity(self, ring_capacity: Any) -> int:
         """>= 0; the ring's write index is a C int, so rows past 2**31-1 could never be written."""
@@ -541,27 +523,17 @@ class Validators:
         if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
             raise self.fail("real_kv_source_count", n=len(sources))
 
-    def context_outputs(self, context: Any) -> dict:
-        """The tensors every verify and write launch writes."""
-        out = {"violation_ring": context.violation_ring, "violation_write_index": context.violation_write_index,
-               "slot_run_counter": context.slot_run_counter, "kernel_run_counter": context.kernel_run_counter}
-        counts = getattr(context, "violation_reason_counts", None)
-        if counts is not None:
-            out["violation_reason_counts"] = counts
-        return out
-
-    def context_inputs(self, context: Any) -> dict:
-        """The tensors of a context a launch only reads (the canary buffer is the write's output)."""
-        out = {"enable_chain_position_assert": context.enable_chain_position_assert}
-        for i, src in enumerate(context.real_kv_sources):
-            out[f"real_kv_sources[{i}].tensor"] = getattr(src, "tensor", None)
-        return out
-
     def check_context_disjoint(self, context: Any) -> None:
         """No two of a context's tensors share memory: what a launch reads of it (real-KV bytes, the
-        flag, for a verify the canary buffer) is never what it writes (for a write the canary buffer)."""
-        inputs = self.context_inputs(context)
-        self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, self.context_outputs(context))
+        flag, for a verify the canary buffer) is never what it writes (the ring and counters every
+        launch writes; for a write the canary buffer)."""
+        inputs = {"enable_chain_position_assert": context.enable_chain_position_assert,
+                  **{f"real_kv_sources[{i}].tensor": getattr(src, "tensor", None)
+                     for i, src in enumerate(context.real_kv_sources)}}
+        outputs = {name: getattr(context, name, None) for name in (
+            "violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter",
+            "violation_reason_counts")}
+        self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, outputs)
         self.check_disjoint(inputs, {"canary_buf": context.canary_buf})
 
     def check_plan_class(self, plan: Any, cls: str) -> None:
@@ -594,12 +566,6 @@ class Validators:
             self.check_context_disjoint(context)
         return sizes["slots"]
 
-    def check_plan_capacity(self, name: str, cap: int, message: str, argument: str = "") -> int:
-        """The capacity of a plan the caller allocated (its first array's length)."""
-        if cap <= 0:
-            raise self.fail(message, n=cap)
-        return self.check_fits(name, cap, argument=argument) if argument else cap
-
     def check_columns(self, sizes: dict) -> None:
         if sizes["cols"] == 0:
             # A request's seed is its last prefix column: a table without columns has none to read.
@@ -614,7 +580,7 @@ class Validators:
     def _size_checks(self) -> dict:
         """{operation: {size: check(sizes)}}: what is checked of a size as soon as its tensor passed."""
         def capacity(size, message, name="", argument=""):
-            return lambda sizes: self.check_plan_capacity(name, sizes[size], message, argument)
+            return lambda sizes: self.check_capacity(name, sizes[size], message, argument)
         verify_cap = capacity("cap", "verify_capacity", "plan.verify_slot_indices capacity", "verify_capacity")
         write_cap = capacity("wcap", "write_capacity", "plan.write_seed_slot_indices capacity", "write_req_capacity")
         return {
@@ -714,7 +680,7 @@ class Validators:
     def _check_plan(self, a: dict, read: Optional[list] = None) -> dict:
         self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
         self.check_plan_class(a["write_plan_out"], "WritePlan")
-        self.check_verify_capacity(a["verify_capacity"])
+        self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan", a)
         if a["verify_capacity"] != sizes["cap"]:
@@ -726,7 +692,7 @@ class Validators:
 
     def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> dict:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        self.check_verify_capacity(a["verify_capacity"])
+        self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan_offsets", a)
         self.check_plan_sizes(sizes, scratch=a["out_verify_offsets_scratch"], scratch_name="out_verify_offsets_scratch",
@@ -758,8 +724,11 @@ class Validators:
         or the uint8 canary_buf (viewed as int64 here), and a slot below num_slots (negative: HEAD)."""
         if not isinstance(buf_i64, torch.Tensor):
             raise TypeError(f"{self.prefix}buf_i64 must be a torch.Tensor, got {type(buf_i64).__name__}")
-        if buf_i64.dtype == _UINT8:
-            self.check_canary_buf(buf_i64)
+        if buf_i64.dtype == _UINT8:  # the canary_buf: contiguous, its stride holding the record, word-aligned
+            self.check_tensor("canary_buf", buf_i64, dtype=_UINT8, ndim=2)
+            self.check_slot_stride(int(buf_i64.shape[1]), _shape(buf_i64))
+            word = self.layout.CANARY_WORD_BYTES
+            self.check_aligned("canary_buf", buf_i64, word, f"{word}-byte record words")
             buf_i64 = buf_i64.view(_INT64)
         elif buf_i64.dtype == _INT64:
             self.check_tensor("buf_i64", buf_i64, dtype=_INT64, ndim=2, contiguous=False)
