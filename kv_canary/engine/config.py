@@ -9,7 +9,7 @@ import argparse
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from ..layer.loader import default_layer
@@ -99,7 +99,7 @@ class CanaryConfig:
                            help=f"fingerprint the real K/V bytes: none, partial (the first "
                                 f"{default_layer().layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
                                 f"(default: %(default)s)")
-        group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_sweep_interval, FLAG_SWEEP_INTERVAL),
+        group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_int, FLAG_SWEEP_INTERVAL),
                            default=d.sweep_interval, metavar="N",
                            help=f"verify every cached slot every N steps, 0 = never (default: %(default)s); "
                                 f"needs {FLAG_MODE} log or raise")
@@ -110,17 +110,16 @@ class CanaryConfig:
         """A config from parsed `add_cli_args` flags plus the environment variables (over `base`)."""
         return cls.from_env(environ, base=base, mode=parse_mode(args.kv_canary, FLAG_MODE),
                             real_kv_data=parse_real_kv_data(args.kv_canary_real_data, FLAG_REAL_KV_DATA),
-                            sweep_interval=parse_sweep_interval(args.kv_canary_sweep_interval, FLAG_SWEEP_INTERVAL))
+                            sweep_interval=parse_int(args.kv_canary_sweep_interval, FLAG_SWEEP_INTERVAL))
 
     # -- what a CanaryManager takes ---------------------------------------------------------------
     def manager_options(self) -> dict:
-        """The CanaryManager keyword arguments this config sets (see CanaryManager.from_config)."""
-        return {"mode": self.mode, "real_kv_hash_mode": self.real_kv_data.upper(),
-                "sweep_interval": self.sweep_interval, "ring_capacity": self.ring_capacity,
-                "stats_print_every_n_steps": self.stats_print_every_n_steps,
-                "enable_write_input_assert": self.enable_write_input_assert,
-                "check_verify_expected_token": self.enable_verify_token_assert,
-                "enable_mha_v": self.enable_mha_v}
+        """The CanaryManager keyword arguments this config sets (see CanaryManager.from_config): every
+        field, two of them under the manager's names."""
+        options = asdict(self)
+        options["real_kv_hash_mode"] = options.pop("real_kv_data").upper()
+        options["check_verify_expected_token"] = options.pop("enable_verify_token_assert")
+        return options
 
 
 # -- value parsers, each naming where the value came from -------------------------------------------
@@ -146,13 +145,9 @@ def parse_real_kv_data(value, where: str) -> str:
     return word
 
 
-def parse_sweep_interval(value, where: str) -> int:
-    return _int(value, where, minimum=0)
-
-
 def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     raw = env.get(name)
-    return default if raw is None or raw.strip() == "" else _int(raw, name, minimum=minimum)
+    return default if raw is None or raw.strip() == "" else parse_int(raw, name, minimum)
 
 
 def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -168,7 +163,8 @@ def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
                      f"got {raw!r}")
 
 
-def _int(value, where: str, *, minimum: int) -> int:
+def parse_int(value, where: str, minimum: int = 0) -> int:
+    """An int, or a string of one, >= `minimum` (flags and environment variables)."""
     parsed = value if isinstance(value, int) and not isinstance(value, bool) else None
     if isinstance(value, str):
         with contextlib.suppress(ValueError):

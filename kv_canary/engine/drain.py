@@ -7,13 +7,14 @@ records the rows and restarts the write index (no row is reported twice); what t
 """
 from __future__ import annotations
 
+import bisect
 import collections
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 
-from .counters import CounterSnapshot
+from .staging import CounterSnapshot
 from .violations import Violation, ViolationDecoder, record_link
 
 SNAPSHOT_DEPTH = 8  # write-index snapshots in flight before a drain waits for the oldest
@@ -36,7 +37,6 @@ class CanaryStats:
     # Rows per FailReason name, lost ones included: the device's per-reason totals, read at drain time.
     by_reason: collections.Counter = field(default_factory=collections.Counter)
     by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
-    by_tag: collections.Counter = field(default_factory=collections.Counter)
     # Decoded rows per (launch tag name, FailReason name): a row with two reasons counts under both.
     by_tag_reason: collections.Counter = field(default_factory=collections.Counter)
 
@@ -58,15 +58,12 @@ class RingDrain:
         self.links: dict = {}
         self._snapshots: collections.deque = collections.deque()   # (step, CounterSnapshot)
 
-    def snapshot(self, step: int) -> bool:
-        """Take this step's write-index snapshot; True when the oldest in flight had to be waited
-        for (the device is SNAPSHOT_DEPTH steps behind: the caller polls then)."""
-        waited = False
-        if len(self._snapshots) >= SNAPSHOT_DEPTH and not self._snapshots[0][1].ready():
+    def snapshot(self, step: int) -> None:
+        """Take this step's write-index snapshot; waits for the oldest in flight when the device is
+        SNAPSHOT_DEPTH steps behind."""
+        if len(self._snapshots) >= SNAPSHOT_DEPTH:
             self._snapshots[0][1].values()
-            waited = True
         self._snapshots.append((step, CounterSnapshot([self.write_index])))
-        return waited
 
     def pending(self) -> bool:
         """Whether a landed snapshot shows rows (never waits for the device)."""
@@ -86,11 +83,14 @@ class RingDrain:
         self._snapshots.clear()
         if count == 0:
             return []
-        last_step = bounds[-1][0] if bounds else None
+        # Row i was appended by the step of the first snapshot whose index exceeds i (the indices
+        # only grow between drains); rows after the last snapshot count for its step.
+        ends = [end for _, end in bounds]
+        last = len(bounds) - 1
         rows = self.ring[:min(count, self.ring_capacity)].cpu()
-        steps = [_step_of(i, bounds, last_step) for i in range(count)]
+        steps = [bounds[min(bisect.bisect_right(ends, i), last)][0] if bounds else None for i in range(count)]
         self.write_index.zero_()
-        found = self.decoder.decode(rows, steps[:len(rows)])
+        found = [self.decoder.decode_row(row, s) for row, s in zip(rows.tolist(), steps)]
         st = self.stats
         st.drains += 1
         st.total += count
@@ -99,9 +99,7 @@ class RingDrain:
         # Cumulative device totals: the kernels count dropped rows too (the host cannot decode them).
         totals = self.reason_counts.cpu().tolist()
         st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
-        for v in found:
-            st.by_tag[v.launch_tag] += 1
-            st.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
+        st.by_tag_reason.update((v.launch_tag, r) for v in found for r in v.reasons)
         self._capture_links(found)
         room = self.keep_violations - len(self.violations)
         self.violations += found[:max(0, room)]
@@ -117,10 +115,3 @@ class RingDrain:
 
     def link_of(self, v: Violation) -> Optional[int]:
         return self.links.get((v.step, v.launch_tag_value, v.slot))
-
-
-def _step_of(i: int, bounds, last_step) -> Optional[int]:
-    for step, end in bounds:
-        if i < end:
-            return step
-    return last_step

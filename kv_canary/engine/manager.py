@@ -25,7 +25,14 @@ import torch
 
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
-from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
+from .config import (
+    CanaryConfig,
+    check_caller_tables,
+    check_count,
+    check_fingerprint_layers,
+    parse_hash_mode,
+    parse_mode,
+)
 from .contract import KvPoolView, check_engine, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
@@ -71,7 +78,7 @@ class CanaryManager(Listened):
                  fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
                  enable_write_input_assert: bool = False, enable_mha_v: bool = True,
                  stats_print_every_n_steps: int = 0):
-        mode = parse_mode(mode, "mode")
+        self.mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
         self.real_kv_hash_mode = parse_hash_mode(self.L, real_kv_hash_mode)
@@ -79,7 +86,6 @@ class CanaryManager(Listened):
                                  ("keep_violations", keep_violations, 0),
                                  ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
             check_count(name, value, low)
-        self.mode = mode
         self.check_verify_expected_token = bool(check_verify_expected_token)
         self.ring_capacity = ring_capacity
         self.sweep_interval = sweep_interval
@@ -114,8 +120,6 @@ class CanaryManager(Listened):
         """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
         included) and the engine-side ones given here (layer, backend, fingerprint_layers,
         caller_tables, chain_position_assert, keep_violations)."""
-        from .config import CanaryConfig
-
         if not isinstance(config, CanaryConfig):
             raise ValueError(f"kv-canary: from_config needs a CanaryConfig, got {_describe(config)}")
         options = config.manager_options()
@@ -213,7 +217,7 @@ class CanaryManager(Listened):
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
-        self._buf_of_tag: dict = {}  # launch tag value -> (group, half) of its canary buffer
+        self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
@@ -281,7 +285,7 @@ class CanaryManager(Listened):
                             for t in (tensors[i] for i in self.fingerprinted[name]))
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
-                self._buf_of_tag[int(tag)] = (g, half)
+                self._buf_of_tag[int(tag)] = buf
                 g.launches[(phase, half, "verify")] = bind(
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
                     plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
@@ -332,12 +336,6 @@ class CanaryManager(Listened):
         self._scatter_row = fixed(1)
         sweep_cap = max(p.storage.num_slots for p in pools.values())
         self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), self.device)
-
-    def set_chain_position_assert(self, enabled: bool) -> None:
-        """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
-        self.chain_position_assert = bool(enabled)
-        if self.enabled:
-            self.chain_flag.fill_(int(self.chain_position_assert))
 
     # -- expected-token pool ----------------------------------------------------------------
     def on_tokens(self, row: int, start: int, tokens: list[int]) -> None:
@@ -551,13 +549,12 @@ class CanaryManager(Listened):
         out = [None] * len(violations)
         wanted: dict = {}
         for i, v in enumerate(violations):
-            g, _ = self._buf_of_tag.get(v.launch_tag_value, (None, None))
-            if g is not None and 0 <= v.slot < g.num_slots:
+            buf = self._buf_of_tag.get(v.launch_tag_value)
+            if buf is not None and 0 <= v.slot < buf.shape[0]:
                 wanted.setdefault(v.launch_tag_value, []).append(i)
         for tag, idx in wanted.items():
-            g, half = self._buf_of_tag[tag]
             slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
-            for i, words in zip(idx, g.bufs[half][slots].view(torch.int64).cpu().tolist()):
+            for i, words in zip(idx, self._buf_of_tag[tag][slots].view(torch.int64).cpu().tolist()):
                 out[i] = words
         return out
 

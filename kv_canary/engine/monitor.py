@@ -1,6 +1,6 @@
 """The periodic host checks of a CanaryManager (SEMANTICS.md §9): the stats line every N steps, and
 the health check every HEALTH_CHECK_EVERY steps from step HEALTH_CHECK_FROM on. Both judge one
-asynchronous copy of the device counters taken at the cadence step (kv_canary.engine.counters),
+asynchronous copy of the device counters taken at the cadence step (kv_canary.engine.staging),
 once it has landed: no step waits for the device, and a health error names the step it read.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Optional
 
 import torch
 
-from .counters import CounterSnapshot
 from .reporting import stalled_tags_message, stats_line
+from .staging import CounterSnapshot
 
 logger = logging.getLogger("kv_canary")
 
@@ -36,11 +36,9 @@ class _Reading:
     step: int
     counters: CounterSnapshot  # kernel runs per tag, then the slot runs, then the write index
     stats: bool
-    health: bool
+    owed: Optional[list]       # health readings: the tags that must have run since the previous one
     sweep_passes: int
     drained: int               # rows drained before the copy: the device index counts from there
-    forwards: int              # forward steps since the previous health reading
-    sweeps_due: int            # sweeps due since the previous health reading
 
 
 class RuntimeMonitor:
@@ -72,20 +70,15 @@ class RuntimeMonitor:
     def after_step(self, step: int, *, sweep_passes: int, drained: int) -> None:
         """Read the counters if `step` is a stats or health step; judge every reading that has landed."""
         stats = self.stats_every > 0 and step > 0 and step % self.stats_every == 0
-        health = step >= HEALTH_CHECK_FROM and step % HEALTH_CHECK_EVERY == 0
-        if stats or health:
-            self._read(step, stats, health, sweep_passes, drained)
-        self.judge_ready()
-
-    def _read(self, step: int, stats: bool, health: bool, sweep_passes: int, drained: int) -> None:
-        counters = CounterSnapshot([self.kernel_runs, self.slot_runs, self.write_index])
-        forwards, sweeps_due = (self.forwards, self.sweeps_due) if health else (0, 0)
-        if health:
+        owed = None
+        if step >= HEALTH_CHECK_FROM and step % HEALTH_CHECK_EVERY == 0:
+            # A window without a forward step (an idle engine) or without a due sweep owes no launch.
+            owed = sorted((self.per_forward if self.forwards else []) + (self.sweep if self.sweeps_due else []))
             self.forwards = self.sweeps_due = 0
-        self._pending.append(_Reading(step, counters, stats, health, sweep_passes, drained, forwards, sweeps_due))
-
-    def judge_ready(self) -> None:
-        """Log / check every reading whose copy has completed, oldest first (never waits)."""
+        if stats or owed is not None:
+            counters = CounterSnapshot([self.kernel_runs, self.slot_runs, self.write_index])
+            self._pending.append(_Reading(step, counters, stats, owed, sweep_passes, drained))
+        # Log / check every reading whose copy has completed, oldest first (never waits).
         while self._pending and self._pending[0].counters.ready():
             self._judge(self._pending.popleft())
 
@@ -96,12 +89,10 @@ class RuntimeMonitor:
         if r.stats:
             logger.info(stats_line(step=r.step, protected_tokens=slot_runs, sweep_passes=r.sweep_passes,
                                    violations=r.drained + index, active_tags=self.active_tags, total_tags=n))
-        if r.health:
+        if r.owed is not None:
             previous = self._previous if self._previous is not None else [0] * n
             self._previous = runs
-            # A window without a forward step (an idle engine) or without a due sweep owes no launch.
-            expected = sorted((self.per_forward if r.forwards else []) + (self.sweep if r.sweeps_due else []))
-            stalled = [self.tag_names[i] for i in expected if runs[i] == previous[i]]
+            stalled = [self.tag_names[i] for i in r.owed if runs[i] == previous[i]]
             self.healthy = not stalled
             if stalled:
                 raise CanaryHealthError(stalled_tags_message(stalled, r.step), tags=stalled, step=r.step)

@@ -4,14 +4,10 @@ report, the stats line and the health-check error. What a row means comes from t
 """
 from __future__ import annotations
 
-from .violations import Violation, u64
+from .violations import Violation, hex64
 
 SWEEP_PHASE = "sweep"          # the launch-tag phase of the periodic sweep (kernels.yaml launch_tags)
 PER_FORWARD_PREFIX = "per_forward_"
-
-
-def _hex(value: int) -> str:
-    return f"0x{u64(value):016x}"
 
 
 class ViolationReporter:
@@ -32,15 +28,12 @@ class ViolationReporter:
     def message(self, v: Violation, *, total_violations: int, ring_overflow: bool, step_when_pumped: int) -> str:
         """The lines of one row joined by newlines: key=value line, header, kind, reasons, body, footer."""
         reasons = " ".join(v.sglang_reasons) or "none"
+        stored = f"token_id={v.stored_token}   position={v.position} prev_hash={hex64(v.stored_chain_hash)}"
         if v.is_write:
-            body = [f"  actual:   token_id={v.stored_token}   position={v.position} "
-                    f"prev_hash={_hex(v.stored_chain_hash)}",
-                    f"  expected: token_id={v.expected_token}   position={v.expected_aux}"]
+            body = [f"  actual:   {stored}", f"  expected: token_id={v.expected_token}   position={v.expected_aux}"]
         else:
             expected_token = f"token_id={v.expected_token} " if v.reason_bits & self.token_bits else ""
-            body = [f"  stored:   token_id={v.stored_token}   position={v.position} "
-                    f"prev_hash={_hex(v.stored_chain_hash)}",
-                    f"  expected: {expected_token}prev_hash={_hex(v.expected_aux)}"]
+            body = [f"  stored:   {stored}", f"  expected: {expected_token}prev_hash={hex64(v.expected_aux)}"]
         return "\n".join([
             v.log_line(),
             f"KV cache canary violation detected (kernel_kind={v.launch_tag}, slot_idx={v.slot}, "

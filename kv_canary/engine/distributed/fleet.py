@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ..config import MODES, check_count
-from ..counters import CounterSnapshot
 from ..drain import CanaryViolationError
 from ..manager import CanaryManager
 from ..monitor import CanaryHealthError
+from ..staging import CounterSnapshot
 from .collective import FleetCollectiveError, RowReducer, collective_device, group_timeout
 from .rows import FleetDecision, FleetRows, FleetStats, StatsSample
 

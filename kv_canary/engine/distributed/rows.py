@@ -142,13 +142,9 @@ class FleetRows:
             for name in stalled_tags:
                 flags[self.tags.index(name)] = 1
             row[self.stalled] = flags
-        if stats is not None:
-            row[self.STATS] = stats.step + 1
-            row[self.kernel_runs] = list(stats.kernel_runs)
-            row[self.PROTECTED] = stats.protected_tokens
-            row[self.by_reason] = list(stats.by_reason)
-            row[self.TOTAL] = stats.rows
-            row[self.LOST] = stats.lost
+        if stats is not None:   # the stats part's columns in order (see __init__)
+            row[self.STATS:] = [stats.step + 1, *stats.kernel_runs, stats.protected_tokens, *stats.by_reason,
+                                stats.rows, stats.lost]
         return row
 
     def decision(self, matrix: list[list[int]], *, step: int, decided_step: int) -> FleetDecision:
