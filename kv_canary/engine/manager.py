@@ -25,14 +25,7 @@ import torch
 
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
-from .config import (
-    CanaryConfig,
-    check_caller_tables,
-    check_count,
-    check_fingerprint_layers,
-    parse_hash_mode,
-    parse_mode,
-)
+from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
 from .contract import KvPoolView, check_engine, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
@@ -120,6 +113,8 @@ class CanaryManager(Listened):
         """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
         included) and the engine-side ones given here (layer, backend, fingerprint_layers,
         caller_tables, chain_position_assert, keep_violations)."""
+        from .config import CanaryConfig
+
         if not isinstance(config, CanaryConfig):
             raise ValueError(f"kv-canary: from_config needs a CanaryConfig, got {_describe(config)}")
         options = config.manager_options()
@@ -376,7 +371,7 @@ class CanaryManager(Listened):
         # cache (those slots were written, and are owned, by an earlier request).
         owners = [r.rid if r is not None and not r.matched else self.L.UNKNOWN for r in batch.requests]
         self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
-        self.monitor.on_forward()
+        self.monitor.forwards += 1
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
@@ -404,7 +399,7 @@ class CanaryManager(Listened):
             return
         self.last_step = step
         if self.sweep_interval and step % self.sweep_interval == self.sweep_interval - 1:
-            self.monitor.on_sweep_due()
+            self.monitor.sweeps_due += 1
             self.sweep()
         self.ring_drain.snapshot(step)
         if self.ring_drain.pending():

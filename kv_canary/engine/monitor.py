@@ -57,15 +57,9 @@ class RuntimeMonitor:
         self.stats_every = stats_every
         self._pending: collections.deque = collections.deque()
         self._previous: Optional[list] = None   # the counters at the previous health reading
-        self.forwards = 0      # forward steps since the last health reading
-        self.sweeps_due = 0    # sweeps due by the cadence since the last health reading
+        self.forwards = 0      # forward steps since the last health reading (the manager counts them)
+        self.sweeps_due = 0    # sweeps due by the cadence since the last health reading (likewise)
         self.healthy = True    # False while the latest health check found a stalled tag
-
-    def on_forward(self) -> None:
-        self.forwards += 1
-
-    def on_sweep_due(self) -> None:
-        self.sweeps_due += 1
 
     def after_step(self, step: int, *, sweep_passes: int, drained: int) -> None:
         """Read the counters if `step` is a stats or health step; judge every reading that has landed."""

@@ -32,10 +32,9 @@ class HostStaging:
         self._events: list = [None] * n
         self._next = 0
 
-    def upload(self, pairs) -> None:
+    def upload(self, pairs: list) -> None:
         """Copy each (values: ints or a CPU tensor, dst) pair into `dst[:len(values)]`, in order; dst is
         1-D int64 (so an asynchronous copy never converts through a pageable temporary)."""
-        pairs = [(v, d) for v, d in pairs]
         total = sum(len(v) for v, _ in pairs)
         if total > self.capacity:
             raise ValueError(f"kv-canary: one upload holds at most {self.capacity} values (the capacity fixed "

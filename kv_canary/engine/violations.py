@@ -72,7 +72,6 @@ class ViolationDecoder:
     """Decodes ring rows of one generated layer (`layer.layout`)."""
 
     def __init__(self, layout):
-        self.layout = layout
         self.width = layout.VIOLATION_FIELDS
         self.cols = {c: getattr(layout, "VIOLATION_COL_" + c.upper()) for c in layout.VIOLATION_CARRIES}
         used = set(self.cols.values())

@@ -267,12 +267,9 @@ def _check_timeout(timeout) -> Optional[timedelta]:
     """None (the group's timeout), or positive seconds / a positive timedelta."""
     if timeout is None:
         return None
-    value = None
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        value = timedelta(seconds=timeout)
-    elif isinstance(timeout, timedelta):
-        value = timeout
-    if value is None or value <= timedelta(0):
+    seconds = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    value = timedelta(seconds=timeout) if seconds else timeout
+    if not isinstance(value, timedelta) or value <= timedelta(0):
         raise ValueError(f"kv-canary: FleetMonitor timeout must be positive seconds or a timedelta, got {timeout!r}")
     return value
 
