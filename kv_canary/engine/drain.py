@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import collections
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
@@ -42,16 +42,16 @@ class CanaryStats:
 
 
 class RingDrain:
-    """The violation ring of one manager (`record_of(tag value, slot)`: the canary record a verify
-    row's slot holds now, int64 words, or None when the tag has no buffer)."""
+    """The violation ring of one manager (`canary_bufs`: launch tag value -> the canary buffer whose
+    slots that tag's verify rows name)."""
 
     def __init__(self, layout, *, ring: torch.Tensor, write_index: torch.Tensor, reason_counts: torch.Tensor,
-                 keep_violations: int, record_of: Callable[[list], list]):
+                 keep_violations: int, canary_bufs: dict):
         self.L = layout
         self.ring, self.write_index, self.reason_counts = ring, write_index, reason_counts
         self.ring_capacity = int(ring.shape[0])
         self.keep_violations = keep_violations
-        self.records_of = record_of
+        self.canary_bufs = canary_bufs
         self.decoder = ViolationDecoder(layout)
         self.stats = CanaryStats()
         self.violations: list[Violation] = []
@@ -108,9 +108,14 @@ class RingDrain:
     def _capture_links(self, found: list[Violation]) -> None:
         """Remember, at drain time, the chain link of the record at each verify violation's slot
         (what cascade grouping compares expected_aux with; later writes may change the record)."""
-        verify = [v for v in found if v.is_verify]
-        for v, words in zip(verify, self.records_of(verify)):
-            if words is not None:
+        by_tag: dict = {}
+        for v in found:
+            buf = self.canary_bufs.get(v.launch_tag_value)
+            if v.is_verify and buf is not None and 0 <= v.slot < buf.shape[0]:
+                by_tag.setdefault(v.launch_tag_value, []).append(v)
+        for tag, verify in by_tag.items():
+            slots = torch.tensor([v.slot for v in verify], dtype=torch.int64, device=self.ring.device)
+            for v, words in zip(verify, self.canary_bufs[tag][slots].view(torch.int64).cpu().tolist()):
                 self.links[(v.step, v.launch_tag_value, v.slot)] = record_link(self.L, words)
 
     def link_of(self, v: Violation) -> Optional[int]:

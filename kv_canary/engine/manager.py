@@ -212,13 +212,13 @@ class CanaryManager(Listened):
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
-        self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer
+        self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer (what the drain reads records from)
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
         self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
                                     reason_counts=self.reason_counts, keep_violations=self.keep_violations,
-                                    record_of=self._records_of)
+                                    canary_bufs=self._buf_of_tag)
         self.monitor = self._make_monitor()
 
     def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
@@ -352,9 +352,7 @@ class CanaryManager(Listened):
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
-        """HEAD of a step: `prepare(batch)` then `launch_head(batch)`."""
-        if not self.enabled:
-            return
+        """HEAD of a step: `prepare(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
         self.prepare(batch)
         self.launch_head(batch)
 
@@ -426,12 +424,10 @@ class CanaryManager(Listened):
             self._write_inputs(g, batch, g.out_cache_loc[:n])
 
     def _verify_and_write(self, phase: str, batch) -> None:
-        for g in self.groups:
-            for half in self.halves:
-                g.launches[(phase, half, "verify")].run()
-        for g in self.groups:
-            for half in self.halves:
-                g.launches[(phase, half, "write")].run()
+        for kind in ("verify", "write"):  # the phase's verifies read the records before its writes change them
+            for g in self.groups:
+                for half in self.halves:
+                    g.launches[(phase, half, kind)].run()
 
     def _fill_expected_inputs(self, batch) -> None:
         """What the write's input assert compares each batch token with, on the device: position =
@@ -539,20 +535,6 @@ class CanaryManager(Listened):
         return found
 
     # -- reporting helpers ------------------------------------------------------------------
-    def _records_of(self, violations: list[Violation]) -> list:
-        """The canary record (int64 words) each verify violation's slot holds now (None: no buffer)."""
-        out = [None] * len(violations)
-        wanted: dict = {}
-        for i, v in enumerate(violations):
-            buf = self._buf_of_tag.get(v.launch_tag_value)
-            if buf is not None and 0 <= v.slot < buf.shape[0]:
-                wanted.setdefault(v.launch_tag_value, []).append(i)
-        for tag, idx in wanted.items():
-            slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
-            for i, words in zip(idx, self._buf_of_tag[tag][slots].view(torch.int64).cpu().tolist()):
-                out[i] = words
-        return out
-
     def link_of(self, v: Violation) -> Optional[int]:
         """Chain link of the record a violation's slot held when it was drained (None if unknown)."""
         return self.ring_drain.link_of(v) if self.ring_drain is not None else None

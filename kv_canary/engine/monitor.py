@@ -1,7 +1,8 @@
-"""The periodic host checks of a CanaryManager (SEMANTICS.md §9): the stats line every N steps, and
-the health check every HEALTH_CHECK_EVERY steps from step HEALTH_CHECK_FROM on. Both judge one
-asynchronous copy of the device counters taken at the cadence step (kv_canary.engine.staging),
-once it has landed: no step waits for the device, and a health error names the step it read.
+"""The periodic host checks of a CanaryManager (SEMANTICS.md §9; their texts are SGLang's, which
+harnesses parse): the stats line every N steps, and the health check every HEALTH_CHECK_EVERY steps
+from step HEALTH_CHECK_FROM on. Both judge one asynchronous copy of the device counters taken at the
+cadence step (kv_canary.engine.staging), once it has landed: no step waits for the device, and a
+health error names the step it read.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from typing import Optional
 
 import torch
 
-from .reporting import stalled_tags_message, stats_line
 from .staging import CounterSnapshot
 
 logger = logging.getLogger("kv_canary")
@@ -81,12 +81,14 @@ class RuntimeMonitor:
         n = len(self.tag_names)
         runs, slot_runs, index = values[:n], values[n], values[n + 1]
         if r.stats:
-            logger.info(stats_line(step=r.step, protected_tokens=slot_runs, sweep_passes=r.sweep_passes,
-                                   violations=r.drained + index, active_tags=self.active_tags, total_tags=n))
+            logger.info(f"[canary] step={r.step} protected_tokens={slot_runs} sweep_passes={r.sweep_passes} "
+                        f"violations={r.drained + index} launch_tags_active={self.active_tags}/{n}")
         if r.owed is not None:
             previous = self._previous if self._previous is not None else [0] * n
             self._previous = runs
             stalled = [self.tag_names[i] for i in r.owed if runs[i] == previous[i]]
             self.healthy = not stalled
             if stalled:
-                raise CanaryHealthError(stalled_tags_message(stalled, r.step), tags=stalled, step=r.step)
+                raise CanaryHealthError(f"kv-canary: kernel_run_counter did not increase since previous check for "
+                                        f"tags=[{', '.join(stalled)}] at step={r.step}; canary path is not executing",
+                                        tags=stalled, step=r.step)

@@ -1,6 +1,6 @@
-"""The runtime's texts that engines and their test harnesses parse (SEMANTICS.md §9): the violation
-report, the stats line and the health-check error. What a row means comes from the layer's layout
-(phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
+"""The violation report, a text that engines and their test harnesses parse (SEMANTICS.md §9; the
+stats line and the health-check error are kv_canary.engine.monitor's). What a row means comes from the
+layer's layout (phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
 """
 from __future__ import annotations
 
@@ -43,14 +43,3 @@ class ViolationReporter:
             *body,
             f"  total_violations={total_violations} ring_overflow={ring_overflow} step_when_pumped={step_when_pumped}",
         ])
-
-
-def stats_line(*, step: int, protected_tokens: int, sweep_passes: int, violations: int, active_tags: int,
-               total_tags: int) -> str:
-    return (f"[canary] step={step} protected_tokens={protected_tokens} sweep_passes={sweep_passes} "
-            f"violations={violations} launch_tags_active={active_tags}/{total_tags}")
-
-
-def stalled_tags_message(tags, step: int) -> str:
-    return (f"kv-canary: kernel_run_counter did not increase since previous check for tags=[{', '.join(tags)}] "
-            f"at step={step}; canary path is not executing")
