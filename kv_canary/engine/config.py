@@ -24,11 +24,14 @@ FLAG_MODE = "--kv-canary"
 FLAG_REAL_KV_DATA = "--kv-canary-real-data"
 FLAG_SWEEP_INTERVAL = "--kv-canary-sweep-interval"
 
-ENV_RING_CAPACITY = "SGLANG_KV_CANARY_RING_CAPACITY"
-ENV_STATS_EVERY = "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS"
-ENV_WRITE_INPUT_ASSERT = "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT"
-ENV_VERIFY_TOKEN_ASSERT = "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT"
-ENV_MHA_V = "SGLANG_KV_CANARY_ENABLE_MHA_V"
+# The config's int fields and their least values; then the fields read from the environment, and
+# their variables (an int field parses as an integer, a bool field as a boolean).
+MINIMUMS = {"sweep_interval": 0, "ring_capacity": 1, "stats_print_every_n_steps": 0}
+ENV_VARS = {"ring_capacity": "SGLANG_KV_CANARY_RING_CAPACITY",
+            "stats_print_every_n_steps": "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS",
+            "enable_write_input_assert": "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT",
+            "enable_verify_token_assert": "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT",
+            "enable_mha_v": "SGLANG_KV_CANARY_ENABLE_MHA_V"}
 
 # SGLang's own text, which its test harnesses match.
 SWEEP_NEEDS_MODE = f"{FLAG_SWEEP_INTERVAL} requires {FLAG_MODE} in {{log, raise}}"
@@ -53,7 +56,7 @@ class CanaryConfig:
         set_ = object.__setattr__  # frozen: normalise in place once
         set_(self, "mode", parse_mode(self.mode, "CanaryConfig.mode"))
         set_(self, "real_kv_data", parse_real_kv_data(self.real_kv_data, "CanaryConfig.real_kv_data"))
-        for name, low in (("sweep_interval", 0), ("ring_capacity", 1), ("stats_print_every_n_steps", 0)):
+        for name, low in MINIMUMS.items():
             check_count(f"CanaryConfig.{name}", getattr(self, name), low)
         for name in ("enable_write_input_assert", "enable_verify_token_assert", "enable_mha_v"):
             if not isinstance(getattr(self, name), bool):
@@ -75,13 +78,9 @@ class CanaryConfig:
         env = os.environ if environ is None else environ
         base = cls() if base is None else base
         given = {"mode": mode, "real_kv_data": real_kv_data, "sweep_interval": sweep_interval}
-        return replace(
-            base, **{k: v for k, v in given.items() if v is not None},
-            ring_capacity=env_int(env, ENV_RING_CAPACITY, base.ring_capacity, minimum=1),
-            stats_print_every_n_steps=env_int(env, ENV_STATS_EVERY, base.stats_print_every_n_steps, minimum=0),
-            enable_write_input_assert=env_bool(env, ENV_WRITE_INPUT_ASSERT, base.enable_write_input_assert),
-            enable_verify_token_assert=env_bool(env, ENV_VERIFY_TOKEN_ASSERT, base.enable_verify_token_assert),
-            enable_mha_v=env_bool(env, ENV_MHA_V, base.enable_mha_v))
+        read = {name: env_int(env, var, getattr(base, name), minimum=MINIMUMS[name]) if name in MINIMUMS
+                else env_bool(env, var, getattr(base, name)) for name, var in ENV_VARS.items()}
+        return replace(base, **{k: v for k, v in given.items() if v is not None}, **read)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, defaults: Optional["CanaryConfig"] = None) -> None:

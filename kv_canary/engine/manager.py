@@ -219,7 +219,7 @@ class CanaryManager(Listened):
         self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
                                     reason_counts=self.reason_counts, keep_violations=self.keep_violations,
                                     canary_bufs=self._buf_of_tag)
-        self.monitor = self._make_monitor()
+        self.monitor = RuntimeMonitor(self)
 
     def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
         """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
@@ -236,19 +236,6 @@ class CanaryManager(Listened):
         blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
         slots = blocks * e.block_size + self._block_off
         self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
-
-    def _make_monitor(self) -> RuntimeMonitor:
-        """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
-        tags only with a sweep interval; the stats line's A counts every tag of the engine's pools."""
-        groups = {g.name for g in self.groups}
-        mine = [(i, self.L.LAUNCH_TAG_COORDINATES[t]) for i, t in enumerate(self.tags)
-                if self.L.LAUNCH_TAG_COORDINATES[t][2] in groups]
-        checked = [(i, phase) for i, (phase, half, _) in mine if half in self.halves]
-        return RuntimeMonitor(kernel_runs=self.kernel_run_counters, slot_runs=self.slot_run_counter,
-                              write_index=self.write_index, tag_names=[t.name for t in self.tags],
-                              per_forward=[i for i, phase in checked if phase != SWEEP_PHASE],
-                              sweep=[i for i, phase in checked if phase == SWEEP_PHASE and self.sweep_interval > 0],
-                              active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
 
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         """The group's canary buffers and plans, and every launch it makes, validated and bound once

@@ -11,8 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
+from .reporting import SWEEP_PHASE
 from .staging import CounterSnapshot
 
 logger = logging.getLogger("kv_canary")
@@ -42,19 +41,22 @@ class _Reading:
 
 
 class RuntimeMonitor:
-    """Stats line and health check over a manager's counters.
+    """Stats line and health check over an attached manager's counters. The health check expects the
+    tags of the engine's pools, V only when checked, sweep tags only with a sweep interval; the stats
+    line's A counts every tag of the engine's pools, T every tag of the schema."""
 
-    `per_forward` / `sweep`: indices (into `kernel_runs` and `tag_names`) of the tags that must run on
-    every forward step / every sweep; `active_tags` / `tag_names`: the stats line's A and T.
-    """
-
-    def __init__(self, *, kernel_runs: torch.Tensor, slot_runs: torch.Tensor, write_index: torch.Tensor,
-                 tag_names: list, per_forward: list, sweep: list, active_tags: int, stats_every: int):
-        self.kernel_runs, self.slot_runs, self.write_index = kernel_runs, slot_runs, write_index
-        self.tag_names = list(tag_names)
-        self.per_forward, self.sweep = sorted(per_forward), sorted(sweep)
-        self.active_tags = active_tags
-        self.stats_every = stats_every
+    def __init__(self, manager):
+        m, coordinates = manager, manager.L.LAUNCH_TAG_COORDINATES
+        self.kernel_runs, self.slot_runs, self.write_index = m.kernel_run_counters, m.slot_run_counter, m.write_index
+        self.tag_names = [t.name for t in m.tags]
+        groups = {g.name for g in m.groups}
+        mine = [(i, coordinates[t]) for i, t in enumerate(m.tags) if coordinates[t][2] in groups]
+        checked = [(i, phase) for i, (phase, half, _) in mine if half in m.halves]
+        # indices into kernel_runs / tag_names of the tags that must run every forward step / every sweep
+        self.per_forward = [i for i, phase in checked if phase != SWEEP_PHASE]
+        self.sweep = [i for i, phase in checked if phase == SWEEP_PHASE and m.sweep_interval > 0]
+        self.active_tags = len(mine)
+        self.stats_every = m.stats_print_every_n_steps
         self._pending: collections.deque = collections.deque()
         self._previous: Optional[list] = None   # the counters at the previous health reading
         self.forwards = 0      # forward steps since the last health reading (the manager counts them)

@@ -23,11 +23,11 @@ DEPTH = 4  # pinned staging buffers in flight on CUDA
 class HostStaging:
     """int64 host staging of `capacity` elements per upload, for tensors on `device`."""
 
-    def __init__(self, capacity: int, device: torch.device, depth: int = DEPTH):
+    def __init__(self, capacity: int, device: torch.device):
         self.capacity = check_count("HostStaging capacity", capacity, 1)
         self.device = torch.device(device)
         self._async = self.device.type == "cuda"
-        n = depth if self._async else 1
+        n = DEPTH if self._async else 1
         self._bufs = [torch.empty(capacity, dtype=torch.int64, pin_memory=self._async) for _ in range(n)]
         self._events: list = [None] * n
         self._next = 0

@@ -223,11 +223,10 @@ class FleetMonitor:
         by_reason = self._by_reason()
         new_by_reason = [now - sent for now, sent in zip(by_reason, self._sent_by_reason)]
         health = self._health_unsent
-        tags = {t for e in health for t in e.tags}
         row = self.rows.encode(rows=rows, new_by_reason=new_by_reason,
                                health_step=min((e.step for e in health if e.step is not None), default=step)
                                if health else None,
-                               stalled_tags=[t for t in self.rows.tags if t in tags],
+                               stalled_tags={t for e in health for t in e.tags},
                                stats=self._sample(stats_due) if stats_due is not None else None)
         self._exchange.start(row, what="decision", step=step)
         self._sent_rows, self._sent_by_reason, self._health_unsent = self.manager.stats.total, by_reason, []
