@@ -9,7 +9,7 @@ import argparse
 import contextlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from ..layer.loader import default_layer
@@ -24,11 +24,14 @@ FLAG_MODE = "--kv-canary"
 FLAG_REAL_KV_DATA = "--kv-canary-real-data"
 FLAG_SWEEP_INTERVAL = "--kv-canary-sweep-interval"
 
-ENV_RING_CAPACITY = "SGLANG_KV_CANARY_RING_CAPACITY"
-ENV_STATS_EVERY = "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS"
-ENV_WRITE_INPUT_ASSERT = "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT"
-ENV_VERIFY_TOKEN_ASSERT = "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT"
-ENV_MHA_V = "SGLANG_KV_CANARY_ENABLE_MHA_V"
+# The config's int fields and their least values; then the fields read from the environment, and
+# their variables (an int field parses as an integer, a bool field as a boolean).
+MINIMUMS = {"sweep_interval": 0, "ring_capacity": 1, "stats_print_every_n_steps": 0}
+ENV_VARS = {"ring_capacity": "SGLANG_KV_CANARY_RING_CAPACITY",
+            "stats_print_every_n_steps": "SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS",
+            "enable_write_input_assert": "SGLANG_KV_CANARY_ENABLE_WRITE_INPUT_ASSERT",
+            "enable_verify_token_assert": "SGLANG_KV_CANARY_ENABLE_VERIFY_TOKEN_ASSERT",
+            "enable_mha_v": "SGLANG_KV_CANARY_ENABLE_MHA_V"}
 
 # SGLang's own text, which its test harnesses match.
 SWEEP_NEEDS_MODE = f"{FLAG_SWEEP_INTERVAL} requires {FLAG_MODE} in {{log, raise}}"
@@ -53,7 +56,7 @@ class CanaryConfig:
         set_ = object.__setattr__  # frozen: normalise in place once
         set_(self, "mode", parse_mode(self.mode, "CanaryConfig.mode"))
         set_(self, "real_kv_data", parse_real_kv_data(self.real_kv_data, "CanaryConfig.real_kv_data"))
-        for name, low in (("sweep_interval", 0), ("ring_capacity", 1), ("stats_print_every_n_steps", 0)):
+        for name, low in MINIMUMS.items():
             check_count(f"CanaryConfig.{name}", getattr(self, name), low)
         for name in ("enable_write_input_assert", "enable_verify_token_assert", "enable_mha_v"):
             if not isinstance(getattr(self, name), bool):
@@ -75,13 +78,9 @@ class CanaryConfig:
         env = os.environ if environ is None else environ
         base = cls() if base is None else base
         given = {"mode": mode, "real_kv_data": real_kv_data, "sweep_interval": sweep_interval}
-        return replace(
-            base, **{k: v for k, v in given.items() if v is not None},
-            ring_capacity=env_int(env, ENV_RING_CAPACITY, base.ring_capacity, minimum=1),
-            stats_print_every_n_steps=env_int(env, ENV_STATS_EVERY, base.stats_print_every_n_steps, minimum=0),
-            enable_write_input_assert=env_bool(env, ENV_WRITE_INPUT_ASSERT, base.enable_write_input_assert),
-            enable_verify_token_assert=env_bool(env, ENV_VERIFY_TOKEN_ASSERT, base.enable_verify_token_assert),
-            enable_mha_v=env_bool(env, ENV_MHA_V, base.enable_mha_v))
+        read = {name: env_int(env, var, getattr(base, name), minimum=MINIMUMS[name]) if name in MINIMUMS
+                else env_bool(env, var, getattr(base, name)) for name, var in ENV_VARS.items()}
+        return replace(base, **{k: v for k, v in given.items() if v is not None}, **read)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser, defaults: Optional["CanaryConfig"] = None) -> None:
@@ -99,7 +98,7 @@ class CanaryConfig:
                            help=f"fingerprint the real K/V bytes: none, partial (the first "
                                 f"{default_layer().layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
                                 f"(default: %(default)s)")
-        group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_sweep_interval, FLAG_SWEEP_INTERVAL),
+        group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_int, FLAG_SWEEP_INTERVAL),
                            default=d.sweep_interval, metavar="N",
                            help=f"verify every cached slot every N steps, 0 = never (default: %(default)s); "
                                 f"needs {FLAG_MODE} log or raise")
@@ -110,17 +109,16 @@ class CanaryConfig:
         """A config from parsed `add_cli_args` flags plus the environment variables (over `base`)."""
         return cls.from_env(environ, base=base, mode=parse_mode(args.kv_canary, FLAG_MODE),
                             real_kv_data=parse_real_kv_data(args.kv_canary_real_data, FLAG_REAL_KV_DATA),
-                            sweep_interval=parse_sweep_interval(args.kv_canary_sweep_interval, FLAG_SWEEP_INTERVAL))
+                            sweep_interval=parse_int(args.kv_canary_sweep_interval, FLAG_SWEEP_INTERVAL))
 
     # -- what a CanaryManager takes ---------------------------------------------------------------
     def manager_options(self) -> dict:
-        """The CanaryManager keyword arguments this config sets (see CanaryManager.from_config)."""
-        return {"mode": self.mode, "real_kv_hash_mode": self.real_kv_data.upper(),
-                "sweep_interval": self.sweep_interval, "ring_capacity": self.ring_capacity,
-                "stats_print_every_n_steps": self.stats_print_every_n_steps,
-                "enable_write_input_assert": self.enable_write_input_assert,
-                "check_verify_expected_token": self.enable_verify_token_assert,
-                "enable_mha_v": self.enable_mha_v}
+        """The CanaryManager keyword arguments this config sets (see CanaryManager.from_config): every
+        field, two of them under the manager's names."""
+        options = asdict(self)
+        options["real_kv_hash_mode"] = options.pop("real_kv_data").upper()
+        options["check_verify_expected_token"] = options.pop("enable_verify_token_assert")
+        return options
 
 
 # -- value parsers, each naming where the value came from -------------------------------------------
@@ -146,13 +144,9 @@ def parse_real_kv_data(value, where: str) -> str:
     return word
 
 
-def parse_sweep_interval(value, where: str) -> int:
-    return _int(value, where, minimum=0)
-
-
 def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     raw = env.get(name)
-    return default if raw is None or raw.strip() == "" else _int(raw, name, minimum=minimum)
+    return default if raw is None or raw.strip() == "" else parse_int(raw, name, minimum)
 
 
 def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -168,7 +162,8 @@ def env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
                      f"got {raw!r}")
 
 
-def _int(value, where: str, *, minimum: int) -> int:
+def parse_int(value, where: str, minimum: int = 0) -> int:
+    """An int, or a string of one, >= `minimum` (flags and environment variables)."""
     parsed = value if isinstance(value, int) and not isinstance(value, bool) else None
     if isinstance(value, str):
         with contextlib.suppress(ValueError):

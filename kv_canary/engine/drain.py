@@ -7,13 +7,14 @@ records the rows and restarts the write index (no row is reported twice); what t
 """
 from __future__ import annotations
 
+import bisect
 import collections
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
-from .counters import CounterSnapshot
+from .staging import CounterSnapshot
 from .violations import Violation, ViolationDecoder, record_link
 
 SNAPSHOT_DEPTH = 8  # write-index snapshots in flight before a drain waits for the oldest
@@ -36,37 +37,33 @@ class CanaryStats:
     # Rows per FailReason name, lost ones included: the device's per-reason totals, read at drain time.
     by_reason: collections.Counter = field(default_factory=collections.Counter)
     by_step: collections.Counter = field(default_factory=collections.Counter)    # every row, lost ones included
-    by_tag: collections.Counter = field(default_factory=collections.Counter)
     # Decoded rows per (launch tag name, FailReason name): a row with two reasons counts under both.
     by_tag_reason: collections.Counter = field(default_factory=collections.Counter)
 
 
 class RingDrain:
-    """The violation ring of one manager (`record_of(tag value, slot)`: the canary record a verify
-    row's slot holds now, int64 words, or None when the tag has no buffer)."""
+    """The violation ring of one manager (`canary_bufs`: launch tag value -> the canary buffer whose
+    slots that tag's verify rows name)."""
 
     def __init__(self, layout, *, ring: torch.Tensor, write_index: torch.Tensor, reason_counts: torch.Tensor,
-                 keep_violations: int, record_of: Callable[[list], list]):
+                 keep_violations: int, canary_bufs: dict):
         self.L = layout
         self.ring, self.write_index, self.reason_counts = ring, write_index, reason_counts
         self.ring_capacity = int(ring.shape[0])
         self.keep_violations = keep_violations
-        self.records_of = record_of
+        self.canary_bufs = canary_bufs
         self.decoder = ViolationDecoder(layout)
         self.stats = CanaryStats()
         self.violations: list[Violation] = []
         self.links: dict = {}
         self._snapshots: collections.deque = collections.deque()   # (step, CounterSnapshot)
 
-    def snapshot(self, step: int) -> bool:
-        """Take this step's write-index snapshot; True when the oldest in flight had to be waited
-        for (the device is SNAPSHOT_DEPTH steps behind: the caller polls then)."""
-        waited = False
-        if len(self._snapshots) >= SNAPSHOT_DEPTH and not self._snapshots[0][1].ready():
+    def snapshot(self, step: int) -> None:
+        """Take this step's write-index snapshot; waits for the oldest in flight when the device is
+        SNAPSHOT_DEPTH steps behind."""
+        if len(self._snapshots) >= SNAPSHOT_DEPTH:
             self._snapshots[0][1].values()
-            waited = True
         self._snapshots.append((step, CounterSnapshot([self.write_index])))
-        return waited
 
     def pending(self) -> bool:
         """Whether a landed snapshot shows rows (never waits for the device)."""
@@ -86,11 +83,14 @@ class RingDrain:
         self._snapshots.clear()
         if count == 0:
             return []
-        last_step = bounds[-1][0] if bounds else None
+        # Row i was appended by the step of the first snapshot whose index exceeds i (the indices
+        # only grow between drains); rows after the last snapshot count for its step.
+        ends = [end for _, end in bounds]
+        last = len(bounds) - 1
         rows = self.ring[:min(count, self.ring_capacity)].cpu()
-        steps = [_step_of(i, bounds, last_step) for i in range(count)]
+        steps = [bounds[min(bisect.bisect_right(ends, i), last)][0] if bounds else None for i in range(count)]
         self.write_index.zero_()
-        found = self.decoder.decode(rows, steps[:len(rows)])
+        found = [self.decoder.decode_row(row, s) for row, s in zip(rows.tolist(), steps)]
         st = self.stats
         st.drains += 1
         st.total += count
@@ -99,9 +99,7 @@ class RingDrain:
         # Cumulative device totals: the kernels count dropped rows too (the host cannot decode them).
         totals = self.reason_counts.cpu().tolist()
         st.by_reason = collections.Counter({name: n for name, n in zip(self.L.VIOLATION_REASON_COUNT_NAMES, totals) if n})
-        for v in found:
-            st.by_tag[v.launch_tag] += 1
-            st.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
+        st.by_tag_reason.update((v.launch_tag, r) for v in found for r in v.reasons)
         self._capture_links(found)
         room = self.keep_violations - len(self.violations)
         self.violations += found[:max(0, room)]
@@ -110,17 +108,15 @@ class RingDrain:
     def _capture_links(self, found: list[Violation]) -> None:
         """Remember, at drain time, the chain link of the record at each verify violation's slot
         (what cascade grouping compares expected_aux with; later writes may change the record)."""
-        verify = [v for v in found if v.is_verify]
-        for v, words in zip(verify, self.records_of(verify)):
-            if words is not None:
+        by_tag: dict = {}
+        for v in found:
+            buf = self.canary_bufs.get(v.launch_tag_value)
+            if v.is_verify and buf is not None and 0 <= v.slot < buf.shape[0]:
+                by_tag.setdefault(v.launch_tag_value, []).append(v)
+        for tag, verify in by_tag.items():
+            slots = torch.tensor([v.slot for v in verify], dtype=torch.int64, device=self.ring.device)
+            for v, words in zip(verify, self.canary_bufs[tag][slots].view(torch.int64).cpu().tolist()):
                 self.links[(v.step, v.launch_tag_value, v.slot)] = record_link(self.L, words)
 
     def link_of(self, v: Violation) -> Optional[int]:
         return self.links.get((v.step, v.launch_tag_value, v.slot))
-
-
-def _step_of(i: int, bounds, last_step) -> Optional[int]:
-    for step, end in bounds:
-        if i < end:
-            return step
-    return last_step

@@ -71,7 +71,7 @@ class CanaryManager(Listened):
                  fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
                  enable_write_input_assert: bool = False, enable_mha_v: bool = True,
                  stats_print_every_n_steps: int = 0):
-        mode = parse_mode(mode, "mode")
+        self.mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
         self.real_kv_hash_mode = parse_hash_mode(self.L, real_kv_hash_mode)
@@ -79,7 +79,6 @@ class CanaryManager(Listened):
                                  ("keep_violations", keep_violations, 0),
                                  ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
             check_count(name, value, low)
-        self.mode = mode
         self.check_verify_expected_token = bool(check_verify_expected_token)
         self.ring_capacity = ring_capacity
         self.sweep_interval = sweep_interval
@@ -213,14 +212,14 @@ class CanaryManager(Listened):
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
-        self._buf_of_tag: dict = {}  # launch tag value -> (group, half) of its canary buffer
+        self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer (what the drain reads records from)
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
         self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
                                     reason_counts=self.reason_counts, keep_violations=self.keep_violations,
-                                    record_of=self._records_of)
-        self.monitor = self._make_monitor()
+                                    canary_bufs=self._buf_of_tag)
+        self.monitor = RuntimeMonitor(self)
 
     def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
         """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
@@ -237,19 +236,6 @@ class CanaryManager(Listened):
         blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
         slots = blocks * e.block_size + self._block_off
         self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
-
-    def _make_monitor(self) -> RuntimeMonitor:
-        """Which tags the health check expects: those of the engine's pools, V only when checked, sweep
-        tags only with a sweep interval; the stats line's A counts every tag of the engine's pools."""
-        groups = {g.name for g in self.groups}
-        mine = [(i, self.L.LAUNCH_TAG_COORDINATES[t]) for i, t in enumerate(self.tags)
-                if self.L.LAUNCH_TAG_COORDINATES[t][2] in groups]
-        checked = [(i, phase) for i, (phase, half, _) in mine if half in self.halves]
-        return RuntimeMonitor(kernel_runs=self.kernel_run_counters, slot_runs=self.slot_run_counter,
-                              write_index=self.write_index, tag_names=[t.name for t in self.tags],
-                              per_forward=[i for i, phase in checked if phase != SWEEP_PHASE],
-                              sweep=[i for i, phase in checked if phase == SWEEP_PHASE and self.sweep_interval > 0],
-                              active_tags=len(mine), stats_every=self.stats_print_every_n_steps)
 
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         """The group's canary buffers and plans, and every launch it makes, validated and bound once
@@ -281,7 +267,7 @@ class CanaryManager(Listened):
                             for t in (tensors[i] for i in self.fingerprinted[name]))
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
-                self._buf_of_tag[int(tag)] = (g, half)
+                self._buf_of_tag[int(tag)] = buf
                 g.launches[(phase, half, "verify")] = bind(
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
                     plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
@@ -333,12 +319,6 @@ class CanaryManager(Listened):
         sweep_cap = max(p.storage.num_slots for p in pools.values())
         self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), self.device)
 
-    def set_chain_position_assert(self, enabled: bool) -> None:
-        """Flip the device flag (0 during warm-up or CUDA-graph capture)."""
-        self.chain_position_assert = bool(enabled)
-        if self.enabled:
-            self.chain_flag.fill_(int(self.chain_position_assert))
-
     # -- expected-token pool ----------------------------------------------------------------
     def on_tokens(self, row: int, start: int, tokens: list[int]) -> None:
         """Record a request's known token ids (prompt at admission, then sampled tokens)."""
@@ -359,9 +339,7 @@ class CanaryManager(Listened):
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
-        """HEAD of a step: `prepare(batch)` then `launch_head(batch)`."""
-        if not self.enabled:
-            return
+        """HEAD of a step: `prepare(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
         self.prepare(batch)
         self.launch_head(batch)
 
@@ -378,7 +356,7 @@ class CanaryManager(Listened):
         # cache (those slots were written, and are owned, by an earlier request).
         owners = [r.rid if r is not None and not r.matched else self.L.UNKNOWN for r in batch.requests]
         self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
-        self.monitor.on_forward()
+        self.monitor.forwards += 1
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
@@ -406,7 +384,7 @@ class CanaryManager(Listened):
             return
         self.last_step = step
         if self.sweep_interval and step % self.sweep_interval == self.sweep_interval - 1:
-            self.monitor.on_sweep_due()
+            self.monitor.sweeps_due += 1
             self.sweep()
         self.ring_drain.snapshot(step)
         if self.ring_drain.pending():
@@ -433,12 +411,10 @@ class CanaryManager(Listened):
             self._write_inputs(g, batch, g.out_cache_loc[:n])
 
     def _verify_and_write(self, phase: str, batch) -> None:
-        for g in self.groups:
-            for half in self.halves:
-                g.launches[(phase, half, "verify")].run()
-        for g in self.groups:
-            for half in self.halves:
-                g.launches[(phase, half, "write")].run()
+        for kind in ("verify", "write"):  # the phase's verifies read the records before its writes change them
+            for g in self.groups:
+                for half in self.halves:
+                    g.launches[(phase, half, kind)].run()
 
     def _fill_expected_inputs(self, batch) -> None:
         """What the write's input assert compares each batch token with, on the device: position =
@@ -546,21 +522,6 @@ class CanaryManager(Listened):
         return found
 
     # -- reporting helpers ------------------------------------------------------------------
-    def _records_of(self, violations: list[Violation]) -> list:
-        """The canary record (int64 words) each verify violation's slot holds now (None: no buffer)."""
-        out = [None] * len(violations)
-        wanted: dict = {}
-        for i, v in enumerate(violations):
-            g, _ = self._buf_of_tag.get(v.launch_tag_value, (None, None))
-            if g is not None and 0 <= v.slot < g.num_slots:
-                wanted.setdefault(v.launch_tag_value, []).append(i)
-        for tag, idx in wanted.items():
-            g, half = self._buf_of_tag[tag]
-            slots = torch.tensor([violations[i].slot for i in idx], dtype=torch.int64, device=self.device)
-            for i, words in zip(idx, g.bufs[half][slots].view(torch.int64).cpu().tolist()):
-                out[i] = words
-        return out
-
     def link_of(self, v: Violation) -> Optional[int]:
         """Chain link of the record a violation's slot held when it was drained (None if unknown)."""
         return self.ring_drain.link_of(v) if self.ring_drain is not None else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .config import check_count
-from .counters import CounterSnapshot
+from .staging import CounterSnapshot
 from .violations import sglang_reason_name
 
 RANK_LABELS = ("tp_rank", "pp_rank", "dp_rank")
@@ -92,20 +92,14 @@ class CanaryMetrics:
         have landed, and the health check's latest verdict."""
         if step % self.read_every == 0:
             self._pending.append(self._snapshot())
-        while self._pending and self._pending[0].ready():
-            self._apply(self._pending.pop(0).values())
-        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
+        self._apply_pending(wait=False)
 
     def refresh(self) -> None:
         """Bring every metric up to the manager's totals now (waits for the device's counters)."""
         self.on_drain()
-        if not self.manager.enabled:
-            return
-        self._pending.append(self._snapshot())
-        for snapshot in self._pending:
-            self._apply(snapshot.values())
-        self._pending = []
-        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
+        if self.manager.enabled:
+            self._pending.append(self._snapshot())
+            self._apply_pending(wait=True)
 
     def close(self) -> None:
         """Stop updating (the metrics stay registered with their last values)."""
@@ -115,10 +109,15 @@ class CanaryMetrics:
     def _snapshot(self) -> CounterSnapshot:
         return CounterSnapshot([self.manager.kernel_run_counters, self.manager.slot_run_counter])
 
-    def _apply(self, values: list[int]) -> None:
-        for tag, n in zip(self.tags, values):
-            self._advance(self.kernel_runs, n, launch_tag=tag)
-        self._advance(self.protected_tokens, values[len(self.tags)])
+    def _apply_pending(self, *, wait: bool) -> None:
+        """Apply the device-counter copies that have landed (every one: `wait`), oldest first, and the
+        health check's latest verdict."""
+        while self._pending and (wait or self._pending[0].ready()):
+            values = self._pending.pop(0).values()
+            for tag, n in zip(self.tags, values):
+                self._advance(self.kernel_runs, n, launch_tag=tag)
+            self._advance(self.protected_tokens, values[len(self.tags)])
+        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
 
     def _advance(self, metric, total: int, **labels) -> None:
         """Bring one series up to `total` (a reading older than the last one adds nothing)."""

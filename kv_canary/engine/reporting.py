@@ -1,17 +1,13 @@
-"""The runtime's texts that engines and their test harnesses parse (SEMANTICS.md §9): the violation
-report, the stats line and the health-check error. What a row means comes from the layer's layout
-(phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
+"""The violation report, a text that engines and their test harnesses parse (SEMANTICS.md §9; the
+stats line and the health-check error are kv_canary.engine.monitor's). What a row means comes from the
+layer's layout (phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
 """
 from __future__ import annotations
 
-from .violations import Violation, u64
+from .violations import Violation, hex64
 
 SWEEP_PHASE = "sweep"          # the launch-tag phase of the periodic sweep (kernels.yaml launch_tags)
 PER_FORWARD_PREFIX = "per_forward_"
-
-
-def _hex(value: int) -> str:
-    return f"0x{u64(value):016x}"
 
 
 class ViolationReporter:
@@ -32,15 +28,12 @@ class ViolationReporter:
     def message(self, v: Violation, *, total_violations: int, ring_overflow: bool, step_when_pumped: int) -> str:
         """The lines of one row joined by newlines: key=value line, header, kind, reasons, body, footer."""
         reasons = " ".join(v.sglang_reasons) or "none"
+        stored = f"token_id={v.stored_token}   position={v.position} prev_hash={hex64(v.stored_chain_hash)}"
         if v.is_write:
-            body = [f"  actual:   token_id={v.stored_token}   position={v.position} "
-                    f"prev_hash={_hex(v.stored_chain_hash)}",
-                    f"  expected: token_id={v.expected_token}   position={v.expected_aux}"]
+            body = [f"  actual:   {stored}", f"  expected: token_id={v.expected_token}   position={v.expected_aux}"]
         else:
             expected_token = f"token_id={v.expected_token} " if v.reason_bits & self.token_bits else ""
-            body = [f"  stored:   token_id={v.stored_token}   position={v.position} "
-                    f"prev_hash={_hex(v.stored_chain_hash)}",
-                    f"  expected: {expected_token}prev_hash={_hex(v.expected_aux)}"]
+            body = [f"  stored:   {stored}", f"  expected: {expected_token}prev_hash={hex64(v.expected_aux)}"]
         return "\n".join([
             v.log_line(),
             f"KV cache canary violation detected (kernel_kind={v.launch_tag}, slot_idx={v.slot}, "
@@ -50,14 +43,3 @@ class ViolationReporter:
             *body,
             f"  total_violations={total_violations} ring_overflow={ring_overflow} step_when_pumped={step_when_pumped}",
         ])
-
-
-def stats_line(*, step: int, protected_tokens: int, sweep_passes: int, violations: int, active_tags: int,
-               total_tags: int) -> str:
-    return (f"[canary] step={step} protected_tokens={protected_tokens} sweep_passes={sweep_passes} "
-            f"violations={violations} launch_tags_active={active_tags}/{total_tags}")
-
-
-def stalled_tags_message(tags, step: int) -> str:
-    return (f"kv-canary: kernel_run_counter did not increase since previous check for tags=[{', '.join(tags)}] "
-            f"at step={step}; canary path is not executing")

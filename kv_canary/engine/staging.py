@@ -1,9 +1,17 @@
-"""Refill fixed device tensors in place from host values (what CUDA-graph replay needs: a captured
-graph reads the addresses it saw). On CUDA the copy reads pinned host memory asynchronously, so a
+"""int64 values between the host and the device without stalling a step, both ways; on CUDA through
+pinned memory behind events, on the CPU synchronously.
+
+HostStaging refills fixed device tensors in place from host values (what CUDA-graph replay needs: a
+captured graph reads the addresses it saw). The copy reads pinned host memory asynchronously, so a
 buffer is reused only once the event recorded after its copies completed: a small ring of them
-keeps the host from waiting. On the CPU the copies are synchronous and one buffer does.
+keeps the host from waiting. On the CPU one buffer does.
+
+CounterSnapshot is one asynchronous host copy of device counters, which the stats line, the health
+check, the fleet and the metrics read: `ready()` once the device has run past it.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -15,19 +23,18 @@ DEPTH = 4  # pinned staging buffers in flight on CUDA
 class HostStaging:
     """int64 host staging of `capacity` elements per upload, for tensors on `device`."""
 
-    def __init__(self, capacity: int, device: torch.device, depth: int = DEPTH):
+    def __init__(self, capacity: int, device: torch.device):
         self.capacity = check_count("HostStaging capacity", capacity, 1)
         self.device = torch.device(device)
         self._async = self.device.type == "cuda"
-        n = depth if self._async else 1
+        n = DEPTH if self._async else 1
         self._bufs = [torch.empty(capacity, dtype=torch.int64, pin_memory=self._async) for _ in range(n)]
         self._events: list = [None] * n
         self._next = 0
 
-    def upload(self, pairs) -> None:
+    def upload(self, pairs: list) -> None:
         """Copy each (values: ints or a CPU tensor, dst) pair into `dst[:len(values)]`, in order; dst is
         1-D int64 (so an asynchronous copy never converts through a pageable temporary)."""
-        pairs = [(v, d) for v, d in pairs]
         total = sum(len(v) for v, _ in pairs)
         if total > self.capacity:
             raise ValueError(f"kv-canary: one upload holds at most {self.capacity} values (the capacity fixed "
@@ -54,3 +61,28 @@ class HostStaging:
             event = torch.cuda.Event()
             event.record()
             self._events[i] = event
+
+
+class CounterSnapshot:
+    """The int64 values of `tensors` (flattened, concatenated) as the device holds them when the
+    snapshot is taken, in stream order after every launch enqueued before it."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]):
+        device = torch.cat([t.reshape(-1).to(torch.int64) for t in tensors])  # a fresh tensor: later launches cannot change it
+        if device.is_cuda:
+            self.host = torch.empty(device.shape, dtype=torch.int64, pin_memory=True)
+            self.host.copy_(device, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = device, None
+
+    def ready(self) -> bool:
+        """Whether the copy has landed (never waits)."""
+        return self.event is None or self.event.query()
+
+    def values(self) -> list[int]:
+        """The values; waits for the copy if it has not landed yet."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()

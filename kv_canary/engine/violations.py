@@ -21,6 +21,11 @@ def u64(x: int) -> int:
     return x & MASK64
 
 
+def hex64(x: int) -> str:
+    """A hash as the reports print it: the 16 hex digits of its u64 value."""
+    return f"0x{u64(x):016x}"
+
+
 @dataclass(frozen=True)
 class Violation:
     """One decoded ring row. Hash-valued fields keep the stored (signed int64) value."""
@@ -58,8 +63,8 @@ class Violation:
         reasons = "+".join(self.sglang_reasons) or "none"
         line = (f"kv_canary violation: launch_tag={self.launch_tag} fail_reason={reasons} "
                 f"slot_idx={self.slot} position={self.position} stored_token={self.stored_token} "
-                f"expected_token={self.expected_token} stored_chain_hash=0x{u64(self.stored_chain_hash):016x} "
-                f"expected_aux=0x{u64(self.expected_aux):016x}")
+                f"expected_token={self.expected_token} stored_chain_hash={hex64(self.stored_chain_hash)} "
+                f"expected_aux={hex64(self.expected_aux)}")
         return line + "".join(f" {k}={v}" for k, v in self.extra)
 
 
@@ -67,7 +72,6 @@ class ViolationDecoder:
     """Decodes ring rows of one generated layer (`layer.layout`)."""
 
     def __init__(self, layout):
-        self.layout = layout
         self.width = layout.VIOLATION_FIELDS
         self.cols = {c: getattr(layout, "VIOLATION_COL_" + c.upper()) for c in layout.VIOLATION_CARRIES}
         used = set(self.cols.values())
@@ -104,14 +108,6 @@ class ViolationDecoder:
             expected_token=row[c["expected_token"]], stored_chain_hash=row[c["stored_chain_hash"]],
             expected_aux=row[c["expected_aux"]], reason_bits=bits, reasons=self.reason_names(bits),
             extra=tuple((name, row[i]) for name, i in self.extra_cols), step=step, kind=self.row_kind(bits))
-
-    def decode(self, rows, steps: Optional[Iterable[Optional[int]]] = None) -> list[Violation]:
-        """Rows: an int64 tensor [n, VIOLATION_FIELDS] or a list of rows."""
-        rows = rows.tolist() if hasattr(rows, "tolist") else list(rows)
-        steps = list(steps) if steps is not None else [None] * len(rows)
-        if len(steps) != len(rows):
-            raise ValueError(f"kv-canary: steps must have one entry per row ({len(rows)}), got {len(steps)}")
-        return [self.decode_row(r, s) for r, s in zip(rows, steps)]
 
 
 def record_link(layout, words) -> int:

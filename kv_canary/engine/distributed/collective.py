@@ -2,7 +2,8 @@
 MAX all-reduce of a [world_size, width] int64 matrix in which each rank fills only its own row
 (values >= 0: the result is every rank's row, so a message can name the ranks). It is started
 asynchronously and read later, never waiting past the group's timeout; an NCCL-only group reduces
-on the manager's CUDA device through pinned memory, so starting an exchange never blocks the host.
+on the manager's CUDA device through pinned memory (kv_canary.engine.staging), so starting an exchange
+never blocks the host.
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+
+from ..staging import CounterSnapshot, HostStaging
 
 
 class FleetCollectiveError(RuntimeError):
@@ -56,17 +59,11 @@ class RowReducer:
     group's `timeout` after the start). One is in flight at a time: the buffers are reused."""
 
     def __init__(self, *, group, device: torch.device, timeout: timedelta, rank: int, world_size: int, width: int):
-        self.group, self.device, self.timeout, self.rank = group, device, timeout, rank
-        shape = (world_size, width)
-        self.cuda = device.type != "cpu"
-        self.staged = torch.zeros(shape, dtype=torch.int64, pin_memory=self.cuda)
-        self._rows = self.staged.numpy()   # a view: filling it is cheap
-        if self.cuda:
-            self.tensor = torch.empty(shape, dtype=torch.int64, device=device)
-            self.host = torch.empty(shape, dtype=torch.int64, pin_memory=True)
-        else:
-            self.tensor = self.host = self.staged
-        self.work = self.event = None
+        self.group, self.device, self.timeout, self.rank, self.width = group, device, timeout, rank, width
+        # Flat: the MAX all-reduce is element-wise; rank r's row is elements [r * width, (r + 1) * width).
+        self.tensor = torch.zeros(world_size * width, dtype=torch.int64, device=device)
+        self.stage = HostStaging(world_size * width, device)
+        self.work = self.copy = None   # copy: on CUDA, the result's CounterSnapshot on its way to the host
         self.what, self.step, self.started = "", None, 0.0
 
     @property
@@ -77,17 +74,14 @@ class RowReducer:
         if self.in_flight:
             raise RuntimeError("kv-canary: RowReducer.start while an exchange is in flight (read its result first)")
         self.what, self.step, self.started = what, step, time.monotonic()
-        self._rows.fill(0)
-        self._rows[self.rank] = row
+        values = [0] * self.tensor.numel()
+        values[self.rank * self.width:(self.rank + 1) * self.width] = row
         try:
-            if self.cuda:
-                self.tensor.copy_(self.staged, non_blocking=True)
+            self.stage.upload([(values, self.tensor)])
             self.work = dist.all_reduce(self.tensor, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-            if self.cuda:
+            if self.device.type != "cpu":
                 self.work.wait()  # NCCL: the current stream waits for the reduce; the host does not
-                self.host.copy_(self.tensor, non_blocking=True)
-                self.event = torch.cuda.Event()
-                self.event.record()
+                self.copy = CounterSnapshot([self.tensor])
         except RuntimeError as e:
             self.work = None
             raise self._error(f"failed to start: {_first_line(e)}") from e
@@ -96,27 +90,29 @@ class RowReducer:
         """Every rank's row. Raises FleetCollectiveError when the reduce fails or does not complete
         within the group's timeout."""
         try:
-            if not self.cuda:
+            if self.copy is None:
                 if self.work.is_completed():
                     self.work.wait()  # returns at once, or raises the reduce's error
                 else:
                     left = self.timeout.total_seconds() - (time.monotonic() - self.started)
                     # Work.wait(timeout) blocks until done or raises; 0 would mean "no timeout".
                     self.work.wait(timedelta(seconds=max(left, 1e-3)))
+                values = self.tensor.tolist()
             else:
                 pause = 1e-5
-                while not self.event.query():
+                while not self.copy.ready():
                     if time.monotonic() - self.started > self.timeout.total_seconds():
                         raise self._error("did not complete")
                     time.sleep(pause)
                     pause = min(2 * pause, 1e-3)
+                values = self.copy.values()
         except FleetCollectiveError:
             raise
         except RuntimeError as e:
             raise self._error(f"failed: {_first_line(e)}") from e
         finally:
-            self.work = self.event = None
-        return self.host.tolist()
+            self.work = self.copy = None
+        return [values[i:i + self.width] for i in range(0, len(values), self.width)]
 
     def _error(self, what_happened: str) -> FleetCollectiveError:
         elapsed = time.monotonic() - self.started

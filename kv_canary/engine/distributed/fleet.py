@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ..config import MODES, check_count
-from ..counters import CounterSnapshot
 from ..drain import CanaryViolationError
 from ..manager import CanaryManager
 from ..monitor import CanaryHealthError
+from ..staging import CounterSnapshot
 from .collective import FleetCollectiveError, RowReducer, collective_device, group_timeout
 from .rows import FleetDecision, FleetRows, FleetStats, StatsSample
 
@@ -223,11 +223,10 @@ class FleetMonitor:
         by_reason = self._by_reason()
         new_by_reason = [now - sent for now, sent in zip(by_reason, self._sent_by_reason)]
         health = self._health_unsent
-        tags = {t for e in health for t in e.tags}
         row = self.rows.encode(rows=rows, new_by_reason=new_by_reason,
                                health_step=min((e.step for e in health if e.step is not None), default=step)
                                if health else None,
-                               stalled_tags=[t for t in self.rows.tags if t in tags],
+                               stalled_tags={t for e in health for t in e.tags},
                                stats=self._sample(stats_due) if stats_due is not None else None)
         self._exchange.start(row, what="decision", step=step)
         self._sent_rows, self._sent_by_reason, self._health_unsent = self.manager.stats.total, by_reason, []
@@ -267,12 +266,9 @@ def _check_timeout(timeout) -> Optional[timedelta]:
     """None (the group's timeout), or positive seconds / a positive timedelta."""
     if timeout is None:
         return None
-    value = None
-    if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
-        value = timedelta(seconds=timeout)
-    elif isinstance(timeout, timedelta):
-        value = timeout
-    if value is None or value <= timedelta(0):
+    seconds = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+    value = timedelta(seconds=timeout) if seconds else timeout
+    if not isinstance(value, timedelta) or value <= timedelta(0):
         raise ValueError(f"kv-canary: FleetMonitor timeout must be positive seconds or a timedelta, got {timeout!r}")
     return value
 

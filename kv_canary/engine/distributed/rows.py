@@ -121,15 +121,10 @@ class FleetRows:
         self.ROWS, self.HEALTH = 0, 1
         self.new_by_reason = slice(2, 2 + r)
         self.stalled = slice(2 + r, 2 + r + t)
-        # stats part: stats step + 1, kernel runs per tag, protected tokens, rows per reason, rows, lost
-        base = 2 + r + t
-        self.STATS = base
-        self.kernel_runs = slice(base + 1, base + 1 + t)
-        self.PROTECTED = base + 1 + t
-        self.by_reason = slice(self.PROTECTED + 1, self.PROTECTED + 1 + r)
-        self.TOTAL = self.PROTECTED + 1 + r
-        self.LOST = self.TOTAL + 1
-        self.width = self.LOST + 1
+        # stats part, from column STATS on: stats step + 1, kernel runs per tag, protected tokens, rows
+        # per reason, rows, lost
+        self.STATS = 2 + r + t
+        self.width = self.STATS + 1 + t + 1 + r + 2
 
     def encode(self, *, rows: int, new_by_reason, health_step: Optional[int], stalled_tags,
                stats: Optional[StatsSample]) -> list[int]:
@@ -138,17 +133,10 @@ class FleetRows:
         row[self.new_by_reason] = list(new_by_reason)
         if health_step is not None:
             row[self.HEALTH] = health_step + 1
-            flags = [0] * len(self.tags)
-            for name in stalled_tags:
-                flags[self.tags.index(name)] = 1
-            row[self.stalled] = flags
+            row[self.stalled] = [int(name in stalled_tags) for name in self.tags]
         if stats is not None:
-            row[self.STATS] = stats.step + 1
-            row[self.kernel_runs] = list(stats.kernel_runs)
-            row[self.PROTECTED] = stats.protected_tokens
-            row[self.by_reason] = list(stats.by_reason)
-            row[self.TOTAL] = stats.rows
-            row[self.LOST] = stats.lost
+            row[self.STATS:] = [stats.step + 1, *stats.kernel_runs, stats.protected_tokens, *stats.by_reason,
+                                stats.rows, stats.lost]
         return row
 
     def decision(self, matrix: list[list[int]], *, step: int, decided_step: int) -> FleetDecision:
@@ -166,6 +154,8 @@ class FleetRows:
         the same exchange)."""
         if not matrix[0][self.STATS]:
             return None
-        samples = tuple(StatsSample(row[self.STATS] - 1, tuple(row[self.kernel_runs]), row[self.PROTECTED],
-                                    tuple(row[self.by_reason]), row[self.TOTAL], row[self.LOST]) for row in matrix)
-        return FleetStats(samples[0].step, self.tags, self.reasons, samples)
+        t, samples = len(self.tags), []
+        for row in matrix:
+            step, *counters, rows, lost = row[self.STATS:]   # counters: kernel runs, protected tokens, by reason
+            samples.append(StatsSample(step - 1, tuple(counters[:t]), counters[t], tuple(counters[t + 1:]), rows, lost))
+        return FleetStats(samples[0].step, self.tags, self.reasons, tuple(samples))

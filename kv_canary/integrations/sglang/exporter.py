@@ -3,7 +3,7 @@
 CanaryMetrics reads a manager's totals; `SglangCanaryTotals` gives it those of one SGLang
 `CanaryManager`: the device's kernel- and slot-run counters, and the violation rows of SGLang's
 ring (fill-once: rows past its capacity are counted as lost), decoded by kv-canary's decoder. The
-ring's write index is copied asynchronously every step (kv_canary.engine.counters); the ring itself is
+ring's write index is copied asynchronously every step (kv_canary.engine.staging); the ring itself is
 read only when that index grew. The health gauge follows SGLang's health check.
 """
 from __future__ import annotations
@@ -47,7 +47,7 @@ class SglangCanaryTotals(Listened):
         return self._state.slot_run_counters.sum().view(1)
 
     def after_step(self, step: int) -> None:
-        from kv_canary.engine.counters import CounterSnapshot
+        from kv_canary.engine.staging import CounterSnapshot
 
         self._pending.append(CounterSnapshot([self._state.violation_log.violation_write_index]))
         while self._pending and self._pending[0].ready():
