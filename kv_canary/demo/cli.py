@@ -187,7 +187,9 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         out.write(f"  skipped: {skipped}\n\n")
         return {"skipped": skipped}
     import transformers
-    section = {"results": [], "ok": True}
+    section = {"results": [], "ok": True, "clean": {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0,
+                                                    "violations": 0, "unchanged": True,
+                                                    "version": transformers.__version__, "model": "not run"}}
     if run_clean:
         options = canary.manager_options()
         # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
@@ -206,9 +208,6 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         out.write(f"  clean run: {len(outputs)} requests (chunked prefill, prefix sharing), {handle.steps} engine "
                   f"steps, {m.kernel_runs} canary launches, violations: {m.stats.total}, output tokens unchanged: "
                   f"{'yes' if unchanged else 'NO'}\n")
-    else:
-        section["clean"] = {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0, "violations": 0,
-                            "unchanged": True, "version": transformers.__version__, "model": "not run"}
     if chosen:
         section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
             sc, backend=args.backend, metrics_registry=registry))

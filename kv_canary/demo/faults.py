@@ -138,7 +138,7 @@ class LateWriteIntoFreedPage(Fault):
     def __init__(self, start: int, what: str):
         super().__init__(start)
         self.what = what
-        self.saved: dict[int, tuple] = {}
+        self.saved: dict[int, tuple] = {}   # freed page -> (its slots, K/V bytes, canary records)
         self._hooked = False
 
     def before_schedule(self, engine) -> None:
@@ -148,7 +148,7 @@ class LateWriteIntoFreedPage(Fault):
 
     def _save(self, engine, page: int) -> None:
         slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
-        self.saved[page] = (engine._copy_bytes(slots), engine.canary.export_records(slots))
+        self.saved[page] = (slots, engine._copy_bytes(slots), engine.canary.export_records(slots))
 
     def during_forward(self, engine, batch) -> None:
         if not self.armed(engine):
@@ -159,8 +159,7 @@ class LateWriteIntoFreedPage(Fault):
                     return self._land(engine, req, page)
 
     def _land(self, engine, req, page) -> None:
-        data, records = self.saved[page]
-        slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
+        slots, data, records = self.saved[page]
         if self.what == "bytes_past_16":
             # The damage starts right after what PARTIAL mode reads and spans one aligned load.
             L = engine.canary.L

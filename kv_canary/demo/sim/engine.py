@@ -216,13 +216,12 @@ class Engine:
         for req in list(self.running):
             start = req.kv_len
             if start < len(req.prompt):                      # (chunked) prefill
-                n = min(c.chunk_size, len(req.tokens) - start)
-                toks = req.tokens[start:start + n]
+                toks = req.tokens[start:start + c.chunk_size]
             else:                                            # decode, optionally with drafts
                 d = c.spec_draft_tokens
                 toks = [req.tokens[start]] + [self._draft(req, start + 1 + j) for j in range(d)]
                 drafts[len(rows)] = d
-                n = len(toks)
+            n = len(toks)
             self._ensure_pages(req, start + n)
             slots = [self.slot_of(req, p) for p in range(start, start + n)]
             self.req_to_token[req.row, start:start + n] = torch.tensor(slots, dtype=torch.int32)
