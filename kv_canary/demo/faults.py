@@ -168,7 +168,7 @@ class LateWriteIntoFreedPage(Fault):
             engine.full.slot_view(engine.full.k[0])[slots[0], lo:hi] = data["full"][0][0][0, lo:hi]  # K of layer 0
             where = f"K bytes {lo}..{hi - 1} of slot {int(slots[0])}"
         else:
-            engine._paste_bytes(slots, data, len(slots))
+            engine._paste_bytes(slots, data)
             if self.what == "records":
                 engine.canary.import_records(slots, records, len(slots))
             where = f"page {page} ({'K/V bytes and records' if self.what == 'records' else 'K/V bytes'})"

@@ -189,20 +189,21 @@ class Engine:
             self.swa_pool.assign(slots.tolist())
         self._place(req)
         # The stale-transfer bug: the other copy lands over the first k tokens of the request's own.
-        for copy, m in [(own, n)] if other is None else [(own, n), (other, k)]:
-            self._paste_bytes(slots[:m], copy["bytes"], m)
+        for snap, m in [(own, n)] if other is None else [(own, n), (other, k)]:
+            self._paste_bytes(slots[:m], snap["bytes"])
             if self.canary is not None:
-                self.canary.import_records(slots[:m], copy["records"], m)
+                self.canary.import_records(slots[:m], snap["records"], m)
 
     def _copy_bytes(self, slots: torch.Tensor) -> dict:
         return {name: [[store.slot_view(t)[idx].clone() for t in half] for half in store.halves()]
                 for name, store, idx in self._stores(slots)}
 
-    def _paste_bytes(self, slots: torch.Tensor, data: dict, n: int) -> None:
+    def _paste_bytes(self, slots: torch.Tensor, data: dict) -> None:
+        """Write a _copy_bytes copy into `slots` (its first len(slots) rows, when it holds more)."""
         for name, store, idx in self._stores(slots):
             for half, half_data in zip(store.halves(), data[name]):
                 for t, rows in zip(half, half_data):
-                    store.slot_view(t)[idx] = rows[:n]
+                    store.slot_view(t)[idx] = rows[:len(idx)]
 
     def _stores(self, slots: torch.Tensor):
         yield "full", self.full, slots.to(self.device)
@@ -268,8 +269,8 @@ class Engine:
         keep = locs < store.num_slots
         locs, ids, pos = locs[keep], batch.input_ids[keep], batch.positions[keep]
         for i, layer in enumerate(layers):
-            for half in (0, 1):
-                store.store(half, i, locs, kv_bytes(ids, pos, layer, half, store.bytes_per_token))
+            for half, tensors in enumerate(store.halves()):
+                store.slot_view(tensors[i])[locs] = kv_bytes(ids, pos, layer, half, store.bytes_per_token)
 
     def commit(self, batch: ForwardBatch) -> None:
         """Advance request state after the forward: sample, accept drafts, finish."""

@@ -31,9 +31,6 @@ class KvStorage:
         """[num_slots, bytes_per_token] view of one layer's tensor."""
         return tensor.view(self.num_slots, self.bytes_per_token)
 
-    def store(self, half: int, layer: int, slots: torch.Tensor, data: torch.Tensor) -> None:
-        self.slot_view(self.halves()[half][layer])[slots] = data
-
 
 class PageAllocator:
     """Refcounted pages of `page_size` slots; page 0 is reserved (slot 0 is the padding slot). The
