@@ -8,12 +8,6 @@ from pathlib import Path
 from .codegen.cli import add_codegen_commands, run
 
 
-def run_demo(argv: list[str]) -> int:
-    from . import demo  # imported lazily: the codegen subcommands must not pay for torch
-
-    return demo.main(argv) or 0
-
-
 def installed_layout() -> str:
     """LAYOUT.md of the default generated layer (what `describe` renders), for use outside a checkout."""
     from .codegen.render import split_header
@@ -44,7 +38,6 @@ def cmd_init(args) -> int:
     from .codegen.project import CONFIG_NAME
 
     root = Path.cwd()
-    sources = _schema_sources()
     package = args.package or scaffold.default_package(root)
     if package is None:
         print("kv-canary init: error: --package is required here (no single top-level Python package to put "
@@ -55,7 +48,7 @@ def cmd_init(args) -> int:
         print(f"kv-canary init: error: {problem}", file=sys.stderr)
         return 2
     s = scaffold.Scaffold(schema=args.schema, package=package, rev=f"v{_version()}")
-    files = scaffold.plan(root, s, sources[args.source].read_text(encoding="utf-8"))
+    files = scaffold.plan(root, s, _schema_sources()[args.source].read_text(encoding="utf-8"))
     clash = [p for p, _, required in files if required and p.exists()]
     if clash and not args.force:
         for p in clash:
@@ -100,15 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: <your one top-level package>/_canary)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=cmd_init)
-    # Listed for --help; its arguments belong to the demo's own parser (see main).
-    p = sub.add_parser("demo", help="run the end-to-end demo (`kv-canary demo --help` for its options)",
-                       add_help=False)
-    p.set_defaults(func=lambda args: run_demo([]))
+    # Listed for --help only: main hands `demo` and its arguments to the demo's own parser.
+    sub.add_parser("demo", help="run the end-to-end demo (`kv-canary demo --help` for its options)", add_help=False)
     return parser
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
-        return run_demo(argv[1:])
+        from . import demo  # imported lazily: the codegen subcommands must not pay for torch
+        return demo.main(argv[1:])
     return run(build_parser(), argv)

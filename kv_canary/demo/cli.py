@@ -29,8 +29,7 @@ DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults
 def _live(stream) -> str:
     """The prefix of a line that later output overwrites: a carriage return on a terminal; elsewhere
     (a log file, CI) nothing, and such lines are not written at all."""
-    isatty = getattr(stream, "isatty", None)
-    return "\r" if isatty is not None and isatty() else ""
+    return "\r" if getattr(stream, "isatty", lambda: False)() else ""
 
 
 def _transient(stream, text: str) -> None:
@@ -146,11 +145,12 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
 def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: str, chosen, registry, out,
                          t0: float, real_clean: bool, real_chosen) -> int:
     out.write(f"clean run ({args.steps} steps, prefix sharing, chunked prefill, SWA; canary: {_describe(canary)}):\n")
+    # Only the clean runs' log is shown (_canary_log_shown); the table and report show the scenarios' violations.
+    logging.getLogger("kv_canary").setLevel(logging.ERROR)
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
                                            progress=_progress("clean run", out), metrics_registry=registry,
                                            **canary.manager_options())
-    logging.getLogger("kv_canary").setLevel(logging.ERROR)  # the table and report show the scenarios' violations
     clean = {"steps": args.steps, "finished": len(engine.finished),
              "shared": sum(r.matched > 0 for r in engine.finished), "swa_window": engine.cfg.swa_window,
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}
@@ -187,15 +187,15 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         out.write(f"  skipped: {skipped}\n\n")
         return {"skipped": skipped}
     import transformers
-    logging.getLogger("kv_canary").setLevel(logging.INFO if run_clean else logging.ERROR)
-    section = {"results": [], "ok": True}
+    section = {"results": [], "ok": True, "clean": {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0,
+                                                    "violations": 0, "unchanged": True,
+                                                    "version": transformers.__version__, "model": "not run"}}
     if run_clean:
         options = canary.manager_options()
         # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
         options["stats_print_every_n_steps"] = options["stats_print_every_n_steps"] or tf.STATS_EVERY
         with _canary_log_shown(out):
             handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **options)
-        logging.getLogger("kv_canary").setLevel(logging.ERROR)
         m = handle.manager
         plain = tf.generate(tf.model())
         unchanged = all(list(plain[k].generated_tokens) == list(v.generated_tokens) for k, v in outputs.items())
@@ -208,9 +208,6 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         out.write(f"  clean run: {len(outputs)} requests (chunked prefill, prefix sharing), {handle.steps} engine "
                   f"steps, {m.kernel_runs} canary launches, violations: {m.stats.total}, output tokens unchanged: "
                   f"{'yes' if unchanged else 'NO'}\n")
-    else:
-        section["clean"] = {"requests": 0, "steps": 0, "kernel_runs": 0, "sweeps": 0, "violations": 0,
-                            "unchanged": True, "version": transformers.__version__, "model": "not run"}
     if chosen:
         section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
             sc, backend=args.backend, metrics_registry=registry))
@@ -241,7 +238,3 @@ def _fleet_demo(ap, args, canary: CanaryConfig, device: str) -> int:
         sys.stdout.write(f"FLEET DEMO FAILED: {e}\n")
         return 1
     return 0 if result.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,10 +1,13 @@
 """Named, seeded fault-injection scenarios: each injects one real serving bug into the simulation
 and states which canary check must fire (launch tag, fail reason) and at which step, or, for a
 control, that the canary cannot see it. A fault is an engine hook (before_schedule / edit_batch /
-during_forward) that records `damage_step`; the first detection is expected `expect.delay` later.
+during_forward, in an engine with a canary) that records `damage_step`; the first detection is
+expected `expect.delay` later.
 """
 from __future__ import annotations
 
+import itertools
+import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
@@ -12,7 +15,6 @@ import torch
 
 from ..engine.manager import CanaryManager
 from ..engine.violations import Violation, sglang_reason_name
-from ..layer.loader import default_layer
 from ..layer.schemas import example_schema, generate_layer
 from .sim import Engine, SimConfig
 
@@ -39,11 +41,6 @@ class Fault:
         self.detail = detail
 
 
-def _layout(engine):
-    """The layout of the layer the engine's canary runs (the default one without a canary)."""
-    return engine.canary.L if engine.canary is not None else default_layer().layout
-
-
 def _decoding(engine):
     """Running requests past their prefill with a few outputs left, oldest first."""
     return [r for r in engine.running if r.kv_len >= len(r.prompt) and r.max_new - r.num_out >= 3]
@@ -56,45 +53,34 @@ def _written_pages(engine, req, shared: Optional[bool]):
     return [p for i, p in enumerate(req.pages[:full]) if shared is None or (i < req.matched // ps) == shared]
 
 
-class _PageHandedOutTwice(Fault):
-    """Frees a page that a running request still reads; the damage is when it is handed out again."""
-    shared = True
+class PageHandedOutTwice(Fault):
+    """A page a running request still reads goes back on the free list; the damage is when it is
+    handed out again. radix=True: the radix cache evicts a prefix node the request has locked
+    (lock-ref bug); radix=False: a stale handle frees one of the request's own pages a second time."""
+
+    def __init__(self, start: int, radix: bool):
+        super().__init__(start)
+        self.radix = radix
+        self.victim = None
 
     def before_schedule(self, engine) -> None:
-        if not self.armed(engine) or getattr(self, "victim", None) is not None:
+        if not self.armed(engine) or self.victim is not None:
             return
         for req in _decoding(engine):
-            pages = _written_pages(engine, req, self.shared)
+            pages = _written_pages(engine, req, shared=self.radix)
             if pages:
                 self.victim, self.page = req, pages[0]
-                self.release(engine, req, pages[0])
-                engine.alloc.on_alloc.append(self._on_alloc(engine))
+                if self.radix:
+                    node = next(n for n in req.nodes if n.page == self.page)
+                    del node.parent.children[node.key]   # dropped from the tree, its references kept
+                engine.alloc.put_free(self.page)
+                engine.alloc.on_alloc.append(lambda page: self._on_alloc(engine, page))
                 return
 
-    def _on_alloc(self, engine) -> Callable[[int], None]:
-        def cb(page: int) -> None:
-            if page == self.page and self.damage_step is None:
-                self.hit(engine, f"page {page} (slots {page * engine.cfg.page_size}..) handed out while "
-                                 f"request {self.victim.rid} still reads it")
-        return cb
-
-
-class SlotReuseWhileReferenced(_PageHandedOutTwice):
-    """The radix cache evicts a node a running request still has locked (lock-ref bug)."""
-    shared = True
-
-    def release(self, engine, req, page) -> None:
-        node = next(n for n in req.nodes if n.page == page)
-        engine.radix.remove(node)
-        engine.alloc.force_free(page)
-
-
-class DoubleFree(_PageHandedOutTwice):
-    """A stale handle frees a page a second time after it was handed to a running request."""
-    shared = False
-
-    def release(self, engine, req, page) -> None:
-        engine.alloc.force_free(page)
+    def _on_alloc(self, engine, page: int) -> None:
+        if page == self.page and self.damage_step is None:
+            self.hit(engine, f"page {page} (slots {page * engine.cfg.page_size}..) handed out while "
+                             f"request {self.victim.rid} still reads it")
 
 
 class OffByOnePositionAfterSpec(Fault):
@@ -152,7 +138,7 @@ class LateWriteIntoFreedPage(Fault):
     def __init__(self, start: int, what: str):
         super().__init__(start)
         self.what = what
-        self.saved: dict[int, tuple] = {}
+        self.saved: dict[int, tuple] = {}   # freed page -> (its slots, K/V bytes, canary records)
         self._hooked = False
 
     def before_schedule(self, engine) -> None:
@@ -162,7 +148,7 @@ class LateWriteIntoFreedPage(Fault):
 
     def _save(self, engine, page: int) -> None:
         slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
-        self.saved[page] = (engine._copy_bytes(slots), engine.canary.export_records(slots) if engine.canary else None)
+        self.saved[page] = (slots, engine._copy_bytes(slots), engine.canary.export_records(slots))
 
     def during_forward(self, engine, batch) -> None:
         if not self.armed(engine):
@@ -173,20 +159,17 @@ class LateWriteIntoFreedPage(Fault):
                     return self._land(engine, req, page)
 
     def _land(self, engine, req, page) -> None:
-        data, records = self.saved[page]
-        slots = torch.tensor(list(engine.alloc.slots(page)), dtype=torch.int64, device=engine.device)
+        slots, data, records = self.saved[page]
         if self.what == "bytes_past_16":
             # The damage starts right after what PARTIAL mode reads and spans one aligned load.
-            L = _layout(engine)
+            L = engine.canary.L
             lo = L.REAL_KV_PARTIAL_READ_BYTES
             hi = lo + L.REAL_KV_LOAD_ALIGN_BYTES
-            view = engine.full.slot_view(engine.full.k[0])
-            old = data["full"][0][0]
-            view[slots[0], lo:hi] = old[0, lo:hi]
+            engine.full.slot_view(engine.full.k[0])[slots[0], lo:hi] = data["full"][0][0][0, lo:hi]  # K of layer 0
             where = f"K bytes {lo}..{hi - 1} of slot {int(slots[0])}"
         else:
-            engine._paste_bytes(slots, data, len(slots))
-            if self.what == "records" and engine.canary is not None:
+            engine._paste_bytes(slots, data)
+            if self.what == "records":
                 engine.canary.import_records(slots, records, len(slots))
             where = f"page {page} ({'K/V bytes and records' if self.what == 'records' else 'K/V bytes'})"
         self.hit(engine, f"stale write into {where}, now read by request {req.rid}")
@@ -197,18 +180,15 @@ class ColdPageBitFlip(Fault):
     The byte is the last one PARTIAL mode still reads: every fingerprint mode but NONE covers it."""
     FLIP_MASK = 0x10  # which bit of that byte flips
 
-    def __init__(self, start: int, sweep_interval: int):
-        super().__init__(start)
-        self.sweep_interval = sweep_interval
-
     def during_forward(self, engine, batch) -> None:
-        # Damage in a step that ends with a sweep, so the expected detection step is exact.
-        if not self.armed(engine) or engine.step_no % self.sweep_interval != self.sweep_interval - 1:
+        # Damage in a step that ends with the canary's sweep, so the expected detection step is exact.
+        every = engine.canary.sweep_interval
+        if not self.armed(engine) or not every or engine.step_no % every != every - 1:
             return
         for node in engine.radix.nodes():
             if node.lock == 0 and engine.alloc.refcount[node.page] == 1:
                 slot = node.page * engine.cfg.page_size
-                byte = _layout(engine).REAL_KV_PARTIAL_READ_BYTES - 1
+                byte = engine.canary.L.REAL_KV_PARTIAL_READ_BYTES - 1
                 engine.full.slot_view(engine.full.k[0])[slot, byte] ^= self.FLIP_MASK
                 return self.hit(engine, f"bit flip in K byte {byte} of cached slot {slot}")
 
@@ -243,13 +223,6 @@ class OutOfRangeSlot(Fault):
                                         f"(pool has {engine.cfg.num_slots})")
 
 
-def _common_prefix(a: list, b: list) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
-
-
 class StaleTransfer(Fault):
     """Host offload + restore hands a request (part of) another request's K/V and canary records.
 
@@ -264,17 +237,14 @@ class StaleTransfer(Fault):
         self.transfer: Optional[tuple] = None  # (victim rid, source rid, tokens transferred)
 
     def _pair(self, engine):
-        reqs = sorted(_decoding(engine), key=lambda r: (r.kv_len, r.rid))
+        """(victim, source, tokens transferred), or None when no running pair fits."""
+        pairs = list(itertools.combinations(sorted(_decoding(engine), key=lambda r: (r.kv_len, r.rid)), 2))
         if self.shared_prompt:
-            pairs = [(_common_prefix(a.tokens[:a.kv_len], b.tokens[:b.kv_len]), a, b)
-                     for i, a in enumerate(reqs) for b in reqs[i + 1:]]
-            k, r1, r2 = max(pairs, key=lambda t: t[0], default=(0, None, None))
+            # commonprefix compares any sequences element by element, token lists included.
+            k, r1, r2 = max(((len(os.path.commonprefix([a.tokens[:a.kv_len], b.tokens[:b.kv_len]])), a, b)
+                             for a, b in pairs), key=lambda t: t[0], default=(0, None, None))
             return (r1, r2, k) if k >= 2 else None
-        for i, r1 in enumerate(reqs):
-            for r2 in reqs[i + 1:]:
-                if r1.tokens[:r1.kv_len] != r2.tokens[:r1.kv_len]:
-                    return r1, r2, r1.kv_len
-        return None
+        return next(((a, b, a.kv_len) for a, b in pairs if a.tokens[:a.kv_len] != b.tokens[:a.kv_len]), None)
 
     def before_schedule(self, engine) -> None:
         pair = self._pair(engine) if self.armed(engine) else None
@@ -358,51 +328,50 @@ SWEEP = 6
 
 def scenarios() -> list[Scenario]:
     no_share = replace(BASE, radix_cache=False, num_swa_layers=0)
+    chunked = replace(BASE, chunk_size=5, prompt_len=(14, 24))
+    head, tail, sweep = ("head", "k", "full"), ("tail", "k", "full"), ("sweep", "k", "full")  # Expect.launch
+    chain, real_kv = "VERIFY_CHAIN_HASH_MISMATCH", "VERIFY_REAL_KV_HASH_MISMATCH"
     return [
         Scenario("slot_reuse_while_referenced", "radix evicts a locked prefix page; it is reused while still read",
-                 lambda: SlotReuseWhileReferenced(8), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: PageHandedOutTwice(8, radix=True), Expect(tail, chain), BASE),
         Scenario("double_free", "a page freed twice is handed to a second request",
-                 lambda: DoubleFree(8), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: PageHandedOutTwice(8, radix=False), Expect(tail, chain), BASE),
         Scenario("off_by_one_after_spec", "positions off by one after a speculative step rejected drafts",
-                 lambda: OffByOnePositionAfterSpec(8), Expect(("head", "k", "full"), "WRITE_POSITION_MISMATCH"),
+                 lambda: OffByOnePositionAfterSpec(8), Expect(head, "WRITE_POSITION_MISMATCH"),
                  replace(BASE, spec_draft_tokens=2)),
         Scenario("wrong_token_at_chunk_boundary", "chunked prefill feeds the previous chunk's last token again",
-                 lambda: WrongTokenAtChunkBoundary(6), Expect(("head", "k", "full"), "VERIFY_TOKEN_MISMATCH", 1),
-                 replace(BASE, chunk_size=5, prompt_len=(14, 24))),
+                 lambda: WrongTokenAtChunkBoundary(6), Expect(head, "VERIFY_TOKEN_MISMATCH", 1), chunked),
         Scenario("wrong_token_at_chunk_boundary/control", "same bug, expected-token check off",
-                 lambda: WrongTokenAtChunkBoundary(6), Expect(None), replace(BASE, chunk_size=5, prompt_len=(14, 24)),
+                 lambda: WrongTokenAtChunkBoundary(6), Expect(None), chunked,
                  manager={"check_verify_expected_token": False}),
         Scenario("stale_swa_translation", "a full->SWA entry points at an SWA slot another request owns",
-                 lambda: StaleSwaTranslation(8), Expect(("tail", "k", "swa"), "VERIFY_CHAIN_HASH_MISMATCH"), BASE),
+                 lambda: StaleSwaTranslation(8), Expect(("tail", "k", "swa"), chain), BASE),
         Scenario("late_write/bytes", "a delayed K/V write lands in a freed, reused page",
-                 lambda: LateWriteIntoFreedPage(4, "bytes"), Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"),
-                 no_share, steps=64),
+                 lambda: LateWriteIntoFreedPage(4, "bytes"), Expect(tail, real_kv), no_share, steps=64),
         Scenario("late_write/records", "a delayed K/V + canary write lands in a freed, reused page",
-                 lambda: LateWriteIntoFreedPage(4, "records"), Expect(("tail", "k", "full"), "VERIFY_CHAIN_HASH_MISMATCH"),
-                 no_share, steps=64),
+                 lambda: LateWriteIntoFreedPage(4, "records"), Expect(tail, chain), no_share, steps=64),
         Scenario("late_write/bytes_past_16", "a delayed write changes only K bytes 16..31 of a reused slot (ALL mode)",
-                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"),
-                 Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"), no_share, steps=64),
+                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(tail, real_kv), no_share, steps=64),
         Scenario("late_write/bytes_past_16/control", "same damage, PARTIAL mode reads only the first 16 bytes",
                  lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(None), no_share, steps=64,
                  manager={"real_kv_hash_mode": "PARTIAL"}),
         Scenario("cold_page_bit_flip", "a bit flips in a cached page nobody reads; the sweep finds it",
-                 lambda: ColdPageBitFlip(12, SWEEP), Expect(("sweep", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"), BASE,
-                 steps=60, manager={"sweep_interval": SWEEP}),
+                 lambda: ColdPageBitFlip(12), Expect(sweep, real_kv), BASE, steps=60,
+                 manager={"sweep_interval": SWEEP}),
         Scenario("padding_write_wraps", "a padding token stored at slot -1 lands in the last slot",
-                 lambda: PaddingWriteWraps(4), Expect(("tail", "k", "full"), "VERIFY_REAL_KV_HASH_MISMATCH"),
-                 replace(BASE, max_running=3, num_pages=24), steps=120),
+                 lambda: PaddingWriteWraps(4), Expect(tail, real_kv), replace(BASE, max_running=3, num_pages=24),
+                 steps=120),
         Scenario("out_of_range_slot", "a decode token gets slot index num_slots",
-                 lambda: OutOfRangeSlot(8), Expect(("head", "k", "full"), "SLOT_OUT_OF_RANGE"), no_share),
+                 lambda: OutOfRangeSlot(8), Expect(head, "SLOT_OUT_OF_RANGE"), no_share),
         Scenario("stale_transfer/default_schema", "offload/restore takes a request's shared-prompt prefix from another "
                  "request's host copy: tokens, positions, chain and K/V bytes all match (expected-token check on)",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(None), no_share),
         Scenario("stale_transfer/owner_epoch", "same bug, kv_canary/schemas/owner_epoch.yaml: the owner id differs",
-                 lambda: StaleTransfer(10, shared_prompt=True), Expect(("head", "k", "full"), "VERIFY_OWNER_MISMATCH"),
-                 no_share, layer="owner_epoch"),
+                 lambda: StaleTransfer(10, shared_prompt=True), Expect(head, "VERIFY_OWNER_MISMATCH"), no_share,
+                 layer="owner_epoch"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
                  "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
-                 Expect(("head", "k", "full"), "VERIFY_TOKEN_MISMATCH"), no_share),
+                 Expect(head, "VERIFY_TOKEN_MISMATCH"), no_share),
     ]
 
 
@@ -469,14 +438,14 @@ def _scenario_metrics(manager, registry, scenario: str):
     return CanaryMetrics(manager, registry=registry, labels={"scenario": scenario})
 
 
-def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None, config=None,
-              layer=None, metrics_registry=None, **manager_kwargs):
+def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None,
+              metrics_registry=None, **manager_kwargs):
     """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager).
     `manager_kwargs` override the demo's manager settings (mode log, a sweep every SWEEP steps);
     with a `metrics_registry` (prometheus_client), the manager's CanaryMetrics export into it."""
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
-    manager = CanaryManager(layer=layer, backend=backend, **kwargs)
-    engine = Engine(config or BASE, canary=manager, device=device)
+    manager = CanaryManager(backend=backend, **kwargs)
+    engine = Engine(BASE, canary=manager, device=device)
     metrics = _scenario_metrics(manager, metrics_registry, "clean")
     engine.run(steps, progress=progress)
     manager.drain()

@@ -37,20 +37,17 @@ class FleetDemo:
     metrics_dir: Optional[str] = None
 
 
-class _Lines(logging.Handler):
-    """This rank's kv_canary log: the fleet lines kept, the local reports counted."""
+class _FleetLines(logging.Handler):
+    """The fleet lines (decisions, stats) of this rank's kv_canary log."""
 
     def __init__(self):
         super().__init__(logging.INFO)
-        self.fleet: list[str] = []
-        self.local_reports = 0
+        self.lines: list[str] = []
 
     def emit(self, record):
         text = record.getMessage()
         if text.startswith(("kv-canary fleet:", "[canary fleet]")):
-            self.fleet.append(text)
-        elif record.levelno >= logging.WARNING:
-            self.local_reports += 1
+            self.lines.append(text)
 
 
 def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
@@ -62,7 +59,7 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     sc = next(s for s in faults.scenarios() if s.name == demo.scenario)
     log = logging.getLogger("kv_canary")
-    lines = _Lines()
+    lines = _FleetLines()
     log.addHandler(lines)
     log.setLevel(logging.INFO)
     log.propagate = False   # the parent prints the fleet's view; ranks print nothing themselves
@@ -92,7 +89,7 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
         "local_rows": st.total, "first_local_step": min(st.by_step, default=None),
         "first_line": manager.violations[0].log_line() if manager.violations else None,
         "decisions": [(d.step, d.decided_step, d.violation_ranks, d.health_ranks) for d in fleet.decisions],
-        "raised": raised, "fleet_lines": lines.fleet, "local_reports": lines.local_reports,
+        "raised": raised, "fleet_lines": lines.lines,
         "totals": {"kernel_runs": dict(zip((t.name for t in manager.tags), manager.kernel_run_counters.tolist())),
                    "protected_tokens": int(manager.slot_run_counter[0]), "rows": st.total, "lost": st.lost,
                    "by_tag_reason": dict(st.by_tag_reason)},
@@ -108,7 +105,7 @@ class FleetDemoResult:
     text: str                     # the console report
 
 
-def run(demo: FleetDemo, *, out_dir: Path, metrics_port: Optional[int] = None, stream=None) -> FleetDemoResult:
+def run(demo: FleetDemo, *, out_dir: Path, stream, metrics_port: Optional[int] = None) -> FleetDemoResult:
     """Run the ranks, then judge and report the fleet's view (console, out_dir/fleet_report.md)."""
     t0 = time.perf_counter()
     server, metrics_dir = None, None
@@ -118,12 +115,11 @@ def run(demo: FleetDemo, *, out_dir: Path, metrics_port: Optional[int] = None, s
         server = serve_metrics(metrics_port, addr=HOST, multiprocess_dir=metrics_dir)
         demo = FleetDemo(**{**demo.__dict__, "metrics_dir": metrics_dir})
     try:
-        if stream is not None:
-            stream.write(f"kv-canary fleet demo: {demo.world_size} ranks (gloo on {HOST}), scenario {demo.scenario} "
-                         f"on rank {FAULT_RANK} only, mode {demo.manager['mode']}, {demo.steps} steps\n")
-            if server is not None:
-                stream.write(f"  serving /metrics of every rank on {server.url}\n")
-            stream.flush()
+        stream.write(f"kv-canary fleet demo: {demo.world_size} ranks (gloo on {HOST}), scenario {demo.scenario} "
+                     f"on rank {FAULT_RANK} only, mode {demo.manager['mode']}, {demo.steps} steps\n")
+        if server is not None:
+            stream.write(f"  serving /metrics of every rank on {server.url}\n")
+        stream.flush()
         outcomes = run_local_ranks(rank_main, demo.world_size, args=(demo,), group_timeout_s=GROUP_TIMEOUT_S,
                                    timeout_s=120 + 2 * demo.steps,
                                    env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir} if metrics_dir else None)
@@ -134,9 +130,8 @@ def run(demo: FleetDemo, *, out_dir: Path, metrics_port: Optional[int] = None, s
         ranks = [o.value for o in outcomes]
         return report(demo, ranks, out_dir, time.perf_counter() - t0, stream)
     finally:
-        if server is not None:
+        if server is not None:   # and its metrics_dir
             server.close()
-        if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
@@ -167,7 +162,7 @@ def judge(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
     return True, f"rank {FAULT_RANK}'s violations at step {step} were acted on by every rank at step {decided}"
 
 
-def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream=None) -> FleetDemoResult:
+def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) -> FleetDemoResult:
     ok, why = judge(demo, ranks)
     faulty = ranks[FAULT_RANK]
     lines = [f"  rank {FAULT_RANK}: fault: {faulty['detail'] or 'did not fire'} (damage step {faulty['damage_step']})", ""]
@@ -206,6 +201,5 @@ def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream=N
                              f"rank {FAULT_RANK} only, mode `{demo.manager['mode']}`, {demo.steps} steps.", "",
                              "```", *lines, "```", "", f"**{verdict}**", ""]), encoding="utf-8")
     text = "\n".join([*lines, f"report: {md}", verdict]) + "\n"
-    if stream is not None:
-        stream.write(text)
+    stream.write(text)
     return FleetDemoResult(demo, ranks, ok, why, text)

@@ -51,8 +51,7 @@ def loopback_interface() -> Optional[str]:
 
 
 def run_local_ranks(fn: Callable, world_size: int, *, args: tuple = (), timeout_s: float = 120.0,
-                    group_timeout_s: float = 60.0, env: Optional[dict] = None,
-                    start_method: Optional[str] = None) -> list[RankOutcome]:
+                    group_timeout_s: float = 60.0, env: Optional[dict] = None) -> list[RankOutcome]:
     """Call `fn(rank, world_size, *args)` in `world_size` processes after init_process_group("gloo")
     with `group_timeout_s`; `fn` must be a module-level function (it is pickled by name), `env` is
     set in each rank before `fn` runs. Raises TimeoutError (after killing every rank) when the ranks
@@ -61,7 +60,7 @@ def run_local_ranks(fn: Callable, world_size: int, *, args: tuple = (), timeout_
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"kv-canary: world_size must be an int >= 1, got {world_size!r}")
-    method = start_method or ("forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn")
+    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
         ctx.set_forkserver_preload(PRELOAD)

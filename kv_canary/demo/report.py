@@ -23,13 +23,10 @@ def canary_cell(r) -> str:
 
 
 def table_rows(results) -> list[tuple[str, ...]]:
-    rows = []
-    for r in results:
-        first_step = "-" if r.first is None else f"{r.first.step} (damage {r.damage_step})"
-        mark = "ok" if r.ok else "FAIL"
-        rows.append((f"[{mark}] {r.scenario.name}", canary_cell(r), r.expected, r.detected_by, first_step,
-                     str(r.violations), r.first.log_line() if r.first is not None else "-"))
-    return rows
+    """One row of COLUMNS per scenario result."""
+    return [(f"[{'ok' if r.ok else 'FAIL'}] {r.scenario.name}", canary_cell(r), r.expected, r.detected_by,
+             "-" if r.first is None else f"{r.first.step} (damage {r.damage_step})", str(r.violations),
+             "-" if r.first is None else r.first.log_line()) for r in results]
 
 
 CONSOLE_WIDTH = 120  # the console listing's width; the report's table keeps every full row
@@ -100,26 +97,35 @@ def _details_md(results) -> list[str]:
                 f"- expected: {r.expected}; result: {r.why}",
                 f"- violations: {r.violations} (ring overflow lost {r.lost})"]
         if r.groups:
-            out += ["- root causes (CHAIN cascades grouped behind the first bad slot of their chain):", "", "```"]
-            for g in r.groups[:5]:
-                out.append(format_group(g))
+            out += ["- root causes (CHAIN cascades grouped behind the first bad slot of their chain):", "", "```",
+                    *(format_group(g) for g in r.groups[:5])]
             if len(r.groups) > 5:
                 out.append(f"... {len(r.groups) - 5} more group(s)")
-            out += ["```"]
+            out.append("```")
         out.append("")
     return out
 
 
-def write_markdown(results, clean: dict, path: Path, chart_name: Optional[str], real: Optional[dict] = None,
-                   no_chart: str = "") -> Path:
-    out = ["# kv-canary demo report", ""]
-    out += ["## Clean run", "",
-            f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
-            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
-            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
-            f"violations: **{clean['violations']}**", ""]
-    out += ["## Scenarios", "", *_table_md(results)]
+def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = None) -> tuple[Path, Optional[Path], str]:
+    """report.md and the chart of every scenario (simulation and real engine); without matplotlib the
+    report is written without the chart and the third value says why."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     real = real or {}
+    chart, no_chart = None, ""
+    every = results + list(real.get("results", []))
+    if not every:
+        no_chart = "no fault scenario ran"
+    else:
+        try:
+            chart = write_chart(every, out_dir / "violations_per_step.png")
+        except ImportError:
+            no_chart = "matplotlib is not installed: pip install 'kv-canary[demo]'"
+    out = ["# kv-canary demo report", "", "## Clean run", "",
+           f"- steps: {clean['steps']}, requests finished: {clean['finished']}, "
+           f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
+           f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
+           f"violations: **{clean['violations']}**", "", "## Scenarios", "", *_table_md(results)]
     if real.get("skipped"):
         out += ["", "## Real engine: HF transformers", "", f"Skipped: {real['skipped']}"]
     elif real:
@@ -130,25 +136,8 @@ def write_markdown(results, clean: dict, path: Path, chart_name: Optional[str], 
                 f"- clean run: {c['requests']} requests, {c['steps']} engine steps, kernel launches: "
                 f"{c['kernel_runs']}, sweeps: {c['sweeps']}, violations: **{c['violations']}**, output tokens "
                 f"unchanged by the canary: {c['unchanged']}", "", *_table_md(real["results"])]
-    chart_line = f"![violations per step]({chart_name})" if chart_name else f"(no chart: {no_chart})"
+    chart_line = f"![violations per step]({chart.name})" if chart else f"(no chart: {no_chart})"
     out += ["", chart_line, "", "## Details", "", *_details_md(results), *_details_md(real.get("results", []))]
-    path.write_text("\n".join(out), encoding="utf-8")
-    return path
-
-
-def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = None) -> tuple[Path, Optional[Path], str]:
-    """report.md and the chart of every scenario (simulation and real engine); without matplotlib the
-    report is written without the chart and the third value says why."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    chart, why = None, ""
-    every = results + list((real or {}).get("results", []))
-    if not every:
-        why = "no fault scenario ran"
-    else:
-        try:
-            chart = write_chart(every, out_dir / "violations_per_step.png")
-        except ImportError:
-            why = "matplotlib is not installed: pip install 'kv-canary[demo]'"
-    md = write_markdown(results, clean, out_dir / "report.md", chart.name if chart else None, real, why)
-    return md, chart, why
+    md = out_dir / "report.md"
+    md.write_text("\n".join(out), encoding="utf-8")
+    return md, chart, no_chart

@@ -28,7 +28,6 @@ class SimConfig:
     system_prompt_len: int = 12
     radix_cache: bool = True
     spec_draft_tokens: int = 0     # >0: decode proposes this many draft tokens per step
-    pad_batch: bool = True         # pad the batch to a power of two, as CUDA-graph replay does
     num_requests: int = 10_000     # arrivals stop after this many
 
     def __post_init__(self) -> None:

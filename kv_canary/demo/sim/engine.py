@@ -87,7 +87,6 @@ class Engine:
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: list[Request] = []
-        self.retracted: list[Request] = []
         self.host_snapshots: dict[int, dict] = {}  # rid -> host copy taken by retract()
         self.step_no = 0
         self._next_rid = 1
@@ -111,26 +110,21 @@ class Engine:
             self.waiting.append(self.new_request())
 
     # -- memory -----------------------------------------------------------------------------
-    def alloc_pages(self, n: int) -> list[int]:
-        if n > self.alloc.num_free and self.radix is not None:
-            self.radix.evict(n - self.alloc.num_free)
-        return self.alloc.alloc(n)
-
     def slot_of(self, req: Request, pos: int) -> int:
         return req.pages[pos // self.cfg.page_size] * self.cfg.page_size + pos % self.cfg.page_size
 
     def _ensure_pages(self, req: Request, upto: int) -> None:
         need = -(-upto // self.cfg.page_size) - len(req.pages)
         if need > 0:
-            req.pages += self.alloc_pages(need)
+            if need > self.alloc.num_free and self.radix is not None:
+                self.radix.evict(need - self.alloc.num_free)
+            req.pages += self.alloc.alloc(need)
 
     def _admit(self) -> None:
         while self.waiting and self.free_rows:
             req = self.waiting[0]
             # Leave at least one token to extend, as a serving engine must.
-            path = []
-            if self.radix is not None:
-                path = self.radix.match(req.tokens[:len(req.tokens) - 1])
+            path = self.radix.match(req.tokens[:len(req.tokens) - 1]) if self.radix is not None else []
             if not self._fits(req, len(path)):
                 break  # admission control: running requests must be able to finish
             if self.radix is not None:
@@ -175,48 +169,41 @@ class Engine:
     def retract(self, req: Request) -> None:
         """Copy a running request's K/V bytes and canary records to the host and free its slots."""
         slots = torch.tensor([self.slot_of(req, p) for p in range(req.kv_len)], dtype=torch.int64)
-        snap = {"kv_len": req.kv_len, "bytes": self._copy_bytes(slots),
-                "records": self.canary.export_records(slots) if self.canary is not None else None}
-        self.host_snapshots[req.rid] = snap
-        self.retracted.append(req)
+        self.host_snapshots[req.rid] = {"kv_len": req.kv_len, "bytes": self._copy_bytes(slots),
+                                        "records": self.canary.export_records(slots) if self.canary else None}
         self._release(req, cache=False)
 
     def restore(self, req: Request, snapshot_of: Optional[int] = None, upto: Optional[int] = None) -> None:
         """Bring a retracted request back into fresh slots from its host copy; with `snapshot_of` (the
         stale-transfer bug) its first `upto` tokens come from that request's copy instead."""
-        own = self.host_snapshots[req.rid]
         n = req.kv_len
         other = self.host_snapshots[snapshot_of] if snapshot_of is not None else None
         k = n if upto is None else upto
         if other is not None and not 0 <= k <= min(n, other["kv_len"]):
             raise ValueError(f"Engine.restore upto must be in [0, {min(n, other['kv_len'])}] (tokens both "
                              f"copies hold), got {k}")
-        self.retracted.remove(req)
-        req.pages, req.nodes = [], []
-        self._ensure_pages(req, n)
+        own = self.host_snapshots.pop(req.rid)   # a host copy is restored once
+        self._ensure_pages(req, n)   # fresh pages: retract() released the old ones
         slots = torch.tensor([self.slot_of(req, p) for p in range(n)], dtype=torch.int64)
         if self.swa_pool is not None:
             self.swa_pool.assign(slots.tolist())
-        self._paste_bytes(slots, own["bytes"], n)
         self._place(req)
-        if self.canary is not None:
-            self.canary.import_records(slots, own["records"], n)
-        if other is not None:
-            self._paste_bytes(slots[:k], other["bytes"], k)
+        # The stale-transfer bug: the other copy lands over the first k tokens of the request's own.
+        for snap, m in [(own, n)] if other is None else [(own, n), (other, k)]:
+            self._paste_bytes(slots[:m], snap["bytes"])
             if self.canary is not None:
-                self.canary.import_records(slots[:k], other["records"], k)
+                self.canary.import_records(slots[:m], snap["records"], m)
 
     def _copy_bytes(self, slots: torch.Tensor) -> dict:
-        out = {}
-        for name, store, idx in self._stores(slots):
-            out[name] = [[store.slot_view(t)[idx].clone() for t in half] for half in store.halves()]
-        return out
+        return {name: [[store.slot_view(t)[idx].clone() for t in half] for half in store.halves()]
+                for name, store, idx in self._stores(slots)}
 
-    def _paste_bytes(self, slots: torch.Tensor, data: dict, n: int) -> None:
+    def _paste_bytes(self, slots: torch.Tensor, data: dict) -> None:
+        """Write a _copy_bytes copy into `slots` (its first len(slots) rows, when it holds more)."""
         for name, store, idx in self._stores(slots):
             for half, half_data in zip(store.halves(), data[name]):
                 for t, rows in zip(half, half_data):
-                    store.slot_view(t)[idx] = rows[:n]
+                    store.slot_view(t)[idx] = rows[:len(idx)]
 
     def _stores(self, slots: torch.Tensor):
         yield "full", self.full, slots.to(self.device)
@@ -230,13 +217,12 @@ class Engine:
         for req in list(self.running):
             start = req.kv_len
             if start < len(req.prompt):                      # (chunked) prefill
-                n = min(c.chunk_size, len(req.tokens) - start)
-                toks = req.tokens[start:start + n]
+                toks = req.tokens[start:start + c.chunk_size]
             else:                                            # decode, optionally with drafts
                 d = c.spec_draft_tokens
                 toks = [req.tokens[start]] + [self._draft(req, start + 1 + j) for j in range(d)]
                 drafts[len(rows)] = d
-                n = len(toks)
+            n = len(toks)
             self._ensure_pages(req, start + n)
             slots = [self.slot_of(req, p) for p in range(start, start + n)]
             self.req_to_token[req.row, start:start + n] = torch.tensor(slots, dtype=torch.int32)
@@ -249,9 +235,8 @@ class Engine:
             rids += [req.rid] * n
         if not rows:
             return None
-        decode_only = len(drafts) == len(rows)
-        if c.pad_batch and decode_only:
-            # CUDA-graph replay pads to the captured batch size (a power of two) with padding rows at the end.
+        if len(drafts) == len(rows):
+            # Decode-only: CUDA-graph replay pads to the captured batch size (a power of two), padding rows last.
             pad = (1 << (len(rows) - 1).bit_length()) - len(rows)
             rows += [None] * pad
             for column, value in ((pre, 0), (ext, 1), (ids, 0), (pos, 0), (locs, PADDING_SLOT), (rids, 0)):
@@ -284,8 +269,8 @@ class Engine:
         keep = locs < store.num_slots
         locs, ids, pos = locs[keep], batch.input_ids[keep], batch.positions[keep]
         for i, layer in enumerate(layers):
-            for half in (0, 1):
-                store.store(half, i, locs, kv_bytes(ids, pos, layer, half, store.bytes_per_token))
+            for half, tensors in enumerate(store.halves()):
+                store.slot_view(tensors[i])[locs] = kv_bytes(ids, pos, layer, half, store.bytes_per_token)
 
     def commit(self, batch: ForwardBatch) -> None:
         """Advance request state after the forward: sample, accept drafts, finish."""

@@ -31,9 +31,6 @@ class KvStorage:
         """[num_slots, bytes_per_token] view of one layer's tensor."""
         return tensor.view(self.num_slots, self.bytes_per_token)
 
-    def store(self, half: int, layer: int, slots: torch.Tensor, data: torch.Tensor) -> None:
-        self.slot_view(self.halves()[half][layer])[slots] = data
-
 
 class PageAllocator:
     """Refcounted pages of `page_size` slots; page 0 is reserved (slot 0 is the padding slot). The
@@ -80,18 +77,15 @@ class PageAllocator:
                 raise RuntimeError(f"PageAllocator: page {p} released more often than referenced")
             self.refcount[p] -= 1
             if self.refcount[p] == 0:
-                self._put_free(p)
+                self.put_free(p)
                 freed.append(p)
         return freed
 
-    def _put_free(self, page: int) -> None:
+    def put_free(self, page: int) -> None:
+        """Put `page` on the free list; called directly, whatever its references, it is a refcount bug."""
         self.free.appendleft(page)
         for cb in self.on_free:
             cb(page)
-
-    def force_free(self, page: int) -> None:
-        """Put `page` on the free list whatever its references (what a refcount bug does)."""
-        self._put_free(page)
 
     def slots(self, page: int) -> range:
         return range(page * self.page_size, (page + 1) * self.page_size)
@@ -110,9 +104,8 @@ class SwaPool:
         self.epoch = torch.zeros(num_full_slots, dtype=torch.int64, device=device)  # allocation epoch per SWA slot
         self._host = [0] * num_full_slots
 
-    def assign(self, full_slots: list[int]) -> list[int]:
+    def assign(self, full_slots: list[int]) -> None:
         """SWA slots for newly written full slots (already-mapped slots keep theirs)."""
-        out = []
         for s in full_slots:
             if self._host[s] == 0:
                 if not self.free:
@@ -120,8 +113,6 @@ class SwaPool:
                 self._host[s] = self.free.popleft()
                 self.full_to_swa[s] = self._host[s]
                 self.epoch[self._host[s]] += 1
-            out.append(self._host[s])
-        return out
 
     def lookup(self, full_slot: int) -> int:
         return self._host[full_slot]

@@ -80,7 +80,3 @@ class RadixCache:
             del victim.parent.children[victim.key]
             freed += len(self.alloc.unref([victim.page]))
         return freed
-
-    def remove(self, node: Node) -> None:
-        """Drop a node and its subtree from the tree without touching page references (fault helper)."""
-        del node.parent.children[node.key]
