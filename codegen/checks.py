@@ -80,7 +80,7 @@ LAYOUT_FIXED_NAMES = frozenset({
 
 # Names the generated package's __init__.py defines beside `from .layout import *` (python/__init__.py.j2):
 # a schema name equal to one would replace it, or be hidden by it, in the package.
-PACKAGE_FIXED_NAMES = frozenset({"REGENERATE_COMMAND", "runtime_factory", "GENERATION_ID", "FILE_SHA256"})
+PACKAGE_FIXED_NAMES = frozenset({"REGENERATE_COMMAND", "GENERATION_ID", "FILE_SHA256"})
 
 PYTHON_BUILTINS = frozenset(dir(builtins))
 

@@ -10,13 +10,6 @@ import importlib
 from .layer import loader as _loader
 from .layer.loader import load_generated  # noqa: F401  (public: another schema's tree)
 
-
-def _runtime_of(layer):
-    from .launch.runtime import runtime_for  # torch loads with the first launch, not with the layout
-    return runtime_for(layer)
-
-
-_loader.set_runtime_factory(_runtime_of)
 _loader.register_codegen()  # kv_canary.codegen: the generator, importable from a checkout as from a wheel
 generated = _loader.default_layer()
 _layout = generated.layout

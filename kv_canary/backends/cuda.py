@@ -63,10 +63,14 @@ class DeviceModules:
                 check_identity(layer, module_abi_version=version, module_fingerprint=fingerprint,
                                module_desc=f"the CUDA module {path.name} ({kernel.source})")
                 for symbol, _ in kernel.variants:
-                    # get_function loads the module on this device now (not at the first launch,
-                    # which may happen during CUDA-graph capture).
+                    # get_function loads the module on this device now, and querying an attribute loads
+                    # the function even under CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, the default):
+                    # never at the first launch, which may happen during CUDA-graph capture.
                     fn = self.functions[symbol] = module.get_function(symbol)
-                    _force_load(fn)
+                    try:
+                        fn.num_regs
+                    except Exception:  # nothing to gain from failing here; the launch reports a real problem
+                        pass
                     if kernel.shape == "persistent":
                         self.resident_blocks[symbol] = resident_blocks_per_sm(cupy, fn, kernel.threads)
                 self.binaries[kernel.name] = path
@@ -88,9 +92,7 @@ class DeviceModules:
         return s
 
     def persistent_blocks(self, entry_point: str, blocks_per_sm: int) -> int:
-        """Grid of a persistent kernel: kernels.yaml's blocks_per_sm is the upper bound, clamped to
-        what the compiled kernel can keep resident (registers, shared memory), so the grid-stride
-        loop runs in a single wave instead of leaving a partial second wave."""
+        """Grid of a persistent kernel (the module docstring): one wave of the grid-stride loop."""
         return persistent_grid(self.sm_count, blocks_per_sm, self.resident_blocks.get(entry_point, 0))
 
     def launcher(self, entry_point: str, *, blocks: int, threads: int, kinds: tuple, values: tuple):
@@ -132,15 +134,6 @@ def persistent_grid(sm_count: int, blocks_per_sm: int, resident: int) -> int:
     return sm_count * max(1, per_sm)
 
 
-def _force_load(fn) -> None:
-    """Query an attribute so that the driver loads the function now even under CUDA's lazy module
-    loading (CUDA_MODULE_LOADING=LAZY, the default), never at a launch inside graph capture."""
-    try:
-        fn.num_regs
-    except Exception:  # nothing to gain from failing here; the launch reports a real problem
-        pass
-
-
 def resident_blocks_per_sm(cupy, fn, threads: int) -> int:
     """CUDA's occupancy calculator for a loaded kernel at `threads` per block (0 when unknown)."""
     try:
@@ -151,36 +144,13 @@ def resident_blocks_per_sm(cupy, fn, threads: int) -> int:
         return 0
 
 
-class LayerModules:
-    """DeviceModules of one layer, created on first use per device."""
-
-    def __init__(self, layer):
-        self.layer = layer
-        self._devices: dict = {}
-        self._lock = threading.Lock()
-
-    def for_device(self, device_index: int) -> DeviceModules:
-        mods = self._devices.get(device_index)
-        if mods is not None:
-            return mods
-        with self._lock:
-            mods = self._devices.get(device_index)
-            if mods is None:
-                if torch.cuda.is_current_stream_capturing():
-                    raise RuntimeError(
-                        f"kv-canary: the CUDA kernels of {self.layer.__name__} are compiled and loaded on first use "
-                        f"on cuda:{device_index}, which cannot happen during CUDA-graph capture; launch once (or call "
-                        f"the backend's warm_up(device)) before capturing")
-                mods = self._devices[device_index] = DeviceModules(self.layer, device_index)
-        return mods
-
-
 class CudaBackend(KernelBackend):
     name = "cuda"
 
     def __init__(self, layer):
         super().__init__(layer)
-        self.modules = LayerModules(layer)
+        self._device_modules: dict[int, DeviceModules] = {}  # device index -> its modules, made on first use
+        self._load_lock = threading.Lock()
 
     def check_device(self, device: torch.device) -> None:
         if device.type != "cuda":
@@ -190,7 +160,19 @@ class CudaBackend(KernelBackend):
         """Compile and load every kernel for `device` now (before CUDA-graph capture, say)."""
         device = torch.device(device if device is not None else "cuda")
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return self.modules.for_device(index)
+        mods = self._device_modules.get(index)
+        if mods is not None:
+            return mods
+        with self._load_lock:
+            mods = self._device_modules.get(index)
+            if mods is None:
+                if torch.cuda.is_current_stream_capturing():
+                    raise RuntimeError(
+                        f"kv-canary: the CUDA kernels of {self.layer.__name__} are compiled and loaded on first use "
+                        f"on cuda:{index}, which cannot happen during CUDA-graph capture; launch once (or call "
+                        f"the backend's warm_up(device)) before capturing")
+                mods = self._device_modules[index] = DeviceModules(self.layer, index)
+        return mods
 
     def persistent_blocks(self, kernel, device: torch.device, entry_point: str | None = None) -> int:
         """SM count x blocks_per_sm (kernels.yaml), clamped to the compiled kernel's occupancy."""

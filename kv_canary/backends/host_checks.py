@@ -20,11 +20,13 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 class HostChecks:
-    """The checks of one generated layer (its padding row and its §7 message texts)."""
+    """The checks of one generated layer (its padding row and its §7 message texts); `swa=False`
+    leaves out the SWA indices (the torch reference checks those itself)."""
 
-    def __init__(self, layer):
+    def __init__(self, layer, *, swa: bool = True):
         self.layout = layer.layout
         self.padding = int(layer.layout.REQ_POOL_IDX_PADDING)
+        self.swa = swa
 
     def request_rows(self, req_pool_indices: torch.Tensor, *, rows: int, table: str) -> None:
         """Every entry is the padding row or a row of `table` ([0, rows))."""
@@ -53,13 +55,6 @@ class HostChecks:
     def scatter(self, args: dict) -> None:
         self.scatter_rows(**args)
 
-    def plan_rows_only(self, args: dict) -> None:  # the torch reference checks its SWA indices itself
-        self.plan_rows(**args)
-
-    def plan_entries_scratch(self, args: dict) -> None:
-        self.plan_rows(**args)
-        self.plan_scratch(**args)
-
     def plan_rows(self, *, req_pool_indices, req_to_token, **_) -> None:
         self.request_rows(req_pool_indices, rows=int(req_to_token.shape[0]), table="req_to_token")
 
@@ -87,7 +82,7 @@ class HostChecks:
         as the torch reference: the write seeds, then (when the verify plan does not overflow) the
         entries' slots, then their predecessors, so both raise the same text.
         """
-        if plan["full_to_swa_index_mapping"] is None:
+        if not self.swa or plan["full_to_swa_index_mapping"] is None:
             return
         self.swa_seed_indices(**plan)
         rp, start, counts = self._verify_ranges(plan["req_pool_indices"], plan["prefix_lens"], plan["req_to_token"],
@@ -100,7 +95,7 @@ class HostChecks:
     def swa_seed_indices(self, *, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token, swa_window_size,
                          full_to_swa_index_mapping, **_) -> None:
         """The plan's first stage: every write seed it translates lies inside the LUT."""
-        if full_to_swa_index_mapping is None or int(req_to_token.shape[1]) == 0:
+        if not self.swa or full_to_swa_index_mapping is None or int(req_to_token.shape[1]) == 0:
             return  # no LUT, or nothing to translate: every prefix clamps to 0
         rp, pre, ext = _host(req_pool_indices), _host(prefix_lens), _host(extend_seq_lens)
         table = _host(req_to_token).astype(np.int64)
@@ -112,7 +107,7 @@ class HostChecks:
                           full_to_swa_index_mapping, verify_enable, **_) -> None:
         """The plan's second stage (its scratch checked by plan_scratch): every entry's slot, then every
         predecessor, lies inside the LUT."""
-        if full_to_swa_index_mapping is None or int(_host(verify_enable)[0]) == 0:
+        if not self.swa or full_to_swa_index_mapping is None or int(_host(verify_enable)[0]) == 0:
             return
         rp, start, counts = self._verify_ranges(req_pool_indices, prefix_lens, req_to_token, swa_window_size)
         if counts.sum():

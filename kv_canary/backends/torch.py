@@ -21,11 +21,10 @@ class TorchBackend:
 
     def __init__(self, reference, checks: HostChecks):
         self.reference = reference
-        self._checks = {"plan": checks.plan_rows_only, "plan_offsets": checks.plan_rows_only,
-                        "plan_entries": checks.plan_entries_scratch, "scatter": checks.scatter}
+        self.checks = checks  # a method per operation that reads index values
 
     def prepare(self, operation: str, args: dict, *, read: list | None = None) -> Prepared:
-        op, checks = getattr(self.reference, operation), self._checks.get(operation)
+        op, checks = getattr(self.reference, operation), getattr(self.checks, operation, None)
 
         def run() -> None:
             if checks is not None:
@@ -40,4 +39,4 @@ def create(layer) -> TorchBackend:
     except ModuleNotFoundError as exc:
         raise BackendUnavailable(f"{layer.__name__} has no generated reference module (run "
                                  f"`{regenerate_command(layer)}`)") from exc
-    return TorchBackend(reference, HostChecks(layer))
+    return TorchBackend(reference, HostChecks(layer, swa=False))  # the reference checks its SWA indices itself

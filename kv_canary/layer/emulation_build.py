@@ -36,10 +36,6 @@ def sanitize_enabled() -> bool:
     return os.environ.get(ENV_SANITIZE, "") not in ("", "0")
 
 
-def cxx_flags() -> tuple[str, ...]:
-    return CXX_FLAGS + SANITIZE_FLAGS if sanitize_enabled() else CXX_FLAGS
-
-
 def asan_runtime_loaded() -> bool:
     """Whether this process has the ASan runtime mapped (it must come first: LD_PRELOAD)."""
     try:
@@ -73,8 +69,8 @@ def library_inputs(layer) -> list[tuple[str, str]]:
 def build_library(layer) -> Path:
     """Path of the layer's emulation library, compiling it on a cache miss."""
     gxx, version = compiler()
-    flags = cxx_flags()
     sanitized = sanitize_enabled()
+    flags = CXX_FLAGS + SANITIZE_FLAGS if sanitized else CXX_FLAGS
     if sanitized and not asan_runtime_loaded():
         raise EmulationBuildError(f"kv-canary: {ENV_SANITIZE}=1 builds the emulation library with AddressSanitizer, "
                                   f"which loads only into a process started with the ASan runtime first "

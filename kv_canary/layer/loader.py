@@ -5,13 +5,11 @@ other schemas load side by side under unique module names), and find the generat
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Callable, Optional
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kv_canary/
 CODEGEN_PACKAGE = "kv_canary.codegen"
@@ -51,25 +49,9 @@ def regenerate_command(layer) -> str:
     return getattr(layer, "REGENERATE_COMMAND", None) or "make generate"
 
 
-# How a loaded layer gets its runtime (validation, backends, allocators): set once by the package
-# root (kv_canary/__init__.py), which sits above every layer, so this one never imports upward.
-_runtime_factory: Optional[Callable] = None
-
-
-def set_runtime_factory(factory: Callable) -> None:
-    """`factory(layer)` -> the layer's runtime; called lazily, at a layer's first launch."""
-    global _runtime_factory
-    _runtime_factory = factory
-
-
-def _runtime_of(layer):
-    if _runtime_factory is None:
-        raise RuntimeError(f"kv-canary: no runtime for {layer.__name__}; import kv_canary first")
-    return _runtime_factory(layer)
-
-
 def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
-    """Import the generated package at `path` (cached per module name) and hand it its runtime."""
+    """Import the generated package at `path` (cached per module name); its first launch takes its
+    runtime from kv_canary.runtime_for."""
     path = Path(path).resolve()
     if not (path / "__init__.py").is_file():
         raise ImportError(f"kv-canary: no generated package at {path} (run `make generate`)")
@@ -77,9 +59,7 @@ def load_generated(path: Path | str, module_name: str | None = None) -> ModuleTy
         module_name = "kv_canary_generated_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
     if module_name in sys.modules:
         return sys.modules[module_name]
-    layer = _import_package(path, module_name)
-    layer.runtime_factory = functools.partial(_runtime_of, layer)
-    return layer
+    return _import_package(path, module_name)
 
 
 DEFAULT_MODULE = "kv_canary.generated"

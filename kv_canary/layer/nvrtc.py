@@ -37,17 +37,12 @@ def supported_archs() -> tuple[int, ...]:
     return tuple(int(a) for a in _nvrtc().getSupportedArchs())
 
 
-def with_csrc(headers: dict[str, str]) -> dict[str, str]:
-    """`headers` (include name -> text) plus the hand-written device headers they include."""
-    return {**csrc_headers(), **headers}
-
-
 def compile_source(source: str, name: str, headers: dict[str, str], *, arch: int, cubin: bool = True,
                    options: tuple[str, ...] = DEFAULT_OPTIONS) -> bytes:
     """A CUBIN for sm_<arch> (or PTX for compute_<arch> when cubin=False). `headers`: the generated
     includes (include name -> text); the kv_canary/csrc/ headers are added."""
     nvrtc = _nvrtc()
-    headers = with_csrc(headers)
+    headers = {**csrc_headers(), **headers}
     target = f"--gpu-architecture={'sm' if cubin else 'compute'}_{arch}"
     prog = nvrtc.createProgram(source, name, [text.encode("utf-8") for text in headers.values()],
                                [include.encode("utf-8") for include in headers])
@@ -68,7 +63,7 @@ def cached_binary(source: str, name: str, headers: dict[str, str], *, arch: int,
     """compile_source through the project cache; returns the path of the .cubin / .ptx. The key covers
     every include, the kv_canary/csrc/ headers too."""
     key = content_key("kv-canary-nvrtc-1", nvrtc_version(), arch, cubin, " ".join(options), name, source,
-                      *(part for include, text in sorted(with_csrc(headers).items()) for part in (include, text)))
+                      *(part for include, text in sorted({**csrc_headers(), **headers}.items()) for part in (include, text)))
     path = cache_dir("cuda") / f"{Path(name).stem}_{'sm' if cubin else 'compute'}{arch}_{key[:32]}.{'cubin' if cubin else 'ptx'}"
     return entry(path, lambda tmp: tmp.write_bytes(compile_source(source, name, headers, arch=arch, cubin=cubin,
                                                                   options=options)))

@@ -25,10 +25,6 @@ def example_schema(name: str) -> Path:
     return path
 
 
-def example_schemas() -> list[Path]:
-    return sorted(SCHEMAS_DIR.glob("*.yaml"))
-
-
 def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> ModuleType:
     """Generate `schema` (a kernels.yaml-format file) into a cached tree (default under
     `<kv-canary cache>/layers`) and import it; a bad schema raises SchemaError (every diagnostic)."""

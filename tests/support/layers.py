@@ -15,7 +15,7 @@ from kv_canary.layer import schemas as layers
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
-EXAMPLE_SCHEMAS = layers.example_schemas()
+EXAMPLE_SCHEMAS = sorted(layers.SCHEMAS_DIR.glob("*.yaml"))
 # The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
 SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
 

@@ -3,13 +3,13 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: e12cb8e11a27e555238609d30665a828817a84bf5f7f1ca318397fc4a3b1bc72
+# body-sha256: 337dd2567b0e8efe4e88c9ff8f12c3b3ae1faade7cbb6367a2dafaff7c1a04e5
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
-with `kv_canary.load_generated(path)`, which hands this package its runtime (validation, backends,
-allocators), or imported as a package of its own (`import myengine._canary`), which takes its runtime
-from kv_canary on its first launch. The layer imports nothing from kv_canary before that: the layout
+with `kv_canary.load_generated(path)` or imported as a package of its own (`import myengine._canary`);
+either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
+first launch. The layer imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
 `api`, `reference` and `kernel_abi` load on first access, and `allocators` / `validators` are the
 runtime's for this layer.
@@ -63,8 +63,6 @@ from .layout import ABI_VERSION, LAYOUT_FINGERPRINT  # noqa: F401
 _SUBMODULES = ("reference", "api", "kernel_abi")
 _FROM_RUNTIME = ("allocators", "validators")
 
-# Set by kv_canary.load_generated: a callable returning this layer's runtime (else kv_canary.runtime_for).
-runtime_factory = None
 _runtime_instance = None
 
 
@@ -72,17 +70,14 @@ def _runtime():
     """The runtime that validates and dispatches this layer's launches (created on first use)."""
     global _runtime_instance
     if _runtime_instance is None:
-        if runtime_factory is None:  # imported as a package of its own (e.g. myengine._canary)
-            import sys
+        import sys
 
-            try:
-                import kv_canary
-            except ImportError as exc:
-                raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
-                                  f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
-            _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
-        else:
-            _runtime_instance = runtime_factory()
+        try:
+            import kv_canary
+        except ImportError as exc:
+            raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
+                              f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
+        _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
     return _runtime_instance
 
 

@@ -3,13 +3,13 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 0e579a7e204f65f6c700667a6a180a8146a3701614cbbb5e6525ecd0f30158e7
+# body-sha256: dcebff79e1819caa70488d4398e0efe5c9ff424d0a7f4a4688fed7117e19bb42
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
-with `kv_canary.load_generated(path)`, which hands this package its runtime (validation, backends,
-allocators), or imported as a package of its own (`import myengine._canary`), which takes its runtime
-from kv_canary on its first launch. The layer imports nothing from kv_canary before that: the layout
+with `kv_canary.load_generated(path)` or imported as a package of its own (`import myengine._canary`);
+either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
+first launch. The layer imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
 `api`, `reference` and `kernel_abi` load on first access, and `allocators` / `validators` are the
 runtime's for this layer.
@@ -63,8 +63,6 @@ from .layout import ABI_VERSION, LAYOUT_FINGERPRINT  # noqa: F401
 _SUBMODULES = ("reference", "api", "kernel_abi")
 _FROM_RUNTIME = ("allocators", "validators")
 
-# Set by kv_canary.load_generated: a callable returning this layer's runtime (else kv_canary.runtime_for).
-runtime_factory = None
 _runtime_instance = None
 
 
@@ -72,17 +70,14 @@ def _runtime():
     """The runtime that validates and dispatches this layer's launches (created on first use)."""
     global _runtime_instance
     if _runtime_instance is None:
-        if runtime_factory is None:  # imported as a package of its own (e.g. myengine._canary)
-            import sys
+        import sys
 
-            try:
-                import kv_canary
-            except ImportError as exc:
-                raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
-                                  f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
-            _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
-        else:
-            _runtime_instance = runtime_factory()
+        try:
+            import kv_canary
+        except ImportError as exc:
+            raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
+                              f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
+        _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
     return _runtime_instance
 
 

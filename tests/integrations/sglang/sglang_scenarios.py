@@ -557,7 +557,8 @@ def layer_checks() -> dict:
     from kv_canary.layer import schemas as layers
 
     out = {}
-    for name, layer in [("default", None)] + [(p.stem, generate_layer(p)) for p in layers.example_schemas()]:
+    schemas = sorted(layers.SCHEMAS_DIR.glob("*.yaml"))
+    for name, layer in [("default", None)] + [(p.stem, generate_layer(p)) for p in schemas]:
         try:
             compat.check_layer(None if layer is None else layer.layout)
             out[name] = "accepted"
