@@ -156,6 +156,7 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}
     out.write(f"  {clean['finished']} requests finished ({clean['shared']} with a shared prefix), "
               f"{clean['kernel_runs']} canary launches, violations: {clean['violations']}\n")
+    out.write(report.SCENARIO_CANARY + "\n")
     results = _run_scenarios(chosen, 45, out, lambda sc: faults.run_scenario(
         sc, backend=args.backend, device=device, metrics_registry=registry))
     real = _real_engine_section(args, canary, device, registry, out, real_clean, real_chosen)

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
+from ..engine.config import ENV_VARS, FLAG_REAL_KV_DATA
 from ..engine.manager import CanaryManager
 from ..engine.violations import Violation, sglang_reason_name
 from ..layer.schemas import example_schema, generate_layer
@@ -262,11 +263,33 @@ class StaleTransfer(Fault):
 
 
 # -- scenarios --------------------------------------------------------------------------------
+# The checks an expected fail reason needs: {reason: (the check, its CanaryManager option, the values that
+# turn it on)}; and how the demo's user sets that option: (the flag or variable as typed, a value's spelling).
+CHECKS = {"VERIFY_REAL_KV_HASH_MISMATCH": ("the real-KV fingerprint", "real_kv_hash_mode", ("PARTIAL", "ALL")),
+          "VERIFY_TOKEN_MISMATCH": ("the expected-token check", "check_verify_expected_token", (True,))}
+TYPED = {"real_kv_hash_mode": (FLAG_REAL_KV_DATA + " ", str.lower),
+         "check_verify_expected_token": (ENV_VARS["enable_verify_token_assert"] + "=", lambda on: "1" if on else "0")}
+
+
 @dataclass(frozen=True)
 class Expect:
     launch: Optional[tuple[str, str, str]]  # (phase, half, group) of the launch that must see it; None: a control
     reason: Optional[str] = None
     delay: int = 0              # first detection step - damage step
+    needs: tuple = ()           # the values of the reason's CHECKS option that see this fault (default: all of them)
+
+    def check_off(self, options: dict) -> Optional[str]:
+        """Why a manager with `options` (CanaryManager keywords, every CHECKS option among them) cannot
+        see this fault: the check it needs is off, named as the demo's user turns it on; None when it is on."""
+        if self.reason not in CHECKS:
+            return None
+        check, option, on = CHECKS[self.reason]
+        on, value = self.needs or on, options[option]
+        if (value.upper() if isinstance(value, str) else value) in on:
+            return None
+        typed, spell = TYPED[option]
+        return (f"it needs {check} ({typed}{' or '.join(spell(v) for v in on)}), which these canary options "
+                f"leave off ({typed}{spell(value)})")
 
     def tag(self, layout) -> Optional[str]:
         """The schema's name for the expected launch's tag (tags are found by coordinates)."""
@@ -351,7 +374,8 @@ def scenarios() -> list[Scenario]:
         Scenario("late_write/records", "a delayed K/V + canary write lands in a freed, reused page",
                  lambda: LateWriteIntoFreedPage(4, "records"), Expect(tail, chain), no_share, steps=64),
         Scenario("late_write/bytes_past_16", "a delayed write changes only K bytes 16..31 of a reused slot (ALL mode)",
-                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(tail, real_kv), no_share, steps=64),
+                 lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(tail, real_kv, needs=("ALL",)), no_share,
+                 steps=64),
         Scenario("late_write/bytes_past_16/control", "same damage, PARTIAL mode reads only the first 16 bytes",
                  lambda: LateWriteIntoFreedPage(4, "bytes_past_16"), Expect(None), no_share, steps=64,
                  manager={"real_kv_hash_mode": "PARTIAL"}),

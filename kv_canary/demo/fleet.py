@@ -151,6 +151,8 @@ def judge(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
     if sc.expect.launch is None:
         ok = not decisions[0]
         return ok, "silent on every rank, as documented (a control)" if ok else "a control scenario was decided on"
+    if not faulty["local_rows"]:
+        return False, f"rank {FAULT_RANK}'s fault was not detected (no violation on any rank)"
     if not decisions[0] or decisions[0][0][2] != [FAULT_RANK]:
         return False, f"no fleet decision named rank {FAULT_RANK}"
     step, decided = decisions[0][0][:2]
@@ -162,8 +164,19 @@ def judge(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
     return True, f"rank {FAULT_RANK}'s violations at step {step} were acted on by every rank at step {decided}"
 
 
-def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) -> FleetDemoResult:
+def verdict(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
+    """(ok, the verdict line): the fleet judged, unless the canary options could not see the fault at all."""
+    sc = next(s for s in faults.scenarios() if s.name == demo.scenario)
+    off = sc.expect.check_off({**demo.manager, **sc.manager})
+    if off is not None and not ranks[FAULT_RANK]["local_rows"]:
+        return False, (f"NOT DETECTABLE WITH THESE CANARY OPTIONS: {sc.name} shows as {sc.expect.reason}; {off}. "
+                       f"Rank {FAULT_RANK}'s fault went unseen, so no rank had a violation to act on")
     ok, why = judge(demo, ranks)
+    return ok, f"{'fleet behaved as documented' if ok else 'FLEET DEMO FAILED'}: {why}"
+
+
+def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) -> FleetDemoResult:
+    ok, why = verdict(demo, ranks)
     faulty = ranks[FAULT_RANK]
     lines = [f"  rank {FAULT_RANK}: fault: {faulty['detail'] or 'did not fire'} (damage step {faulty['damage_step']})", ""]
     head = ("rank", "local violations", "first local step", "fleet decisions (state of step -> acted on at step)",
@@ -195,11 +208,11 @@ def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     md = out_dir / "fleet_report.md"
-    verdict = f"{'fleet behaved as documented' if ok else 'FLEET DEMO FAILED'}: {why} ({seconds:.1f}s)"
+    summary = f"{why} ({seconds:.1f}s)"
     md.write_text("\n".join(["# kv-canary fleet demo", "",
                              f"{demo.world_size} ranks (gloo on {HOST}), scenario `{demo.scenario}` injected on "
                              f"rank {FAULT_RANK} only, mode `{demo.manager['mode']}`, {demo.steps} steps.", "",
-                             "```", *lines, "```", "", f"**{verdict}**", ""]), encoding="utf-8")
-    text = "\n".join([*lines, f"report: {md}", verdict]) + "\n"
+                             "```", *lines, "```", "", f"**{summary}**", ""]), encoding="utf-8")
+    text = "\n".join([*lines, f"report: {md}", summary]) + "\n"
     stream.write(text)
     return FleetDemoResult(demo, ranks, ok, why, text)

@@ -10,8 +10,13 @@ COLUMNS = ("scenario", "canary", "expected detection", "detected by", "first ste
            "first decoded line")
 
 
+# Said before the scenarios' table: what they run with (the flags and variables set the clean runs only).
+SCENARIO_CANARY = ("fault scenarios: each runs its own canary in mode log, not the flags above; "
+                   "canary 'defaults': real-KV ALL, expected-token check on")
+
+
 def canary_cell(r) -> str:
-    """What the scenario's canary runs with, where it departs from the manager's defaults."""
+    """What the scenario's canary runs with, where it departs from the manager's defaults (SCENARIO_CANARY)."""
     s, out = r.settings, []
     if s.get("schema", "kernels.yaml") != "kernels.yaml":
         out.append(s["schema"].rsplit("/", 1)[-1])

@@ -84,6 +84,34 @@ def test_sglang_mode_flag_alone_follows_sglangs_defaults(tmp_path, capsys):
     assert [line.strip("\r ").split()[1] for line in out.splitlines() if "[canary] step=" in line] == ["step=100"]
 
 
+def test_scenarios_say_they_run_their_own_canary_not_the_flags(tmp_path, capsys):
+    """The flags set the clean run only: the bit flip is found although they leave the real-KV fingerprint off."""
+    rc = demo.main(["--steps", "6", "--out", str(tmp_path), "--only", "cold_page_bit_flip", "--kv-canary", "raise"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "canary: --kv-canary raise --kv-canary-real-data none" in out and "[ok] cold_page_bit_flip" in out
+    assert "fault scenarios: each runs its own canary in mode log, not the flags above; canary 'defaults': " \
+           "real-KV ALL, expected-token check on" in out
+
+
+@pytest.mark.parametrize("flags, rc, verdict", [
+    # SGLang's defaults, once a canary flag is given, leave the real-KV fingerprint off: nothing can see the flip.
+    (["--kv-canary", "raise"], 1,
+     "NOT DETECTABLE WITH THESE CANARY OPTIONS: cold_page_bit_flip shows as VERIFY_REAL_KV_HASH_MISMATCH; it needs "
+     "the real-KV fingerprint (--kv-canary-real-data partial or all), which these canary options leave off "
+     "(--kv-canary-real-data none). Rank 1's fault went unseen, so no rank had a violation to act on"),
+    (["--kv-canary", "raise", "--kv-canary-real-data", "partial"], 0,
+     "fleet behaved as documented: rank 1's violations at step 17 were acted on by every rank at step 18"),
+])
+def test_the_fleet_demo_says_when_the_options_cannot_see_the_fault(flags, rc, verdict, tmp_path, capsys):
+    got = demo.main(["--world-size", "2", "--steps", "24", "--out", str(tmp_path), "--only", "cold_page_bit_flip",
+                     *flags])
+    out = capsys.readouterr().out
+    assert got == rc, out
+    assert verdict in out and f"**{verdict}" in (tmp_path / "fleet_report.md").read_text()
+    assert "FLEET DEMO FAILED" not in out
+
+
 def test_without_matplotlib_the_report_says_why(tmp_path, capsys, monkeypatch):
     import sys
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # import matplotlib -> ImportError

@@ -137,3 +137,18 @@ def test_cold_page_bit_flip_lands_inside_the_partial_read():
     partial = faults.run_scenario(replace(sc, manager={**sc.manager, "real_kv_hash_mode": "PARTIAL"}))
     assert f"K byte {byte} " in partial.detail
     assert partial.ok and partial.first.launch_tag == "SWEEP_K_FULL"
+
+
+@pytest.mark.parametrize("real_kv_data", ["none", "partial"])
+@pytest.mark.parametrize("name", [n for n, sc in SCENARIOS.items() if sc.expect.reason in faults.CHECKS])
+def test_check_off_says_exactly_when_sglangs_defaults_miss_the_fault(name, real_kv_data):
+    """What the fleet demo reports as not detectable (SGLang's defaults: expected-token check off) is not detected."""
+    from kv_canary.engine.config import CanaryConfig
+    sc = SCENARIOS[name]
+    options = {**CanaryConfig(mode="log", real_kv_data=real_kv_data).manager_options(), **sc.manager}
+    r = faults.run_scenario(sc, stop_after_detection=True, **options)
+    assert r.damage_step is not None, f"{name}: the fault never fired"
+    if sc.expect.check_off(options) is None:
+        assert r.ok, f"{name}: {r.why}"
+    else:
+        assert r.violations == 0, f"{name}: {r.violations} violation(s) with its check off"
