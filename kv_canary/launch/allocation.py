@@ -23,7 +23,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     count it in, a buffer's byte size the kernels' 64-bit offsets), and an allocation the device
     cannot satisfy is a ValueError naming what was asked for, not an allocator traceback.
     """
-    v = validators
+    v, abi = validators, validators.abi
 
     def allocate_or_explain(what: str, nbytes: int, device: torch.device, make: Callable):
         try:
@@ -31,9 +31,9 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
+
     # The plan classes' tensor fields, (name, dtype, dims over the capacity "cap", fill), from the
     # layer's kernel ABI (rendered from the operation table, codegen/operations.py).
-    abi = v.abi
     dtypes = {"int64": torch.int64, "int32": torch.int32}
 
     def sized(dims: tuple, cap: int) -> tuple:

@@ -52,6 +52,7 @@ def choose_backend(backend: str | None, device: torch.device) -> str:
     return name
 
 
+@functools.cache
 def _device_getter(path: str):
     """args -> the device of the argument at `path` ("req_to_token", "context.canary_buf")."""
     head, _, attr = path.partition(".")
@@ -88,31 +89,20 @@ class Runtime:
 
     def __init__(self, layer):
         self.layer = layer
-        self.layout = layer.layout
+        self.api = layer.api  # the layer's generated public API module, with its per-schema signatures
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
-        self._devices: dict = {}  # device_of path -> its getter
         self.launches = layer.api.LAUNCHES  # public launch name -> (operation, device_of)
-
-    @property
-    def api(self):
-        """The layer's generated public API module (`<layer>.api`), with its per-schema signatures."""
-        return self.layer.api
 
     def backend(self, name: str):
         return get_backend(name, self.layer)
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        device = self._devices.get(device_of)
-        if device is None:
-            device = self._devices[device_of] = _device_getter(device_of)
-        if operation in self.validators.real_kv_operations:  # what validation read, the binding takes
-            read: list = []
-            args = self.validators.check(operation, arguments, read)
-            return self.backend(choose_backend(backend, device(args))).prepare(operation, args, read=read)
-        args = self.validators.check(operation, arguments)
-        return self.backend(choose_backend(backend, device(args))).prepare(operation, args)
+        read = [] if operation in self.validators.real_kv_operations else None  # what validation reads, binding takes
+        args = self.validators.check(operation, arguments, read)
+        device = _device_getter(device_of)(args)
+        return self.backend(choose_backend(backend, device)).prepare(operation, args, read=read)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
         """Validate `arguments` for `operation`, then run it on the chosen backend."""
@@ -122,7 +112,7 @@ class Runtime:
         """The public launch `name` validated and bound, not launched (PreparedLaunch)."""
         if name not in self.launches:
             raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
-                             f"launches are {', '.join(self.layer.api.LAUNCHES)}")
+                             f"launches are {', '.join(self.launches)}")
         return PreparedLaunch(self, name, arguments.pop("backend", None), arguments)
 
     def compute_slot_hash(self, buf_i64, source_slot_idx) -> int:
@@ -136,7 +126,7 @@ class Runtime:
 
     # -- the public launches by name (every keyword of every schema, plus backend=) ----------------
     def _public(self, name: str, arguments: dict, *, reference: bool = False) -> None:
-        operation, device_of = self.layer.api.LAUNCHES[name]
+        operation, device_of = self.launches[name]
         backend = arguments.pop("backend", None)
         if reference:  # SGLang's reference names pin the backend; a backend= there is a mistake, said plainly
             if backend is not None:
