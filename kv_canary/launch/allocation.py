@@ -172,8 +172,10 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     def allocate_counters(n: int, *, device) -> torch.Tensor:
         """`n` run counters in one tensor, int64 [n] = 0: `counters[i:i + 1]` is one context's counter,
         and one copy reads them all."""
-        v.check_int("n", n, minimum=1)
-        return torch.zeros(n, dtype=torch.int64, device=v.check_device("device", device))
+        n = v.check_int("n", n, minimum=1)
+        device = v.check_device("device", device)
+        return allocate_or_explain(f"{n} run counters", n * 8, device,
+                                   lambda: torch.zeros(n, dtype=torch.int64, device=device))
 
     def allocate_chain_position_flag(*, device, enabled: bool = False) -> torch.Tensor:
         """The write's chain-position-assert flag: int32 [1] (0 during warm-up / graph capture)."""

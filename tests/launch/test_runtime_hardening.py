@@ -136,6 +136,10 @@ def test_an_allocation_the_device_cannot_hold_is_a_clear_error():
     with pytest.raises(ValueError, match=r"^kv-canary: cannot allocate canary_buf of 1125899906842624 slots "
                                          r"\(36028797018963968 bytes\) on cpu: .+"):
         kv_canary.allocate_canary_buf(2**50, device="cpu")
+    counters = kv_canary.runtime_for(kv_canary.generated).allocators.allocate_counters
+    with pytest.raises(ValueError, match=r"^kv-canary: cannot allocate 1125899906842624 run counters "
+                                         r"\(9007199254740992 bytes\) on cpu: .+"):
+        counters(2**50, device="cpu")
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
