@@ -234,8 +234,8 @@ def _fleet_demo(ap, args, canary: CanaryConfig, device: str) -> int:
     demo = fleet.FleetDemo(world_size=args.world_size, scenario=args.only[0] if args.only else fleet.DEFAULT_SCENARIO,
                            steps=args.steps, manager=canary.manager_options(), device=device, backend=args.backend)
     try:
-        result = fleet.run(demo, out_dir=args.out, metrics_port=args.metrics_port, stream=sys.stdout)
+        ok = fleet.run(demo, out_dir=args.out, metrics_port=args.metrics_port, stream=sys.stdout)
     except (RuntimeError, TimeoutError) as e:
         sys.stdout.write(f"FLEET DEMO FAILED: {e}\n")
         return 1
-    return 0 if result.ok else 1
+    return 0 if ok else 1

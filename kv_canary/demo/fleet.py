@@ -6,7 +6,9 @@ every rank's Prometheus values (multiprocess mode, label `tp_rank`).
 from __future__ import annotations
 
 import logging
+import logging.handlers
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..engine.distributed import FleetHealthError, FleetMonitor, FleetViolationError
+from ..engine.distributed.rows import FLEET_PREFIX, STATS_PREFIX
 from ..engine.manager import CanaryManager
 from . import faults
 from .local_ranks import HOST, run_local_ranks
@@ -37,19 +40,6 @@ class FleetDemo:
     metrics_dir: Optional[str] = None
 
 
-class _FleetLines(logging.Handler):
-    """The fleet lines (decisions, stats) of this rank's kv_canary log."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: list[str] = []
-
-    def emit(self, record):
-        text = record.getMessage()
-        if text.startswith(("kv-canary fleet:", "[canary fleet]")):
-            self.lines.append(text)
-
-
 def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
     """One rank: serve `demo.steps` steps with a FleetMonitor (and CanaryMetrics with a metrics
     directory); returns what this rank saw."""
@@ -59,7 +49,8 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     sc = next(s for s in faults.scenarios() if s.name == demo.scenario)
     log = logging.getLogger("kv_canary")
-    lines = _FleetLines()
+    lines = logging.handlers.BufferingHandler(capacity=sys.maxsize)  # never flushed: the fleet lines of this rank
+    lines.addFilter(lambda record: record.getMessage().startswith((FLEET_PREFIX, STATS_PREFIX)))
     log.addHandler(lines)
     log.setLevel(logging.INFO)
     log.propagate = False   # the parent prints the fleet's view; ranks print nothing themselves
@@ -88,25 +79,17 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
         "rank": rank, "damage_step": fault.damage_step if fault else None, "detail": fault.detail if fault else "",
         "local_rows": st.total, "first_local_step": min(st.by_step, default=None),
         "first_line": manager.violations[0].log_line() if manager.violations else None,
-        "decisions": [(d.step, d.decided_step, d.violation_ranks, d.health_ranks) for d in fleet.decisions],
-        "raised": raised, "fleet_lines": lines.lines,
+        "decisions": fleet.decisions,
+        "raised": raised, "fleet_lines": [record.getMessage() for record in lines.buffer],
         "totals": {"kernel_runs": dict(zip((t.name for t in manager.tags), manager.kernel_run_counters.tolist())),
                    "protected_tokens": int(manager.slot_run_counter[0]), "rows": st.total, "lost": st.lost,
                    "by_tag_reason": dict(st.by_tag_reason)},
     }
 
 
-@dataclass
-class FleetDemoResult:
-    demo: FleetDemo
-    ranks: list                   # rank_main's dict per rank
-    ok: bool
-    why: str
-    text: str                     # the console report
-
-
-def run(demo: FleetDemo, *, out_dir: Path, stream, metrics_port: Optional[int] = None) -> FleetDemoResult:
-    """Run the ranks, then judge and report the fleet's view (console, out_dir/fleet_report.md)."""
+def run(demo: FleetDemo, *, out_dir: Path, stream, metrics_port: Optional[int] = None) -> bool:
+    """Run the ranks, then judge and report the fleet's view (console, out_dir/fleet_report.md);
+    returns whether the fleet behaved as documented."""
     t0 = time.perf_counter()
     server, metrics_dir = None, None
     if metrics_port is not None:
@@ -153,9 +136,9 @@ def judge(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
         return ok, "silent on every rank, as documented (a control)" if ok else "a control scenario was decided on"
     if not faulty["local_rows"]:
         return False, f"rank {FAULT_RANK}'s fault was not detected (no violation on any rank)"
-    if not decisions[0] or decisions[0][0][2] != [FAULT_RANK]:
+    if not decisions[0] or decisions[0][0].violation_ranks != [FAULT_RANK]:
         return False, f"no fleet decision named rank {FAULT_RANK}"
-    step, decided = decisions[0][0][:2]
+    step, decided = decisions[0][0].step, decisions[0][0].decided_step
     if step < faulty["first_local_step"] or decided != step + 1:
         return False, f"the first decision (step {step}, acted on at {decided}) does not follow rank {FAULT_RANK}'s " \
                       f"first violation (step {faulty['first_local_step']})"
@@ -175,7 +158,7 @@ def verdict(demo: FleetDemo, ranks: list) -> tuple[bool, str]:
     return ok, f"{'fleet behaved as documented' if ok else 'FLEET DEMO FAILED'}: {why}"
 
 
-def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) -> FleetDemoResult:
+def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) -> bool:
     ok, why = verdict(demo, ranks)
     faulty = ranks[FAULT_RANK]
     lines = [f"  rank {FAULT_RANK}: fault: {faulty['detail'] or 'did not fire'} (damage step {faulty['damage_step']})", ""]
@@ -185,8 +168,10 @@ def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) 
     for r in ranks:
         decided = "none"
         if r["decisions"]:
-            s, d, v, h = r["decisions"][0]
-            decided = f"{s} -> {d}: violations on ranks {v}" + (f", health on ranks {h}" if h else "")
+            d = r["decisions"][0]
+            decided = f"{d.step} -> {d.decided_step}: violations on ranks {d.violation_ranks}"
+            if d.health_ranks:
+                decided += f", health on ranks {d.health_ranks}"
             if len(r["decisions"]) > 1:
                 decided += f" (and {len(r['decisions']) - 1} later decision(s))"
         raised = f"{r['raised']['type']} at step {r['raised']['step']}" if r["raised"] else "-"
@@ -196,8 +181,7 @@ def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) 
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1] for row in rows]
     same = all(r["decisions"] == ranks[0]["decisions"] for r in ranks)
     logged = ranks[0]["fleet_lines"]
-    shown = [x for x in logged if x.startswith("kv-canary fleet:")][:1] + \
-        [x for x in logged if x.startswith("[canary fleet]")][-1:]
+    shown = [x for x in logged if x.startswith(FLEET_PREFIX)][:1] + [x for x in logged if x.startswith(STATS_PREFIX)][-1:]
     lines += ["", f"every rank holds the same decisions: {'yes' if same else 'NO'}"]
     if shown:
         lines += [f"rank 0 logged {len(logged)} fleet line(s), among them:", *(f"  {line}" for line in shown)]
@@ -213,6 +197,5 @@ def report(demo: FleetDemo, ranks: list, out_dir: Path, seconds: float, stream) 
                              f"{demo.world_size} ranks (gloo on {HOST}), scenario `{demo.scenario}` injected on "
                              f"rank {FAULT_RANK} only, mode `{demo.manager['mode']}`, {demo.steps} steps.", "",
                              "```", *lines, "```", "", f"**{summary}**", ""]), encoding="utf-8")
-    text = "\n".join([*lines, f"report: {md}", summary]) + "\n"
-    stream.write(text)
-    return FleetDemoResult(demo, ranks, ok, why, text)
+    stream.write("\n".join([*lines, f"report: {md}", summary]) + "\n")
+    return ok

@@ -18,6 +18,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Callable, Optional
 
+from ..engine.config import check_count
+
 HOST = "127.0.0.1"
 # What the ranks import before forking from the forkserver (once per parent process).
 PRELOAD = ["torch", "torch.distributed", "kv_canary.engine.manager", "kv_canary.engine.distributed", "kv_canary.demo.sim",
@@ -58,8 +60,7 @@ def run_local_ranks(fn: Callable, world_size: int, *, args: tuple = (), timeout_
     have not all finished within `timeout_s`."""
     import torch.distributed as dist
 
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"kv-canary: world_size must be an int >= 1, got {world_size!r}")
+    check_count("world_size", world_size, 1)
     method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":

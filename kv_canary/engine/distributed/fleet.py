@@ -212,11 +212,10 @@ class FleetMonitor:
 
     def _sample(self, due: tuple) -> StatsSample:
         counters, step, drained, lost = due
-        values = counters.values()  # taken a step ago: on CUDA the copy has normally landed
-        t, r = len(self.rows.tags), len(self.rows.reasons)
-        index = values[t + 1 + r]   # rows in the ring not drained yet, dropped ones included
-        return StatsSample(step, tuple(values[:t]), values[t], tuple(values[t + 1:t + 1 + r]), drained + index,
-                           lost + max(0, index - self.manager.ring_capacity))
+        # Taken a step ago: on CUDA the copy has normally landed. index: rows in the ring not drained yet,
+        # dropped ones included.
+        *values, index = counters.values()
+        return self.rows.sample(step, [*values, drained + index, lost + max(0, index - self.manager.ring_capacity)])
 
     def _start(self, step: int, stats_due: Optional[tuple]) -> None:
         rows = self.manager.stats.total - self._sent_rows

@@ -154,8 +154,12 @@ class FleetRows:
         the same exchange)."""
         if not matrix[0][self.STATS]:
             return None
-        t, samples = len(self.tags), []
-        for row in matrix:
-            step, *counters, rows, lost = row[self.STATS:]   # counters: kernel runs, protected tokens, by reason
-            samples.append(StatsSample(step - 1, tuple(counters[:t]), counters[t], tuple(counters[t + 1:]), rows, lost))
-        return FleetStats(samples[0].step, self.tags, self.reasons, tuple(samples))
+        samples = tuple(self.sample(row[self.STATS] - 1, row[self.STATS + 1:]) for row in matrix)
+        return FleetStats(samples[0].step, self.tags, self.reasons, samples)
+
+    def sample(self, step: int, counters: list[int]) -> StatsSample:
+        """`counters` in the stats part's order: kernel runs per tag, protected tokens, rows per reason,
+        rows, lost."""
+        t = len(self.tags)
+        *counters, rows, lost = counters
+        return StatsSample(step, tuple(counters[:t]), counters[t], tuple(counters[t + 1:]), rows, lost)
