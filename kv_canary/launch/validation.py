@@ -36,10 +36,6 @@ _ANY, _EQUALS, _BINDS, _MATCHES = range(4)  # what a rule's dimension does (see 
 _FIXED, _GENERAL = 4, 5  # a rule's shape as a whole: every size fixed; any other rank-N check
 
 
-def _shape(t: torch.Tensor) -> tuple:
-    return tuple(int(d) for d in t.shape)
-
-
 def _bound(value: int) -> str:
     """2147483647 as '2**31-1 = 2147483647' (the C limits read better as powers of two)."""
     if value > 0 and (value + 1) & value == 0:
@@ -109,7 +105,6 @@ class Validators:
         self.frozen_context = self.frozen_source = None
         self.frozen_plans: dict = {}
         self.ranges = {argument: self.abi.RANGES[kind] for argument, kind in self.abi.ARGUMENT_KINDS.items()}
-        self.messages = layout.MESSAGES
         fields = layout.INPUT_FIELDS
         self.input_fields = tuple(f.name for f in fields)
         self.per_request_fields = tuple(f.name for f in fields if f.verify_expected == "per_request")
@@ -128,7 +123,7 @@ class Validators:
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
-        return self.prefix + self.messages[key].format(**values)
+        return self.prefix + self.layout.MESSAGES[key].format(**values)
 
     def fail(self, key: str, **values: Any) -> ValueError:
         return ValueError(self.message(key, **values))
@@ -232,53 +227,27 @@ class Validators:
         raise ValueError(f"{self.prefix}{name} overlaps {out}, which this launch writes: inputs and "
                          f"outputs must not share memory (pass a copy of {name})")
 
-    def check_disjoint(self, inputs: dict, outputs: dict) -> None:
-        """check_spans over {name: tensor or None} mappings."""
-        self.check_spans([(*span, name, output) for names, output in ((inputs, False), (outputs, True))
-                          for name, t in names.items() for span in (self._span(t),) if span])
-
-    def _span(self, t) -> tuple:
-        """(first byte, one past the last) of a tensor with memory; () for anything else."""
-        if not isinstance(t, torch.Tensor):
-            return ()
-        start, n = t.data_ptr(), t.nbytes
-        if n and not t.is_contiguous():
-            n = self.extent(t)
-        return (start, start + n) if start and n else ()
-
     def check_tensor(self, name: str, t: Any, *, dtype: torch.dtype, shape: Optional[tuple] = None, ndim: Optional[int] = None,
-                     device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> torch.Tensor:
+                     device: Optional[torch.device] = None, device_of: str = "canary_buf", contiguous: bool = True) -> None:
         """Type, dtype, rank, shape (None entries match anything), device, contiguity, alignment and
         storage extent of one tensor, one by one: the first that is wrong raises."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{self.prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != dtype:
             raise TypeError(f"{self.prefix}{name} must have dtype {dtype}, got {t.dtype}")
-        size = t.shape
         want_ndim = len(shape) if shape is not None else ndim
-        if want_ndim is not None and len(size) != want_ndim:
-            raise ValueError(f"{self.prefix}{name} must be {want_ndim}-D, got shape {_shape(t)}")
-        if shape is not None:
-            for w, g in zip(shape, size):
-                if w is not None and w != g:
-                    want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
-                    raise ValueError(f"{self.prefix}{name} must have shape {want}, got {_shape(t)}")
+        if want_ndim is not None and t.dim() != want_ndim:
+            raise ValueError(f"{self.prefix}{name} must be {want_ndim}-D, got shape {tuple(t.shape)}")
+        if shape is not None and any(w is not None and w != g for w, g in zip(shape, t.shape)):
+            want = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ("," if len(shape) == 1 else "") + ")"
+            raise ValueError(f"{self.prefix}{name} must have shape {want}, got {tuple(t.shape)}")
         if device is not None and t.device != device:
             raise ValueError(f"{self.prefix}{name} must be on {device} (the device of {device_of}), got {t.device}")
-        if t.is_meta:
-            self.check_has_data(name, t)
-        packed = t.is_contiguous()
-        if contiguous and not packed:
+        self.check_has_data(name, t)
+        if contiguous and not t.is_contiguous():
             raise self.fail("not_contiguous", name=name)
-        es = t.element_size()
-        if t.data_ptr() % es:
-            self.check_aligned(name, t, es, f"its {t.dtype} elements")
-        if packed:
-            if (t.storage_offset() + t.numel()) * es > t.untyped_storage().nbytes():
-                self.check_storage(name, t)
-        else:
-            self.check_storage(name, t)
-        return t
+        self.check_aligned(name, t, t.element_size(), f"its {t.dtype} elements")
+        self.check_storage(name, t)
 
     def check_has_data(self, name: str, t: torch.Tensor) -> None:
         """A meta tensor has a shape but no memory: no backend can read or write it."""
@@ -286,30 +255,29 @@ class Validators:
             raise ValueError(f"{self.prefix}{name} is on the meta device, which holds no data; kv-canary launches "
                              f"need tensors with memory (e.g. on cpu or cuda)")
 
-    def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str) -> None:
+    def check_aligned(self, name: str, t: torch.Tensor, align: int, words: str = "") -> None:
         """The kernels read `t` as `align`-byte words: a misaligned address faults on a GPU and is
         undefined behaviour on the host (e.g. a uint8 view at an odd offset, an unaligned numpy buffer)."""
         if t.data_ptr() % align:
-            raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned (the kernels read it as {words}), "
-                             f"got address {t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
+            why = f" (the kernels read it as {words})" if words else ""
+            raise ValueError(f"{self.prefix}{name} data must be {align}-byte aligned{why}, got address "
+                             f"{t.data_ptr():#x} (storage offset {t.storage_offset()} elements)")
 
     def check_storage(self, name: str, t: torch.Tensor) -> None:
         """Every element the shape and strides reach lies inside the tensor's storage (a storage
         resized under a tensor keeps the tensor's shape, and a kernel would run past the memory)."""
         have, need = t.untyped_storage().nbytes(), self.extent(t)
-        if need and t.storage_offset() * t.element_size() + need > have:
-            raise ValueError(f"{self.prefix}{name} reaches {t.storage_offset() * t.element_size() + need} bytes into its "
-                             f"storage (shape {_shape(t)}, strides {tuple(t.stride())}, storage offset "
-                             f"{t.storage_offset()}), but the storage holds {have} bytes: was it resized under the "
-                             f"tensor?")
+        end = t.storage_offset() * t.element_size() + need
+        if need and end > have:
+            raise ValueError(f"{self.prefix}{name} reaches {end} bytes into its storage (shape {tuple(t.shape)}, strides "
+                             f"{tuple(t.stride())}, storage offset {t.storage_offset()}), but the storage holds {have} "
+                             f"bytes: was it resized under the tensor?")
 
     @staticmethod
     def extent(t: torch.Tensor) -> int:
         """Bytes from the tensor's first element to one past its last (0 for an empty tensor)."""
-        if t.is_contiguous():
+        if t.is_contiguous() or t.numel() == 0:
             return t.nbytes
-        if t.numel() == 0:
-            return 0
         return (1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))) * t.element_size()
 
     # -- integers that reach the kernels as C integers -----------------------------------------------
@@ -334,32 +302,27 @@ class Validators:
                              f"{count * size} {unit}, more than a signed 64-bit integer holds "
                              f"({_bound(most)}); the kernels compute it in one")
 
-    def as_int(self, name: str, value: Any) -> int:
-        """An integer argument: Python ints and numpy integer scalars (operator.index), never bools."""
-        if type(value) is int:
-            return value
-        if not isinstance(value, bool):
-            try:
-                return operator.index(value)
-            except TypeError:
-                pass
-        raise TypeError(f"{self.prefix}{name} must be an int, got {type(value).__name__}")
-
     def check_int(self, name: str, value: Any, *, minimum: Optional[int] = None) -> int:
-        value = self.as_int(name, value)
+        """An integer argument (at least `minimum`, if given): Python ints and numpy integer scalars
+        (operator.index), never bools."""
+        if type(value) is not int:
+            try:
+                if isinstance(value, bool):  # an int to operator.index, never an integer argument here
+                    raise TypeError
+                value = operator.index(value)
+            except TypeError:
+                raise TypeError(f"{self.prefix}{name} must be an int, got {type(value).__name__}") from None
         if minimum is not None and value < minimum:
             raise ValueError(f"{self.prefix}{name} must be >= {minimum}, got {value}")
         return value
 
     def check_enum(self, name: str, value: Any, enum_type):
         """A member of one of the schema's enums, given as the member or its int value."""
-        if not isinstance(value, bool):
-            try:
-                return enum_type(operator.index(value))
-            except (TypeError, ValueError):
-                pass
-        members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
-        raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}")
+        try:
+            return enum_type(self.check_int(name, value))
+        except (TypeError, ValueError):
+            members = ", ".join(f"{m.name}={int(m)}" for m in enum_type)
+            raise ValueError(f"{self.prefix}{name} must be a {enum_type.__name__} ({members}), got {value!r}") from None
 
     def parse_device(self, name: str, device: Any) -> torch.device:
         """A well-formed device (a torch.device or a string such as 'cpu' or 'cuda:0')."""
@@ -393,9 +356,9 @@ class Validators:
         """A source's integers (fixed once a RealKvSource is built), in SGLang's order (§4): checked
         before its tensor (check_real_kv_tensor)."""
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
-        page_size = self.as_int("RealKvSource.page_size", page_size)
-        num_bytes_per_token = self.as_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
-        read_bytes = self.as_int("RealKvSource.read_bytes", read_bytes)
+        page_size = self.check_int("RealKvSource.page_size", page_size)
+        num_bytes_per_token = self.check_int("RealKvSource.num_bytes_per_token", num_bytes_per_token)
+        read_bytes = self.check_int("RealKvSource.read_bytes", read_bytes)
         if page_size < 1:
             raise self.fail("real_kv_page_size", page_size=page_size)
         if num_bytes_per_token <= 0 or num_bytes_per_token % align:
@@ -408,42 +371,38 @@ class Validators:
                              ("read_bytes", read_bytes)):
             self.check_fits("RealKvSource." + field, value)
 
-    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> tuple:
+    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> None:
         """A source's tensor, one check after the other (check_real_kv_sources passes a valid tensor of
-        a frozen source in one); returns its (first byte, end) span."""
+        a frozen source in one)."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        if tensor.is_meta:
-            self.check_has_data("RealKvSource.tensor", tensor)
+        self.check_has_data("RealKvSource.tensor", tensor)
         size, strides = tensor.shape, tensor.stride()
         if len(size) < 2:
-            raise self.fail("real_kv_tensor_rank", shape=_shape(tensor))
+            raise self.fail("real_kv_tensor_rank", shape=tuple(tensor.shape))
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         es = tensor.element_size()
         row_stride = strides[0] * es
         if row_stride % align:
-            raise self.fail("real_kv_row_stride", b=row_stride, shape=_shape(tensor), strides=tuple(strides), dtype=tensor.dtype)
+            raise self.fail("real_kv_row_stride", b=row_stride, shape=tuple(tensor.shape), strides=tuple(strides), dtype=tensor.dtype)
         # A row's bytes are read as one flat run starting at the row's first element.
         packed = 1
         for d in range(len(size) - 1, 0, -1):
             if size[d] != 1 and strides[d] != packed and size[0] > 0:
                 raise ValueError(f"{self.prefix}RealKvSource.tensor must be contiguous inside a row (dims 1..), "
-                                 f"got shape={_shape(tensor)}, strides={tuple(strides)}")
+                                 f"got shape={tuple(tensor.shape)}, strides={tuple(strides)}")
             packed *= size[d]
         needed = page_size * num_bytes_per_token
         if packed * es < needed:
             raise self.fail("real_kv_row_width", b=packed * es, p=page_size, n=num_bytes_per_token, m=needed)
-        if tensor.data_ptr() % align:
-            raise ValueError(f"{self.prefix}RealKvSource.tensor data must be {align}-byte aligned, got address "
-                             f"{tensor.data_ptr():#x} (storage offset {tensor.storage_offset()} elements)")
+        self.check_aligned("RealKvSource.tensor", tensor, align)
         self.check_storage("RealKvSource.tensor", tensor)
-        return self._span(tensor)
 
     def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False,
                               spans: Optional[list] = None, read: Optional[list] = None) -> tuple:
-        """`frozen`: the sources are this layer's RealKvSource objects, whose integers were checked
-        when they were built; only their tensors are checked again. `spans` collects their tensors'
-        spans (inputs of every launch), `read` what the binding takes of each (real_kv_args)."""
+        """`frozen`: a frozen context's sources (their list checked when it was built), of which this
+        layer's RealKvSource objects have only their tensors checked again (their integers were when
+        built). `spans` collects the tensors' spans (inputs), `read` what the binding takes (real_kv_args)."""
         if not frozen:
             if not isinstance(sources, (tuple, list)):
                 raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
@@ -452,52 +411,48 @@ class Validators:
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         cpu = device.type == "cpu"  # is_cpu reads faster than a device object
         for i, src in enumerate(sources):
+            ok = False
             if frozen and type(src) is self.frozen_source:
                 # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
                 t = src.tensor
                 if type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous():
-                    size = t.shape
-                    if len(size) >= 2 and size[0]:
-                        ptr, n, es, stride0 = t.data_ptr(), t.nbytes, t.itemsize, t.stride()[0]
-                        if (not ptr % align and not stride0 * es % align
-                                and n // size[0] >= src.page_size * src.num_bytes_per_token
-                                and t.storage_offset() * es + n <= t.untyped_storage().nbytes()):
-                            if spans is not None and n:
-                                spans.append((ptr, ptr + n, self.source_names[i], False))
-                            if read is not None:
-                                read.append((ptr, stride0, es, size[0]))
-                            continue
+                    ptr, n, es, size, strides = t.data_ptr(), t.nbytes, t.itemsize, t.shape, t.stride()
+                    ok = (len(size) >= 2 and size[0] and not ptr % align and not strides[0] * es % align
+                          and n // size[0] >= src.page_size * src.num_bytes_per_token
+                          and t.storage_offset() * es + n <= t.untyped_storage().nbytes())
             else:
                 for attr in ("tensor", "page_size", "num_bytes_per_token", "read_bytes"):
                     if not hasattr(src, attr):
                         raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
                 self.check_real_kv_params(page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
                                           read_bytes=src.read_bytes)
-            span = self.check_real_kv_tensor(src.tensor, page_size=src.page_size,
-                                             num_bytes_per_token=src.num_bytes_per_token)
-            if spans is not None and span:
-                spans.append((*span, f"real_kv_sources[{i}].tensor", False))
-            if src.tensor.device != device:
-                raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of canary_buf), "
-                                 f"got {src.tensor.device}")
-            if read is not None:
+            if not ok:  # one check after the other: the first that is wrong raises
                 t = src.tensor
-                read.append((t.data_ptr(), t.stride(0), t.element_size(), t.shape[0]))
+                self.check_real_kv_tensor(t, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token)
+                if t.device != device:
+                    raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of "
+                                     f"canary_buf), got {t.device}")
+                ptr, n, es, size, strides = t.data_ptr(), self.extent(t), t.element_size(), t.shape, t.stride()
+            if spans is not None and n and ptr:
+                spans.append((ptr, ptr + n, self.source_names[i], False))
+            if read is not None:
+                read.append((ptr, strides[0], es, size[0]))
         return tuple(sources)
 
     # -- buffers and plans --------------------------------------------------------------------------------
     def check_slot_stride(self, stride: int, shape: tuple) -> None:
         """A multiple of the word size holding the record (shape: the buffer's, for the message)."""
-        if stride % self.layout.CANARY_WORD_BYTES:
-            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {self.layout.CANARY_WORD_BYTES} bytes, "
-                             f"got {stride} (shape {shape})")
-        if stride // self.layout.CANARY_WORD_BYTES < self.layout.CANARY_FIELDS_PER_SLOT:
-            raise self.fail("canary_stride", n=stride // self.layout.CANARY_WORD_BYTES)
+        word = self.layout.CANARY_WORD_BYTES
+        if stride % word:
+            raise ValueError(f"{self.prefix}canary_buf slot stride must be a multiple of {word} bytes, "
+                             f"got {stride} (shape {tuple(shape)})")
+        if stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
+            raise self.fail("canary_stride", n=stride // word)
 
     def check_capacity(self, name: str, value: Any, message: str, argument: Optional[str] = None) -> int:
         """A positive int (numpy integer scalars too) that fits the C int the kernels count it in
         (`argument`: the kernel argument that takes it, default `name`; "" for a size with no C int)."""
-        value = self.as_int(name, value)
+        value = self.check_int(name, value)
         if value <= 0:
             raise self.fail(message, n=value)
         return self.check_fits(name, value, argument=argument) if argument != "" else value
@@ -506,13 +461,11 @@ class Validators:
         """>= 0; the ring's write index is a C int, so rows past 2**31-1 could never be written."""
         return self.check_fits("ring_capacity", self.check_int("ring_capacity", ring_capacity, minimum=0))
 
-    CONTEXT_FIELDS = ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
-                      "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert")
-
     def check_context_fields(self, context: Any) -> None:
         """What a context holds besides its tensors: its fields, launch tag, hash mode and real-KV
         sources (checked once when this layer's frozen VerifyOrWriteContext is built, else at every launch)."""
-        for attr in self.CONTEXT_FIELDS:
+        for attr in ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
+                     "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert"):
             if not hasattr(context, attr):
                 raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
         self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
@@ -527,14 +480,18 @@ class Validators:
         """No two of a context's tensors share memory: what a launch reads of it (real-KV bytes, the
         flag, for a verify the canary buffer) is never what it writes (the ring and counters every
         launch writes; for a write the canary buffer)."""
-        inputs = {"enable_chain_position_assert": context.enable_chain_position_assert,
-                  **{f"real_kv_sources[{i}].tensor": getattr(src, "tensor", None)
-                     for i, src in enumerate(context.real_kv_sources)}}
-        outputs = {name: getattr(context, name, None) for name in (
+        def spans(tensors: dict, output: bool) -> list:  # for check_spans; what has no memory has no span
+            return [(t.data_ptr(), t.data_ptr() + self.extent(t), name, output) for name, t in tensors.items()
+                    if isinstance(t, torch.Tensor) and t.data_ptr() and self.extent(t)]
+        inputs = spans({"enable_chain_position_assert": context.enable_chain_position_assert,
+                        **{f"real_kv_sources[{i}].tensor": getattr(src, "tensor", None)
+                           for i, src in enumerate(context.real_kv_sources)}}, False)
+        outputs = spans({name: getattr(context, name, None) for name in (
             "violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter",
-            "violation_reason_counts")}
-        self.check_disjoint({**inputs, "canary_buf": context.canary_buf}, outputs)
-        self.check_disjoint(inputs, {"canary_buf": context.canary_buf})
+            "violation_reason_counts")}, True)
+        buf = {"canary_buf": context.canary_buf}
+        self.check_spans(inputs + spans(buf, False) + outputs)
+        self.check_spans(inputs + spans(buf, True))
 
     def check_plan_class(self, plan: Any, cls: str) -> None:
         """A VerifyPlan or WritePlan (of this schema): every field its class has."""
@@ -545,26 +502,18 @@ class Validators:
                 of = " of this schema" if cls == "VerifyPlan" else ""
                 raise TypeError(f"{self.prefix}plan must be a {cls}{of} (missing {attr}), got {type(plan).__name__}")
 
-    def check_context_object(self, context: Any) -> bool:
-        """What a context holds besides tensors (checked when this layer's frozen context was built);
-        returns whether it is one."""
-        if type(context) is self.frozen_context:
-            return True
-        self.check_context_fields(context)
-        return False
-
-    def check_context_values(self, context: Any, sizes: dict, spans: list, *, frozen: bool,
-                             read: Optional[list] = None) -> int:
-        """The checks of a context its rules cannot make; returns num_slots."""
+    def check_context_tensors(self, operation: str, a: dict, read: Optional[list]) -> tuple:
+        """A write's or verify's tensors (its rules), then what the rules cannot check of its context."""
+        sizes, spans = self.check_tensors(operation, a)
+        context = a["context"]
+        frozen = type(context) is self.frozen_context
         buf = context.canary_buf
-        stride, word = buf.shape[1], self.layout.CANARY_WORD_BYTES
-        if stride % word or stride // word < self.layout.CANARY_FIELDS_PER_SLOT:
-            self.check_slot_stride(stride, _shape(buf))
+        self.check_slot_stride(buf.shape[1], buf.shape)
         self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
         self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=spans, read=read)
         if not frozen:
             self.check_context_disjoint(context)
-        return sizes["slots"]
+        return a, spans
 
     def check_columns(self, sizes: dict) -> None:
         if sizes["cols"] == 0:
@@ -592,18 +541,15 @@ class Validators:
                              "bs": lambda sizes: self.check_requests(
                                  sizes, "the write request capacity (out_write_seed_slot_indices length)")},
             "plan_entries": {"cols": self.check_columns, "cap": capacity("cap", "verify_capacity")},
-            "scatter": {},
         }
 
     def mapping(self, kind: str, given: Optional[Mapping], names: tuple) -> dict:
         """A {field name: tensor} mapping with exactly `names` as keys ({} / None when there are none);
         its tensors are checked by the operation's rules."""
         given = {} if given is None else given
-        if type(given) is dict and len(given) == len(names) and given.keys() == self.key_sets[names]:
-            return {name: given[name] for name in names}  # the usual case: a dict, keys as declared
-        if not isinstance(given, Mapping):
+        if type(given) is not dict and not isinstance(given, Mapping):  # a dict is the usual case
             raise TypeError(f"{self.prefix}{kind} must be a dict of field name -> tensor, got {type(given).__name__}")
-        if len(given) != len(names) or set(given) != set(names):
+        if given.keys() != self.key_sets[names]:
             want = ", ".join(names) if names else "no fields (this schema declares none)"
             raise ValueError(f"{self.prefix}{kind} must have exactly the keys [{want}], got [{', '.join(map(str, given))}]")
         return {name: given[name] for name in names}
@@ -612,14 +558,17 @@ class Validators:
     def check(self, operation: str, arguments: dict, read: Optional[list] = None) -> dict:
         """Validate `operation` over a dict of its keywords; returns the backend operation's keyword
         arguments. `read` (write, verify) receives what the binding takes of the real-KV sources
-        (real_kv_args)."""
-        return self._checks[operation](self.operations[operation][3](**arguments), read)
+        (real_kv_args). Last of every operation's checks: no input shares memory with an output."""
+        a, spans = self._checks[operation](self.operations[operation][3](**arguments), read)
+        self.check_spans(spans)
+        return a
 
     # Each takes the operation's keywords as a dict (generated/kernel_abi.py OPERATIONS[...].arguments:
-    # SGLang's names and defaults, from the operation table).
-    def _check_write(self, a: dict, read: Optional[list] = None) -> dict:
-        context = a["context"]
-        frozen = self.check_context_object(context)
+    # SGLang's names and defaults, from the operation table) and returns them, normalised, with the
+    # spans of their tensors.
+    def _check_write(self, a: dict, read: Optional[list] = None) -> tuple:
+        if type(a["context"]) is not self.frozen_context:  # a frozen one was checked when it was built
+            self.check_context_fields(a["context"])
         self.check_plan_class(a["plan"], "WritePlan")
         enabled = self.check_bool("enable_write_input_assert", a["enable_write_input_assert"])
         missing = (a["expected_input_tokens"] is None, a["expected_input_positions"] is None)
@@ -628,20 +577,15 @@ class Validators:
         if not enabled and not all(missing):
             raise self.fail("expected_inputs_forbidden")
         a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
-        sizes, spans = self.check_tensors("write", a)
-        self.check_context_values(context, sizes, spans, frozen=frozen, read=read)
-        self.check_spans(spans)
-        return a
+        return self.check_context_tensors("write", a, read)
 
-    def _check_verify(self, a: dict, read: Optional[list] = None) -> dict:
-        frozen = self.check_context_object(a["context"])
+    def _check_verify(self, a: dict, read: Optional[list] = None) -> tuple:
+        if type(a["context"]) is not self.frozen_context:
+            self.check_context_fields(a["context"])
         self.check_plan_class(a["plan"], "VerifyPlan")
         self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
         a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
-        sizes, spans = self.check_tensors("verify", a)
-        self.check_context_values(a["context"], sizes, spans, frozen=frozen, read=read)
-        self.check_spans(spans)
-        return a
+        return self.check_context_tensors("verify", a, read)
 
     # -- the plan and its two stages (SGLang dtypes: req_to_token and the expected-token pool int32) ----
     def check_plan_scalars(self, a: dict) -> None:
@@ -666,18 +610,18 @@ class Validators:
             if kind in a:
                 a[kind] = self.mapping(kind, a[kind], self.per_request_fields)
 
-    def check_plan_sizes(self, sizes: dict, *, scratch=None, scratch_name: str = "", entries: bool = True) -> None:
-        """The scratch holds bs + 1 offsets, and the verify entries' total (at most bs x columns) is
-        summed in 64 bits."""
+    def check_plan_sizes(self, a: dict, sizes: dict, scratch: str = "", *, entries: bool = True) -> None:
+        """The scratch (argument `scratch`, if any) holds bs + 1 offsets, and the verify entries' total
+        (at most bs x columns) is summed in 64 bits."""
         bs = sizes["bs"]
-        if scratch is not None and int(scratch.shape[0]) < bs + 1:
-            raise ValueError(f"{self.prefix}{scratch_name} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
-                             f"req_pool_indices length), got shape {_shape(scratch)}")
+        if scratch and a[scratch].shape[0] < bs + 1:
+            raise ValueError(f"{self.prefix}{scratch} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
+                             f"req_pool_indices length), got shape {tuple(a[scratch].shape)}")
         if entries:
             self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
                               unit="entries at most")
 
-    def _check_plan(self, a: dict, read: Optional[list] = None) -> dict:
+    def _check_plan(self, a: dict, read: Optional[list] = None) -> tuple:
         self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
         self.check_plan_class(a["write_plan_out"], "WritePlan")
         self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
@@ -686,38 +630,33 @@ class Validators:
         if a["verify_capacity"] != sizes["cap"]:
             raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
                              f"got {a['verify_capacity']}")
-        self.check_plan_sizes(sizes)
-        self.check_spans(spans)
-        return a
+        self.check_plan_sizes(a, sizes)
+        return a, spans
 
-    def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> dict:
+    def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> tuple:
         """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
         self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan_offsets", a)
-        self.check_plan_sizes(sizes, scratch=a["out_verify_offsets_scratch"], scratch_name="out_verify_offsets_scratch",
-                              entries=False)
-        self.check_spans(spans)
-        return a
+        self.check_plan_sizes(a, sizes, "out_verify_offsets_scratch", entries=False)
+        return a, spans
 
-    def _check_plan_entries(self, a: dict, read: Optional[list] = None) -> dict:
+    def _check_plan_entries(self, a: dict, read: Optional[list] = None) -> tuple:
         """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
         self.check_plan_scalars(a)
         sizes, spans = self.check_tensors("plan_entries", a)
-        self.check_plan_sizes(sizes, scratch=a["verify_offsets_scratch"], scratch_name="verify_offsets_scratch")
-        self.check_spans(spans)
-        return a
+        self.check_plan_sizes(a, sizes, "verify_offsets_scratch")
+        return a, spans
 
-    def _check_scatter(self, a: dict, read: Optional[list] = None) -> dict:
+    def _check_scatter(self, a: dict, read: Optional[list] = None) -> tuple:
         sizes, spans = self.check_tensors("scatter", a)
         # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
         pool_out = a["pool_out"]
-        rows, cols = _shape(pool_out)
+        rows, cols = pool_out.shape
         if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
             raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
-                             f"stride(0) >= {cols}), got shape {_shape(pool_out)} and strides {tuple(pool_out.stride())}")
-        self.check_spans(spans)
-        return a
+                             f"stride(0) >= {cols}), got shape {(rows, cols)} and strides {tuple(pool_out.stride())}")
+        return a, spans
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
         """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)
@@ -726,7 +665,7 @@ class Validators:
             raise TypeError(f"{self.prefix}buf_i64 must be a torch.Tensor, got {type(buf_i64).__name__}")
         if buf_i64.dtype == _UINT8:  # the canary_buf: contiguous, its stride holding the record, word-aligned
             self.check_tensor("canary_buf", buf_i64, dtype=_UINT8, ndim=2)
-            self.check_slot_stride(int(buf_i64.shape[1]), _shape(buf_i64))
+            self.check_slot_stride(buf_i64.shape[1], buf_i64.shape)
             word = self.layout.CANARY_WORD_BYTES
             self.check_aligned("canary_buf", buf_i64, word, f"{word}-byte record words")
             buf_i64 = buf_i64.view(_INT64)
@@ -734,11 +673,11 @@ class Validators:
             self.check_tensor("buf_i64", buf_i64, dtype=_INT64, ndim=2, contiguous=False)
             if int(buf_i64.shape[1]) < self.layout.CANARY_FIELDS_PER_SLOT:
                 raise ValueError(f"{self.prefix}buf_i64 must hold at least {self.layout.CANARY_FIELDS_PER_SLOT} int64 "
-                                 f"fields per slot (dim 1), got shape {_shape(buf_i64)}")
+                                 f"fields per slot (dim 1), got shape {tuple(buf_i64.shape)}")
         else:
             raise TypeError(f"{self.prefix}buf_i64 must have dtype torch.int64 (the canary buffer viewed as int64 "
                             f"[num_slots, words]) or be the uint8 canary_buf, got {buf_i64.dtype}")
-        slot = self.as_int("source_slot_idx", source_slot_idx)
+        slot = self.check_int("source_slot_idx", source_slot_idx)
         num_slots = int(buf_i64.shape[0])
         if slot >= num_slots:
             raise ValueError(f"{self.prefix}source_slot_idx must be < {num_slots} (the slots of buf_i64) or negative "
