@@ -16,7 +16,7 @@ that used to list operations by hand is rendered or derived from this table:
 - the plan data classes' fields (`verify_plan_fields`, `WRITE_PLAN_FIELDS`) and the "unknown"
   sentinel they start with, rendered for kv_canary/launch/allocation.py.
 - the arguments the whole plan hands its two stages (`plan_stage_values`: generated/kernel_abi.py
-  plan_stage_args, what kv_canary/backends/kernels.py launches the plan with).
+  plan_stage_args, and bind_plan, what kv_canary/backends/kernels.py launches the plan with).
 
 Adding an operation is one entry here (docs/adding-a-kernel.md lists what else it touches).
 """
@@ -415,7 +415,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     """How the generated binding passes each parameter: "address" (already an integer), "ptr" (a
     tensor the validators require), "nullable" (a tensor or None -> NULL), "size" (an int that fits
     by construction: a size, a stride, a count of sources), "fits" (an argument the validators
-    range-check against this parameter's C type: argument_kinds) or "checked" (an int range-checked
+    range-check against this parameter's C type or a narrower one: argument_kinds) or "checked" (an int range-checked
     here against its C type)."""
     op = OPERATIONS[kernel.template]
     required = {r.path for r in op.tensors(schema) if not r.optional}
@@ -430,7 +430,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
             out.append("ptr" if p.value in required else "nullable")
         elif _SIZE.search(value) and (p.kind == "i64" or value.startswith("len(")):
             out.append("size")
-        elif kinds.get(argument) == p.kind:
+        elif argument in kinds and _narrowest(kinds[argument], p.kind) == kinds[argument]:
             out.append("fits")
         else:
             out.append("checked")
@@ -461,12 +461,32 @@ def binding_roots(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in used if name in args))
 
 
+def plan_binding(schema: Schema) -> dict:
+    """What generated/kernel_abi.py bind_plan renders: each stage's kernel (the first of its template)
+    bound over the plan's own arguments: the plan keywords read ("roots"), the stage keywords the
+    bindings read that are not plan keywords, as plan_stage_values maps them ("locals"), the
+    parameters both stages begin with alike, read once ("head"), and each stage's kernel with the rest."""
+    kernels = [next(k for k in schema.kernels if k.template == stage) for stage in PLAN_STAGES]
+    items = [binding_items(schema, k) for k in kernels]
+    head = 0
+    while head < min(map(len, items)) and items[0][head] == items[1][head] and items[0][head][1] != "checked":
+        head += 1
+    read = {name for k in kernels for name in binding_roots(schema, k)}
+    values = dict(kv for stage in plan_stage_values(schema).values() for kv in stage)
+    local = tuple((name, value) for name, value in values.items() if name in read and name != value)
+    used = {name for e in (*(expr for it in items for _, _, expr in it), *(v for _, v in local))
+            for name in re.findall(r"\w+", e)}
+    return {"roots": tuple(k.name for k in OPERATIONS["plan"].keywords if k.name in used), "locals": local,
+            "head": items[0][:head], "stages": tuple((k, it[head:]) for k, it in zip(kernels, items))}
+
+
 def rules_context(schema: Schema) -> dict:
     """What templates/python/kernel_abi.py.j2 renders the operations from."""
     return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
             "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
             "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
             "plan_stages": plan_stage_values(schema), "plan_stage_roots": plan_stage_roots(schema),
+            "plan_binding": plan_binding(schema),
             "binding_roots": lambda kernel: binding_roots(schema, kernel),
             "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
             "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}

@@ -71,14 +71,16 @@ class KernelBackend:
                                  f"`specializations: {{{flag}: [false, true]}}` for it in kernels.yaml")
         return kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
 
-    def bound(self, template: str, args: dict, *, work: int, device: torch.device, kv: tuple | None = None,
-              **flags) -> tuple:
+    def bound(self, template: str, args, *, work: int, device: torch.device, kv: tuple | None = None,
+              values: tuple | None = None, **flags) -> tuple:
         """(kernel, entry point, blocks, threads, values, args) of one kernel launch over `args` (kept
-        with the launch: the values hold their tensors' addresses, not the tensors)."""
+        with the launch: the values hold their tensors' addresses, not the tensors); `values`: the
+        launch's values already bound (the plan's stages, bind_plan)."""
         kernel = self.kernels[template]
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
-        values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
+        if values is None:
+            values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
         return kernel, entry, blocks, threads, values, args
 
     def prepare(self, operation: str, args: dict, *, host_checks: bool = True, read: list | None = None) -> Prepared:
@@ -101,8 +103,9 @@ class KernelBackend:
 
     # -- the operations: (device, [bound kernel launch, ...]) -----------------------------------
     def _device(self, tensor: torch.Tensor) -> torch.device:
-        self.check_device(tensor.device)
-        return tensor.device
+        device = tensor.device
+        self.check_device(device)
+        return device
 
     def _write(self, args: dict, read: list | None = None):
         device = self._device(args["context"].canary_buf)
@@ -136,11 +139,12 @@ class KernelBackend:
         a prepared plan launched twice reuses it, stream-ordered, like any other buffer it binds)."""
         device = self._device(args["req_to_token"])
         bs = int(args["req_pool_indices"].shape[0])
-        scratch = args["req_pool_indices"].new_empty(bs + 1, dtype=torch.int64)  # on its device; new_empty: half torch.empty's cost
-        offsets, entries = self.abi.plan_stage_args(args, scratch)
-        return device, [self.bound("plan_offsets", offsets, work=bs, device=device),
-                        self.bound("plan_entries", entries, work=int(args["verify_plan_out"].verify_slot_indices.shape[0]),
-                                   device=device)]
+        scratch = args["req_pool_indices"].new_empty(bs + 1)  # int64 on its device; new_empty: half torch.empty's cost
+        offsets, entries = self.abi.bind_plan(args, scratch)  # the stages' values, as plan_stage_args would bind them
+        held = (args, scratch)  # what the stages' values point into
+        return device, [self.bound("plan_offsets", held, values=offsets, work=bs, device=device),
+                        self.bound("plan_entries", held, values=entries, device=device,
+                                   work=int(args["verify_plan_out"].verify_slot_indices.shape[0]))]
 
 
 def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> int:

@@ -141,7 +141,7 @@ class Validators:
         ts = tensors(args)
         first = ts[0]  # the device_of tensor: every other one must share its device
         dev = first.device if type(first) is _TENSOR and not first.is_meta else None
-        cpu = dev is not None and dev.type == "cpu"  # is_cpu reads faster than a device object
+        cpu = dev is not None and first.is_cpu  # is_cpu reads faster than a device object (or its type)
         for (dtype, kind, a1, a2, align, es, output, optional, after, overlap, rule), t in zip(compiled, ts):
             if t is None and optional:
                 continue

@@ -1,15 +1,18 @@
 """Tables the generated layer renders from the generator, so that the runtime keeps no copy of them:
 what each violation column carries, the "unknown" sentinel, the built-in fail reasons, the plan's
-stage arguments."""
+stage arguments and the plan's binding."""
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from kv_canary.codegen.load import load_schema
 from kv_canary.codegen.model import BUILTIN_FAIL_REASONS
 from kv_canary.codegen.operations import OPERATIONS, UNKNOWN
+from support import scenarios
 from support.layers import generate_layer
 
 from kv_canary.engine.violations import ViolationDecoder
@@ -77,3 +80,16 @@ def test_the_plans_stages_fill_every_field_of_its_plans(generated):
     for cls, values in fields.items():
         missing = [name for name, v in values.items() if id(v) not in reached]
         assert not missing, f"the plan's stages never reach {cls}.{missing}"
+
+
+def test_bind_plan_binds_each_stage_as_the_stages_binding_binds_its_arguments(generated):
+    """bind_plan (what the kernel backends launch a plan with) gives each stage's kernel the values
+    its own binding gives over plan_stage_args, with and without the optional tensors."""
+    layer, _ = generated
+    abi = kernel_abi(layer)
+    kernels = [abi.kernel_for_template(stage) for stage in ("plan_offsets", "plan_entries")]
+    for seed in range(8):
+        case = scenarios.make_plan_case(random.Random(seed), layer, n_reqs=3)
+        scratch = torch.zeros(4, dtype=torch.int64)
+        stages = abi.plan_stage_args(case, scratch)
+        assert abi.bind_plan(case, scratch) == tuple(k.bind(args) for k, args in zip(kernels, stages))

@@ -215,7 +215,7 @@ def bind_canary_plan_offsets(a: dict) -> tuple:
         _ptr(full_to_swa_index_mapping),  # full_to_swa_index_mapping: const long long*
         full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0,  # swa_lut_len: long long (a size)
         extend_seq_lens.data_ptr(),  # extend_seq_lens: const long long*
-        _int("canary_plan_offsets", "verify_capacity", "i64", verify_capacity),
+        verify_capacity,  # verify_capacity: long long (range-checked by the validators)
         out_verify_offsets_scratch.data_ptr(),  # verify_offsets: long long*
         out_write_offsets.data_ptr(),  # write_offsets: long long*
         out_write_seed_slot_indices.data_ptr(),  # write_seed_slot_indices: long long*
@@ -948,3 +948,74 @@ def plan_stage_args(plan: dict, scratch) -> tuple[dict, dict]:
             'out_extra_verify_expected': {name: getattr(verify_plan_out, 'verify_expected_' + name) for name in extra_request_values},
         },
     )
+
+
+def bind_plan(plan: dict, scratch) -> tuple[tuple, tuple]:
+    """The arguments of the plan's two stage kernels in ABI order, over the plan's validated arguments
+    and `scratch`: what each stage's binding makes of plan_stage_args(plan, scratch), without the
+    stages' dicts (the parameters both stages begin with are read once)."""
+    verify_plan_out = plan['verify_plan_out']
+    write_plan_out = plan['write_plan_out']
+    req_pool_indices = plan['req_pool_indices']
+    prefix_lens = plan['prefix_lens']
+    extend_seq_lens = plan['extend_seq_lens']
+    req_to_token = plan['req_to_token']
+    swa_window_size = plan['swa_window_size']
+    full_to_swa_index_mapping = plan['full_to_swa_index_mapping']
+    verify_capacity = plan['verify_capacity']
+    req_to_verify_expected_tokens = plan['req_to_verify_expected_tokens']
+    req_to_verify_expected_tokens_valid_lens = plan['req_to_verify_expected_tokens_valid_lens']
+    kv_token_id_vs_position_offset = plan['kv_token_id_vs_position_offset']
+    out_verify_offsets_scratch = scratch
+    out_write_offsets = write_plan_out.write_offsets
+    out_write_seed_slot_indices = write_plan_out.write_seed_slot_indices
+    out_verify_num_valid = verify_plan_out.verify_num_valid
+    out_verify_enable = verify_plan_out.enable
+    out_write_num_valid_reqs = write_plan_out.write_num_valid_reqs
+    verify_offsets_scratch = scratch
+    verify_enable = verify_plan_out.enable
+    out_verify_slot_indices = verify_plan_out.verify_slot_indices
+    out_verify_expected_tokens = verify_plan_out.verify_expected_tokens
+    out_verify_expected_positions = verify_plan_out.verify_expected_positions
+    out_verify_prev_slot_indices = verify_plan_out.verify_prev_slot_indices
+    head = (
+        req_pool_indices.data_ptr(),  # req_pool_indices: const long long*
+        prefix_lens.data_ptr(),  # prefix_lens: const long long*
+        req_pool_indices.shape[0],  # batch_size: long long (a size)
+        req_to_token.data_ptr(),  # req_to_token: const int*
+        req_to_token.shape[0],  # req_to_token_rows: long long (a size)
+        req_to_token.shape[1],  # req_to_token_cols: long long (a size)
+        req_to_token.stride(0),  # req_to_token_row_stride: long long (a size)
+        swa_window_size,  # swa_window_size: long long (range-checked by the validators)
+        _ptr(full_to_swa_index_mapping),  # full_to_swa_index_mapping: const long long*
+        full_to_swa_index_mapping.shape[0] if full_to_swa_index_mapping is not None else 0,  # swa_lut_len: long long (a size)
+    )
+    plan_offsets = (
+        *head,
+        extend_seq_lens.data_ptr(),  # extend_seq_lens: const long long*
+        verify_capacity,  # verify_capacity: long long (range-checked by the validators)
+        out_verify_offsets_scratch.data_ptr(),  # verify_offsets: long long*
+        out_write_offsets.data_ptr(),  # write_offsets: long long*
+        out_write_seed_slot_indices.data_ptr(),  # write_seed_slot_indices: long long*
+        out_write_num_valid_reqs.data_ptr(),  # write_num_valid_reqs: int*
+        out_write_seed_slot_indices.shape[0],  # write_req_capacity: long long (a size)
+        out_verify_num_valid.data_ptr(),  # verify_num_valid: int*
+        out_verify_enable.data_ptr(),  # verify_enable: int*
+    )
+    plan_entries = (
+        *head,
+        verify_offsets_scratch.data_ptr(),  # verify_offsets: const long long*
+        verify_enable.data_ptr(),  # verify_enable: const int*
+        out_verify_slot_indices.shape[0],  # verify_capacity: long long (a size)
+        _ptr(req_to_verify_expected_tokens),  # req_to_verify_expected_tokens: const int*
+        req_to_verify_expected_tokens.shape[0] if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_rows: long long (a size)
+        req_to_verify_expected_tokens.shape[1] if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_cols: long long (a size)
+        req_to_verify_expected_tokens.stride(0) if req_to_verify_expected_tokens is not None else 0,  # expected_tokens_row_stride: long long (a size)
+        _ptr(req_to_verify_expected_tokens_valid_lens),  # req_to_verify_expected_tokens_valid_lens: const long long*
+        kv_token_id_vs_position_offset,  # kv_token_id_vs_position_offset: long long (range-checked by the validators)
+        out_verify_slot_indices.data_ptr(),  # verify_slot_indices: long long*
+        out_verify_expected_tokens.data_ptr(),  # verify_expected_tokens: long long*
+        out_verify_expected_positions.data_ptr(),  # verify_expected_positions: long long*
+        out_verify_prev_slot_indices.data_ptr(),  # verify_prev_slot_indices: long long*
+    )
+    return plan_offsets, plan_entries
