@@ -404,10 +404,7 @@ class Validators:
         layer's RealKvSource objects have only their tensors checked again (their integers were when
         built). `spans` collects the tensors' spans (inputs), `read` what the binding takes (real_kv_args)."""
         if not frozen:
-            if not isinstance(sources, (tuple, list)):
-                raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
-            if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
-                raise self.fail("real_kv_source_count", n=len(sources))
+            self.check_source_list(sources)
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         cpu = device.type == "cpu"  # is_cpu reads faster than a device object
         for i, src in enumerate(sources):
@@ -470,7 +467,10 @@ class Validators:
                 raise TypeError(f"{self.prefix}context must be a VerifyOrWriteContext (missing {attr}), got {type(context).__name__}")
         self.check_enum("kernel_kind", context.kernel_kind, self.layout.CanaryLaunchTag)
         self.check_enum("real_kv_hash_mode", context.real_kv_hash_mode, self.layout.RealKvHashMode)
-        sources = context.real_kv_sources
+        self.check_source_list(context.real_kv_sources)
+
+    def check_source_list(self, sources: Any) -> None:
+        """real_kv_sources as a context holds it: a tuple (or list) of at most MAX_REAL_KV_SOURCES."""
         if not isinstance(sources, (tuple, list)):
             raise TypeError(f"{self.prefix}real_kv_sources must be a tuple of RealKvSource, got {type(sources).__name__}")
         if len(sources) > self.layout.MAX_REAL_KV_SOURCES:
