@@ -15,6 +15,7 @@ schema: each launch tag's phase, K/V half and pool group, each input field's val
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ import torch
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
 from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
-from .contract import KvPoolView, check_engine, slot_table_kind
+from .contract import KvLayout, KvPoolView, check_engine, check_storage_layouts, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
@@ -38,7 +39,7 @@ logger = logging.getLogger("kv_canary")
 
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
-           "CanaryStats")
+           "KvLayout", "CanaryStats")
 
 
 class CanaryCoverageWarning(UserWarning):
@@ -257,14 +258,12 @@ class CanaryManager(Listened):
             kv_token_id_vs_position_offset=0, extra_request_values={n: self._owners for n in self._per_request},
             backend=b)
         tables = {n: g.slot_tables[n] for n in self._per_slot}
-        for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
+        layouts = check_storage_layouts(name, storage)
+        for (half, tensors), kv_layout in zip(zip(L.LAUNCH_HALVES, storage.halves()), layouts):
             if half not in self.halves:
                 continue
             buf = g.bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
-            sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
-                                           num_bytes_per_token=storage.bytes_per_token,
-                                           read_bytes=storage.bytes_per_token)
-                            for t in (tensors[i] for i in self.fingerprinted[name]))
+            sources = tuple(self._source(name, half, i, tensors[i], storage, kv_layout) for i in self.fingerprinted[name])
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
                 self._buf_of_tag[int(tag)] = buf
@@ -281,6 +280,17 @@ class CanaryManager(Listened):
                         enable_write_input_assert=self.enable_write_input_assert, extra_inputs=g.token_inputs,
                         backend=b, **self._expected)
         return g
+
+    def _source(self, group: str, half: str, layer: int, tensor: torch.Tensor, storage, kv_layout: Optional[KvLayout]):
+        """One KV layer's half as a real-KV source, read where it lies (kv_layout None: packed rows)."""
+        fields = {} if kv_layout is None else dataclasses.asdict(kv_layout)
+        try:
+            return self.alloc.RealKvSource(tensor=tensor, page_size=storage.row_slots,
+                                           num_bytes_per_token=storage.bytes_per_token,
+                                           read_bytes=storage.bytes_per_token, **fields)
+        except ValueError as exc:  # which pool, half and layer the source's own message is about
+            raise ValueError(f"kv-canary: the {group!r} pool's {half.upper()} layer {layer}: "
+                             f"{str(exc).removeprefix('kv-canary: ')}") from None
 
     def _context(self, buf: torch.Tensor, tag, sources: tuple, mode):
         """One launch's context: the canary buffer, the shared ring and counters, the tag's own
