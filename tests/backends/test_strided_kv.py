@@ -325,3 +325,27 @@ def test_a_source_without_layout_fields_reads_packed_rows():
     bare = SimpleNamespace(tensor=ours.tensor, page_size=BLOCK_SIZE, num_bytes_per_token=nbpt, read_bytes=nbpt)
     for backend in ("torch", *(("emulated",) if shutil.which("g++") else ())):
         assert fingerprints(bare, MODES["ALL"], backend) == fingerprints(ours, MODES["ALL"], backend)
+
+
+# -- random layouts through the differential cases ----------------------------------------------------
+@pytest.mark.parametrize("kind", ("write", "verify"))
+def test_random_layouts_match_the_oracle_and_the_emulated_kernels(kind):
+    """Random batches over sources of which about half keep their bytes another way
+    (scenarios.layout_source): the torch reference against the scalar oracle, the emulated kernels
+    against the reference."""
+    import random
+
+    from support import budget, kernel_diff, scenarios
+
+    make = getattr(scenarios, f"make_{kind}_case")
+    rt = kv_canary.runtime_for(kv_canary.generated)
+    launch = getattr(rt, f"launch_canary_{kind}_kernel")
+    small = dict(n_reqs=4, max_prefix=16, **({"max_extend": 8} if kind == "write" else {}))  # the oracle is slow
+    for seed in range(budget.cases(12)):
+        case = make(random.Random(seed), kv_canary.generated, layouts=True, **small)
+        ref, oracle = scenarios.clone_case(case), scenarios.clone_case(case)
+        launch(**ref, backend="torch")
+        getattr(Oracle(kv_canary.generated), kind)(**oracle)
+        scenarios.compare_state(ref, oracle)
+        if shutil.which("g++"):
+            kernel_diff.compare(kv_canary.generated, kind, case, "emulated", ordered=kind == "write")
