@@ -23,6 +23,9 @@ import torch
 PAGE_SIZES = (1, 4, 16)
 LUT_WITHOUT_WINDOW_ODDS = 0.3     # of the full-attention plan cases (2 in 3 of all plan cases)
 SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.float32)
+# A schema's REAL_KV_PARTIAL_READ_BYTES up to this sizes the sources' slots (PARTIAL must not read
+# past a slot); a larger one (a fuzzed schema) gets small slots, and then its cases use ALL for PARTIAL.
+PARTIAL_SLOT_CAP = 1024
 
 
 def _mods(layer):
@@ -50,10 +53,11 @@ def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None
                  layouts: bool = False) -> tuple:
     """0-4 sources with random dtypes, ranks, page sizes and padded rows; `short` drops the last rows;
     `layouts`: about half of them keep their slots' bytes another way (layout_source). A slot holds
-    at least REAL_KV_PARTIAL_READ_BYTES (what PARTIAL reads)."""
+    at least REAL_KV_PARTIAL_READ_BYTES (what PARTIAL reads) where that is at most PARTIAL_SLOT_CAP."""
     _, alloc, _ = _mods(layer)
     align = layer.layout.REAL_KV_LOAD_ALIGN_BYTES
     partial = layer.layout.REAL_KV_PARTIAL_READ_BYTES
+    partial = partial if partial <= PARTIAL_SLOT_CAP else align
     count = rng.randint(0, layer.layout.MAX_REAL_KV_SOURCES) if count is None else count
     out = []
     for _ in range(count):
@@ -138,6 +142,9 @@ def make_context(rng: random.Random, layer, num_slots: int, *, sources=None, mod
     if sources is None:
         sources = make_sources(rng, layer, num_slots, short=short_sources, layouts=layouts)
     mode = rng.choice(list(lay.RealKvHashMode)) if mode is None else mode
+    if mode == lay.RealKvHashMode.PARTIAL and any(s.num_bytes_per_token < lay.REAL_KV_PARTIAL_READ_BYTES
+                                                  for s in sources):
+        mode = lay.RealKvHashMode.ALL  # a source that small is refused in PARTIAL (its slots are too short)
     ctx = alloc.allocate_context(num_slots=num_slots, ring_capacity=ring_cap, device="cpu",
                                  kernel_kind=rng.choice(list(lay.CanaryLaunchTag)), real_kv_sources=sources,
                                  real_kv_hash_mode=mode, enable_chain_position_assert=rng.random() < 0.8,
