@@ -284,6 +284,7 @@ class PrefixCacheKeyDrop(Fault):
     def __init__(self, start: int, drop: bool = True, across: bool = True):
         super().__init__(start)
         self.drop, self.across = drop, across
+        self.reused: Optional[tuple] = None  # (the request, the foreign pages it took) at the damage step
 
     def before_schedule(self, engine) -> None:
         if engine.step_no >= self.start:
@@ -300,6 +301,7 @@ class PrefixCacheKeyDrop(Fault):
                 others = [ns for ns in engine.radix.roots if ns != req.namespace and
                           engine.radix.peek(req.tokens[:len(req.tokens) - 1], ns)]
                 if foreign:
+                    self.reused = (req, [n.page for n in foreign])
                     return self.hit(engine, f"request {req.rid} ({_tenant(req)}) reuses {len(foreign)} page(s) that "
                                             f"{_tenant(foreign[0])} cached, for the same tokens")
                 if others and not self.drop:

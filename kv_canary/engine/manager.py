@@ -197,7 +197,7 @@ class CanaryManager(Listened):
     def attach(self, engine) -> None:
         """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
         check_engine(engine)
-        self._check_request_inputs()
+        self.check_request_inputs()
         self.engine = engine
         if not self.enabled:
             return
@@ -228,9 +228,9 @@ class CanaryManager(Listened):
                                     canary_bufs=self._buf_of_tag)
         self.monitor = RuntimeMonitor(self)
 
-    def _check_request_inputs(self) -> None:
-        """A schema with request_input fields needs the function that supplies them (before anything
-        is allocated)."""
+    def check_request_inputs(self) -> None:
+        """A schema with request_input fields needs the function that supplies them (at attach, before
+        anything is allocated; an engine adapter may call it sooner)."""
         if self._request_fields and self.request_inputs is None:
             raise ValueError(f"kv-canary: the schema's request_input field(s) {', '.join(self._request_fields)} need "
                              f"their per-request values: pass request_inputs=fn(request) -> {{field: int}} "
