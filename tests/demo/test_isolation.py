@@ -75,3 +75,28 @@ def test_the_demo_says_default_blind_isolation_catches_it(tmp_path, capsys):
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("prefix-cache isolation"))
     assert "default schema blind (0 violations), isolation schema catches it: HEAD_K_FULL verify_namespace" in line
+
+
+def test_init_from_isolation_gives_the_engine_a_package_that_catches_it(tmp_path, monkeypatch, capsys):
+    """`kv-canary init --from isolation` in an engine repository: its canary.yaml is the example, and the
+    package it generates, loaded as the engine would, catches the cross-tenant hit (`init` alone: blind)."""
+    from kv_canary.cli import main as kv_main
+    from kv_canary.codegen.load import load_schema_text
+    from kv_canary.layer.loader import load_generated
+
+    caught = {}
+    for source in ("isolation", "default"):
+        repo = tmp_path / source
+        (repo / "myengine").mkdir(parents=True)
+        (repo / "myengine" / "__init__.py").write_text("")
+        monkeypatch.chdir(repo)
+        assert kv_main(["init", "--from", source, "--package", "myengine/_canary"]) == 0
+        schema = load_schema_text((repo / "canary.yaml").read_text())
+        fields = {f.name: f.source for f in schema.canary.fields if f.role == "input"}
+        assert fields == ({"cache_namespace": "request_input"} if source == "isolation" else {})
+        layer = load_generated(repo / "myengine" / "_canary", f"isolation_test_{source}_canary")
+        sc = SCENARIOS["cross_tenant_prefix/isolation"]
+        r = faults.run_scenario(sc, layer=layer, stop_after_detection=True)
+        caught[source] = r.first_launch_reasons
+    capsys.readouterr()
+    assert caught == {"isolation": ("VERIFY_NAMESPACE_MISMATCH",), "default": ()}
