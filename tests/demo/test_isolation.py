@@ -80,8 +80,9 @@ def test_the_demo_says_default_blind_isolation_catches_it(tmp_path, capsys):
 def test_init_from_isolation_gives_the_engine_a_package_that_catches_it(tmp_path, monkeypatch, capsys):
     """`kv-canary init --from isolation` in an engine repository: its canary.yaml is the example, and the
     package it generates, loaded as the engine would, catches the cross-tenant hit (`init` alone: blind)."""
-    from kv_canary.cli import main as kv_main
     from kv_canary.codegen.load import load_schema_text
+
+    from kv_canary.cli import main as kv_main
     from kv_canary.layer.loader import load_generated
 
     caught = {}
