@@ -5,6 +5,8 @@ its documented reason and every control stays silent, on the torch reference and
 kernels; the adapter meets the engine contract; a missing hook point fails attach naming the version."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -173,13 +175,17 @@ def test_isolation_schema_through_transformers_prefix_sharing(unguarded_tokens):
     from kv_canary.engine.request_inputs import namespace_inputs, namespace_of
     asked = []
 
+    def in_order(out) -> list:  # request ids go on counting across a process's runs
+        return [list(v.generated_tokens) for _, v in sorted(out.items(), key=lambda kv: int(kv[0].split("_")[-1]))]
+    unguarded = in_order({k: SimpleNamespace(generated_tokens=v) for k, v in unguarded_tokens.items()})
+
     def one_tenant(state):
         asked.append(state.request_id)
         return namespace_of("tenant-a")
     canary, out = tf.run_with(_isolation_manager(), request_inputs=namespace_inputs(one_tenant))
     m = canary.manager
     assert canary.errors == [] and m.stats.total == 0 and len(asked) == tf.WORKLOAD.num_requests
-    assert {k: list(v.generated_tokens) for k, v in out.items()} == unguarded_tokens
+    assert in_order(out) == unguarded
     canary, out = tf.run_with(_isolation_manager(),
                               request_inputs=namespace_inputs(lambda state: namespace_of(state.request_id)))
     m = canary.manager
@@ -188,4 +194,4 @@ def test_isolation_schema_through_transformers_prefix_sharing(unguarded_tokens):
     # that de-duplication swapped for another namespace's copy also breaks the chain of what follows it.
     assert {r for v in m.violations for r in v.reasons} == {"VERIFY_NAMESPACE_MISMATCH", "VERIFY_CHAIN_HASH_MISMATCH"}
     assert m.violations[0].reasons == ("VERIFY_NAMESPACE_MISMATCH",)
-    assert {k: list(v.generated_tokens) for k, v in out.items()} == unguarded_tokens
+    assert in_order(out) == unguarded
