@@ -148,6 +148,9 @@ def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = Non
            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
            f"violations: **{clean['violations']}**", "", "## Scenarios", "", *_table_md(results)]
+    isolation = isolation_summary(results)
+    if isolation is not None:
+        out += ["", isolation + " (kv_canary/schemas/isolation.yaml, docs/schema-change.md)."]
     if real.get("skipped"):
         out += ["", "## Real engine: HF transformers", "", f"Skipped: {real['skipped']}"]
     elif real:

@@ -75,6 +75,7 @@ def test_the_demo_says_default_blind_isolation_catches_it(tmp_path, capsys):
     assert rc == 0
     line = next(x for x in out.splitlines() if x.startswith("prefix-cache isolation"))
     assert "default schema blind (0 violations), isolation schema catches it: HEAD_K_FULL verify_namespace" in line
+    assert line in (tmp_path / "report.md").read_text()
 
 
 def test_init_from_isolation_gives_the_engine_a_package_that_catches_it(tmp_path, monkeypatch, capsys):
