@@ -406,6 +406,7 @@ class ScenarioResult:
 BASE = SimConfig(seed=11, num_pages=40, page_size=4, max_running=4, chunk_size=8, prompt_len=(6, 24),
                  output_len=(6, 20), num_system_prompts=2, system_prompt_len=10, swa_window=8)
 SWEEP = 6
+PREFIX_STEPS = 30  # the prefix-cache scenarios: the first cross-tenant (or same-tenant) hit comes by step 15
 
 
 def scenarios() -> list[Scenario]:
@@ -457,20 +458,21 @@ def scenarios() -> list[Scenario]:
                  layer="owner_epoch"),
         Scenario("cross_tenant_prefix/default_schema", "the prefix cache drops the cache salt from its key: a "
                  "tenant reuses another tenant's cached prompt prefix (same tokens, positions, chain, K/V bytes)",
-                 lambda: PrefixCacheKeyDrop(0), Expect(None), tenants, manager=supplied),
+                 lambda: PrefixCacheKeyDrop(0), Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied),
         Scenario("cross_tenant_prefix/isolation", "same bug, kv_canary/schemas/isolation.yaml: the reader's "
                  "namespace differs from the writer's", lambda: PrefixCacheKeyDrop(0),
-                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), tenants, manager=supplied, layer="isolation"),
+                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), tenants, steps=PREFIX_STEPS, manager=supplied,
+                 layer="isolation"),
         Scenario("cross_adapter_prefix/isolation", "the prefix cache drops the LoRA adapter from its key: a "
                  "request attends to another adapter's K/V (isolation.yaml)", lambda: PrefixCacheKeyDrop(0),
-                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), replace(tenants, tenant_kind="lora"), manager=supplied,
-                 layer="isolation"),
+                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), replace(tenants, tenant_kind="lora"), steps=PREFIX_STEPS,
+                 manager=supplied, layer="isolation"),
         Scenario("cross_tenant_prefix/correct_keying", "control: the key keeps the cache salt, tenants sharing "
                  "a prompt prefix do not share pages (isolation.yaml)", lambda: PrefixCacheKeyDrop(0, drop=False),
-                 Expect(None), tenants, manager=supplied, layer="isolation"),
+                 Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
         Scenario("same_tenant_prefix/isolation", "control: requests of one tenant share a cached prompt prefix "
                  "(isolation.yaml)", lambda: PrefixCacheKeyDrop(0, across=False), Expect(None), one_tenant,
-                 manager=supplied, layer="isolation"),
+                 steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
                  "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
                  Expect(head, "VERIFY_TOKEN_MISMATCH"), no_share),
