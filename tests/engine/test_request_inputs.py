@@ -142,3 +142,11 @@ def test_records_store_the_writers_namespace(isolation):
         assert written and all(int(records[s, word]) == ns for s in written)
         seen.add(ns)
     assert len(seen) == 2 and m.stats.total == 0
+
+
+def test_from_config_takes_request_inputs_as_an_engine_option(isolation):
+    from kv_canary.engine.config import CanaryConfig
+    m = CanaryManager.from_config(CanaryConfig(mode="log"), layer=isolation, request_inputs=faults.SIM_REQUEST_INPUTS)
+    engine = Engine(SIM, canary=m)
+    engine.run(20)
+    assert m.request_inputs is faults.SIM_REQUEST_INPUTS and m.kernel_runs > 0 and m.stats.total == 0
