@@ -198,6 +198,7 @@ class CanaryManager(Listened):
         """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
         check_engine(engine)
         self.check_request_inputs()
+        self._request_cache = {}  # a new engine's rows and request ids start over
         self.engine = engine
         if not self.enabled:
             return

@@ -128,6 +128,22 @@ def test_the_function_is_asked_once_per_request_and_the_default_schema_never_ask
     assert asked == []
 
 
+def test_a_new_engine_asks_again_for_rows_and_ids_it_reuses(isolation):
+    """A manager attached to one engine after another (transformers: one per run) whose request ids
+    start over: the values of the first engine's requests are not reused for the second's."""
+    salt = {"now": "a"}
+    m = CanaryManager(layer=isolation, mode="log", request_inputs=lambda r: {FIELD: ri.namespace_of(salt["now"])})
+    Engine(SIM, canary=m).run(5)
+    salt["now"] = "b"
+    second = Engine(SIM, canary=m)
+    second.run(5)
+    word = next(f.word for f in isolation.layout.INPUT_FIELDS if f.name == FIELD)
+    records = m.groups[0].bufs["k"].view(torch.int64)
+    req = min(second.running, key=lambda r: r.rid)
+    assert req.rid == 1 and req.matched == 0
+    assert int(records[second.slot_of(req, 0), word]) == ri.namespace_of("b")
+
+
 def test_records_store_the_writers_namespace(isolation):
     """Every record a running request wrote holds its own namespace; the tenants' namespaces differ."""
     m = CanaryManager(layer=isolation, mode="log", request_inputs=faults.SIM_REQUEST_INPUTS)
