@@ -5,6 +5,8 @@ first verify, with its own reason. (Every scenario's verdict, the controls' incl
 tests/demo/test_faults.py::test_scenario.)"""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -13,12 +15,13 @@ from kv_canary.demo.sim import Engine
 from kv_canary.engine.manager import CanaryManager
 
 torch.set_num_threads(1)
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 SCENARIOS = {sc.name: sc for sc in faults.scenarios()}
 
 
-def _until_damage(sc, layer):
+def _until_damage(sc, layer, backend=None):
     """The scenario's run up to and including its damage step, every check on."""
-    manager = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, **sc.manager)
+    manager = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, backend=backend, **sc.manager)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault])
     while fault.damage_step is None and engine.step_no < sc.steps:
@@ -27,10 +30,12 @@ def _until_damage(sc, layer):
     return engine, manager, fault
 
 
-@pytest.mark.parametrize("name", ["cross_tenant_prefix/isolation", "cross_adapter_prefix/isolation"])
-def test_isolation_reports_exactly_the_reused_pages_where_the_default_record_is_blind(name):
+@pytest.mark.parametrize("name, backend", [("cross_tenant_prefix/isolation", "torch"),
+                                           ("cross_adapter_prefix/isolation", "torch"),
+                                           pytest.param("cross_tenant_prefix/isolation", "emulated", marks=needs_gxx)])
+def test_isolation_reports_exactly_the_reused_pages_where_the_default_record_is_blind(name, backend):
     sc = SCENARIOS[name]
-    engine, m, fault = _until_damage(sc, faults.example_layer("isolation"))
+    engine, m, fault = _until_damage(sc, faults.example_layer("isolation"), backend)
     reader, pages = fault.reused
     ps = engine.cfg.page_size
     foreign = {p * ps + i for p in pages for i in range(ps)}
@@ -45,7 +50,7 @@ def test_isolation_reports_exactly_the_reused_pages_where_the_default_record_is_
     assert all(v.stored_token == v.expected_token for v in launch)
     assert sum(n for s, n in m.stats.by_step.items() if s < fault.damage_step) == 0
     # The same run under the default schema, every check on: the same reuse, nothing reported.
-    _, blind, same = _until_damage(sc, None)
+    _, blind, same = _until_damage(sc, None, backend)
     assert (same.damage_step, same.reused[0].rid, same.reused[1]) == (fault.damage_step, reader.rid, pages)
     assert blind.check_verify_expected_token and blind.real_kv_hash_mode.name == "ALL"
     assert blind.stats.total == 0
