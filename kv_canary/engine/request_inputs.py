@@ -84,7 +84,9 @@ def vllm_request_namespace(req, *, multimodal: bool = False) -> int:
     multimodal input hashes. No adapter, salt or media: DEFAULT_NAMESPACE.
 
     vLLM keys every block on the adapter and (through the chained block hash) on the salt: both are
-    request-wide, as a namespace is. A multimodal hash keys only the blocks from the input's
+    request-wide, as a namespace is. vLLM's key names the adapter by `lora_name` (older versions by
+    `lora_int_id`); the namespace takes both, so an adapter reloaded under its old name with a new id
+    reusing the blocks its previous weights wrote is reported too. A multimodal hash keys only the blocks from the input's
     placeholder on, so two requests with the same text and different images correctly share the text
     blocks before the images: a request-wide namespace with the hashes would report that sharing.
     Turn `multimodal` on only where every prompt puts its media before any text it shares."""
