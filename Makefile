@@ -81,7 +81,8 @@ gpu-check:
 	PYTHONUNBUFFERED=1 PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py $(OUT)
 
 # Reference vs scalar oracle (issue 3 §4), the host cost of launches and of the manager's steps on
-# this CPU (issue 14), the fleet step's cost on 2 gloo ranks (issue 10), the canary's host time per
+# this CPU (issue 14) and isolation.yaml's against kernels.yaml's on the same steps (issue 29), the
+# fleet step's cost on 2 gloo ranks (issue 10), the canary's host time per
 # step on HF transformers' continuous batching (issue 22), then the GPU benchmarks
 # where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)

@@ -14,6 +14,9 @@ optionally writes JSON. Every figure below is measured in one run.
    4 x 8,192-token prefill batch, and at a reduced size on the emulated backend; split into kernel
    time (the reference's operations, the emulated launches) and host overhead (everything else).
    Goal: decode host overhead <= 0.70 ms per step.
+3. The schema's cost: the same manager steps under kernels.yaml and kv_canary/schemas/isolation.yaml
+   (a cache_namespace word, chained and verified per request), step time and the launches' kernel
+   time of each, and their ratio.
 
 Timings are the best mean of interleaved batches (this is a shared machine: the best batch is the
 least disturbed one), medians for whole steps.
@@ -152,6 +155,44 @@ def manager_costs(*, quick: bool) -> list:
     return out
 
 
+def schema_costs(*, quick: bool) -> list:
+    """The same manager steps under kernels.yaml and kv_canary/schemas/isolation.yaml (one more record
+    word, chained and verified per request: the cost of closing the prefix-cache isolation gap),
+    interleaved twice; per schema the lower of the two medians."""
+    import manager_steps as ms
+
+    from kv_canary.layer.schemas import example_schema, generate_layer
+
+    isolation = generate_layer(example_schema("isolation"))
+    runs = [("torch", "decode", 256, 16 if quick else 64, 3 if quick else 6),
+            ("torch", "prefill", 4, 1024 if quick else 4096, 2 if quick else 3)]
+    if shutil.which("g++") is not None:
+        runs += [("emulated", "decode", 64, 16, 3), ("emulated", "prefill", 4, 256 if quick else 1024, 2)]
+    out = []
+    for backend, kind, requests, tokens, steps in runs:
+        best: dict = {}
+        for _ in range(2):
+            for name, layer in (("kernels.yaml", None), ("isolation.yaml", isolation)):
+                clock = ms.KernelClock(runtime_for(layer or LAYER), backend)
+                r = ms.measure(kind, requests=requests, tokens=tokens, steps=steps, backend=backend, device="cpu",
+                               clock=clock, layer=layer)
+                keep = best.get(name)
+                if keep is None or r["step_ms_median"] < keep["step_ms_median"]:
+                    best[name] = r
+        d, i = best["kernels.yaml"], best["isolation.yaml"]
+        row = {"backend": backend, "kind": kind, "requests": requests, "tokens": tokens,
+               "default_step_ms": d["step_ms_median"], "isolation_step_ms": i["step_ms_median"],
+               "default_kernel_ms": d["in_launch_calls_ms_median"], "isolation_kernel_ms": i["in_launch_calls_ms_median"]}
+        row["step_ratio"] = row["isolation_step_ms"] / row["default_step_ms"]
+        row["kernel_ratio"] = row["isolation_kernel_ms"] / max(row["default_kernel_ms"], 1e-9)
+        what = (f"decode {requests} x {tokens:,} prefix" if kind == "decode" else f"prefill {requests} x {tokens:,}")
+        print(f"  {backend:<8} {what:<26} step {row['default_step_ms']:7.2f} -> {row['isolation_step_ms']:7.2f} ms "
+              f"({row['step_ratio']:.2f}x); write+verify+plan {row['default_kernel_ms']:7.2f} -> "
+              f"{row['isolation_kernel_ms']:7.2f} ms ({row['kernel_ratio']:.2f}x)", flush=True)
+        out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write the results here")
@@ -167,8 +208,13 @@ def main(argv=None) -> int:
     if not args.launches_only:
         print(f"manager host cost per step (goal: decode host overhead <= {MANAGER_GOAL_MS:.2f} ms):")
         steps = manager_costs(quick=args.quick)
+    schemas = []
+    if not args.launches_only:
+        print("schema cost, same work: kernels.yaml -> kv_canary/schemas/isolation.yaml (cache_namespace: one more "
+              "word, chained, verified per request; manager step median, and its launches' kernel time):")
+        schemas = schema_costs(quick=args.quick)
     if args.json:
-        args.json.write_text(json.dumps({"launches": rows, "manager_steps": steps}, indent=2))
+        args.json.write_text(json.dumps({"launches": rows, "manager_steps": steps, "schemas": schemas}, indent=2))
     return 0
 
 

@@ -23,6 +23,8 @@ import torch
 
 from kv_canary.demo.sim.pool import KvStorage
 from kv_canary.engine.manager import CanaryManager, KvPoolView
+from kv_canary.engine.request_inputs import namespace_of
+from kv_canary.layer.loader import default_layer
 
 LAYERS = 2          # K and V tensors per layer, all fingerprinted (mode ALL)
 BYTES_PER_TOKEN = 64
@@ -130,9 +132,13 @@ class KernelClock:
         return timed
 
 
-def manager_for(engine: StepEngine, backend: str) -> CanaryManager:
+def manager_for(engine: StepEngine, backend: str, layer=None) -> CanaryManager:
+    """Mode raise, every check on; `layer`: another schema's (its request_input fields get a namespace
+    per request, four tenants)."""
+    fields = [f.name for f in (layer or default_layer()).layout.INPUT_FIELDS if f.source == "request_input"]
     m = CanaryManager(mode="raise", real_kv_hash_mode="ALL", sweep_interval=0, backend=backend,
-                      check_verify_expected_token=True, ring_capacity=1024)
+                      check_verify_expected_token=True, ring_capacity=1024, layer=layer,
+                      request_inputs=lambda r: {name: namespace_of("tenant", r.rid % 4) for name in fields})
     m.attach(engine)
     engine.tell_tokens(m)
     return m
@@ -146,17 +152,17 @@ def run_step(manager: CanaryManager, batch) -> None:
 
 
 def measure(kind: str, *, requests: int, tokens: int, steps: int, backend: str, device,
-            sync=lambda: None, clock: KernelClock | None = None) -> dict:
+            sync=lambda: None, clock: KernelClock | None = None, layer=None) -> dict:
     """Host seconds per step of a `kind` ("decode": `tokens` prefix tokens per request, one appended per
     step; "prefill": `tokens` written per request per step), best and median over `steps` steps."""
     if kind == "decode":
         engine = StepEngine(requests=requests, max_ctx=tokens + steps + 2, device=device)
-        manager = manager_for(engine, backend)
+        manager = manager_for(engine, backend, layer)
         run_step(manager, engine.batch(0, prefix=0, extend=tokens))  # untimed: writes every prefix
         shape = lambda s: dict(prefix=tokens + s, extend=1)  # noqa: E731
     else:
         engine = StepEngine(requests=requests, max_ctx=tokens, device=device)
-        manager = manager_for(engine, backend)
+        manager = manager_for(engine, backend, layer)
         shape = lambda s: dict(prefix=0, extend=tokens)  # noqa: E731
     run_step(manager, engine.batch(1, **shape(0)))  # warm-up: compiles, allocates, prepares the launches
     times, kernel, launches = [], [], []

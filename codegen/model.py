@@ -72,6 +72,9 @@ INPUT_VALUE_SOURCES = {
     "request_id": ("per_request",),           # the id of the request that writes the slot
     "allocation_epoch": ("per_slot",),        # the allocator's epoch of the slot
     "caller_table": ("per_slot",),            # a per-slot table the caller hands the manager
+    "request_input": ("per_request",),        # a per-request value the engine integration supplies
+                                              # (request_inputs=fn(request) -> {field: int}): written as
+                                              # the writer's, verified as every reader's, prefix hits too
 }
 
 # Launch tags (CanaryLaunchTag, stamped into every violation row): the coordinates of a launch in

@@ -159,6 +159,9 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
     out.write(report.SCENARIO_CANARY + "\n")
     results = _run_scenarios(chosen, 45, out, lambda sc: faults.run_scenario(
         sc, backend=args.backend, device=device, metrics_registry=registry))
+    isolation = report.isolation_summary(results)
+    if isolation is not None:
+        out.write(isolation + "\n\n")
     real = _real_engine_section(args, canary, device, registry, out, real_clean, real_chosen)
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
     ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)

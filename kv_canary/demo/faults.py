@@ -15,6 +15,7 @@ import torch
 
 from ..engine.config import ENV_VARS, FLAG_REAL_KV_DATA
 from ..engine.manager import CanaryManager
+from ..engine.request_inputs import namespace_inputs, vllm_request_namespace
 from ..engine.violations import Violation, sglang_reason_name
 from ..layer.schemas import example_schema, generate_layer
 from .sim import Engine, SimConfig
@@ -23,6 +24,16 @@ from .sim import Engine, SimConfig
 def owner_epoch_layer(cache_dir=None):
     """The layer of the shipped example schema owner_epoch.yaml (generated once into the cache)."""
     return generate_layer(example_schema("owner_epoch"), cache_dir)
+
+
+def example_layer(name: str, cache_dir=None):
+    """The layer of a shipped example schema (None for "default": the manager's default layer)."""
+    return None if name == "default" else generate_layer(example_schema(name), cache_dir)
+
+
+# What the simulation's engine integration supplies to request_input fields: the namespace of each
+# request from its cache salt and LoRA adapter (the sim's requests carry vLLM's attribute names).
+SIM_REQUEST_INPUTS = namespace_inputs(vllm_request_namespace)
 
 
 # -- faults -----------------------------------------------------------------------------------
@@ -262,6 +273,54 @@ class StaleTransfer(Fault):
                          f"{r2.rid}'s host copy ({what})")
 
 
+class PrefixCacheKeyDrop(Fault):
+    """The prefix cache's key drops the request's namespace (cache salt, LoRA adapter): a keying bug, or
+    a KV connector that loads blocks by token hash alone. A request then reuses another tenant's pages
+    of the same tokens: tokens, positions, chain and K/V bytes all match, so only a namespace field
+    (isolation.yaml) shows it. The damage step is the first admission of a request whose prompt prefix
+    another namespace has cached: with drop=False (correct keying) it takes none of those pages; with
+    across=False (controls) the hit is any prefix reuse within the request's own namespace."""
+
+    def __init__(self, start: int, drop: bool = True, across: bool = True):
+        super().__init__(start)
+        self.drop, self.across = drop, across
+        self.reused: Optional[tuple] = None  # (the request, the foreign pages it took) at the damage step
+
+    def before_schedule(self, engine) -> None:
+        if engine.step_no >= self.start:
+            engine.radix.keyed = not self.drop
+
+    def edit_batch(self, engine, batch) -> None:
+        if not self.armed(engine):
+            return
+        for row, req in enumerate(batch.requests):
+            if req is None or req.kv_len != req.matched or int(batch.prefix_lens[row]) != req.matched:
+                continue  # only a request's first batch after admission
+            if self.across:
+                foreign = [n for n in req.nodes if n.namespace != req.namespace]
+                others = [ns for ns in engine.radix.roots if ns != req.namespace and
+                          engine.radix.peek(req.tokens[:len(req.tokens) - 1], ns)]
+                if foreign:
+                    self.reused = (req, [n.page for n in foreign])
+                    return self.hit(engine, f"request {req.rid} ({_tenant(req)}) reuses {len(foreign)} page(s) that "
+                                            f"{_tenant(foreign[0])} cached, for the same tokens")
+                if others and not self.drop:
+                    return self.hit(engine, f"request {req.rid} ({_tenant(req)}) shares a prompt prefix with pages "
+                                            f"another tenant cached; correct keying gives it none of them")
+            elif req.nodes:
+                return self.hit(engine, f"request {req.rid} ({_tenant(req)}) reuses {len(req.nodes)} page(s) its "
+                                        f"own tenant cached")
+
+
+def _tenant(obj) -> str:
+    """A request's or a radix node's namespace, as the demo prints it."""
+    ns = obj.namespace
+    if ns is None:
+        return "no tenant"
+    adapter, salt = ns
+    return f"cache_salt {salt!r}" if adapter is None else f"adapter {adapter.lora_name!r}"
+
+
 # -- scenarios --------------------------------------------------------------------------------
 # The checks an expected fail reason needs: {reason: (the check, its CanaryManager option, the values that
 # turn it on)}; and how the demo's user sets that option: (the flag or variable as typed, a value's spelling).
@@ -311,7 +370,7 @@ class Scenario:
     sim: SimConfig
     steps: int = 48
     manager: dict = field(default_factory=dict)   # CanaryManager keyword overrides
-    layer: str = "default"                        # or "owner_epoch"
+    layer: str = "default"                        # or an example schema: "owner_epoch", "isolation"
 
 
 @dataclass
@@ -347,10 +406,14 @@ class ScenarioResult:
 BASE = SimConfig(seed=11, num_pages=40, page_size=4, max_running=4, chunk_size=8, prompt_len=(6, 24),
                  output_len=(6, 20), num_system_prompts=2, system_prompt_len=10, swa_window=8)
 SWEEP = 6
+PREFIX_STEPS = 30  # the prefix-cache scenarios: the first cross-tenant (or same-tenant) hit comes by step 15
 
 
 def scenarios() -> list[Scenario]:
     no_share = replace(BASE, radix_cache=False, num_swa_layers=0)
+    tenants = replace(BASE, tenants=2)
+    one_tenant = replace(BASE, tenants=1)
+    supplied = {"request_inputs": SIM_REQUEST_INPUTS}  # both schemas get it; only isolation.yaml has the field
     chunked = replace(BASE, chunk_size=5, prompt_len=(14, 24))
     head, tail, sweep = ("head", "k", "full"), ("tail", "k", "full"), ("sweep", "k", "full")  # Expect.launch
     chain, real_kv = "VERIFY_CHAIN_HASH_MISMATCH", "VERIFY_REAL_KV_HASH_MISMATCH"
@@ -393,6 +456,23 @@ def scenarios() -> list[Scenario]:
         Scenario("stale_transfer/owner_epoch", "same bug, kv_canary/schemas/owner_epoch.yaml: the owner id differs",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(head, "VERIFY_OWNER_MISMATCH"), no_share,
                  layer="owner_epoch"),
+        Scenario("cross_tenant_prefix/default_schema", "the prefix cache drops the cache salt from its key: a "
+                 "tenant reuses another tenant's cached prompt prefix (same tokens, positions, chain, K/V bytes)",
+                 lambda: PrefixCacheKeyDrop(0), Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied),
+        Scenario("cross_tenant_prefix/isolation", "same bug, kv_canary/schemas/isolation.yaml: the reader's "
+                 "namespace differs from the writer's", lambda: PrefixCacheKeyDrop(0),
+                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), tenants, steps=PREFIX_STEPS, manager=supplied,
+                 layer="isolation"),
+        Scenario("cross_adapter_prefix/isolation", "the prefix cache drops the LoRA adapter from its key: a "
+                 "request attends to another adapter's K/V (isolation.yaml)", lambda: PrefixCacheKeyDrop(0),
+                 Expect(head, "VERIFY_NAMESPACE_MISMATCH"), replace(tenants, tenant_kind="lora"), steps=PREFIX_STEPS,
+                 manager=supplied, layer="isolation"),
+        Scenario("cross_tenant_prefix/correct_keying", "control: the key keeps the cache salt, tenants sharing "
+                 "a prompt prefix do not share pages (isolation.yaml)", lambda: PrefixCacheKeyDrop(0, drop=False),
+                 Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
+        Scenario("same_tenant_prefix/isolation", "control: requests of one tenant share a cached prompt prefix "
+                 "(isolation.yaml)", lambda: PrefixCacheKeyDrop(0, across=False), Expect(None), one_tenant,
+                 steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
                  "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
                  Expect(head, "VERIFY_TOKEN_MISMATCH"), no_share),
@@ -404,8 +484,8 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
     `stop_after_detection`: end two steps after the first violation (the judgement is the same, the
     totals cover the steps run); controls always run every step."""
-    if layer is None and sc.layer == "owner_epoch":
-        layer = owner_epoch_layer()
+    if layer is None:
+        layer = example_layer(sc.layer)
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
     fault = sc.make_fault()

@@ -54,7 +54,7 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
     log.addHandler(lines)
     log.setLevel(logging.INFO)
     log.propagate = False   # the parent prints the fleet's view; ranks print nothing themselves
-    layer = faults.owner_epoch_layer() if sc.layer == "owner_epoch" else None
+    layer = faults.example_layer(sc.layer)
     manager = CanaryManager(layer=layer, backend=demo.backend, **{**demo.manager, **sc.manager})
     fault = sc.make_fault() if rank == FAULT_RANK else None
     engine = Engine(sc.sim, canary=manager, hooks=[fault] if fault else [], device=demo.device)

@@ -34,6 +34,23 @@ def table_rows(results) -> list[tuple[str, ...]]:
              "-" if r.first is None else r.first.log_line()) for r in results]
 
 
+# The prefix-cache isolation story (kv_canary/schemas/isolation.yaml): the same faulty run under each schema.
+ISOLATION_PAIR = ("cross_tenant_prefix/default_schema", "cross_tenant_prefix/isolation")
+
+
+def isolation_summary(results) -> Optional[str]:
+    """One line on the cross-tenant prefix reuse under both schemas, when both ran: the default record
+    is blind to it, isolation.yaml's namespace field catches it (None when either did not run)."""
+    by_name = {r.scenario.name: r for r in results}
+    if not all(name in by_name for name in ISOLATION_PAIR):
+        return None
+    blind, caught = (by_name[n] for n in ISOLATION_PAIR)
+    said = (f"default schema {'blind' if blind.first is None else 'NOT blind'} ({blind.violations} violations), "
+            f"isolation schema {'catches it' if caught.first is not None else 'MISSES it'}")
+    where = "" if caught.first is None else f": {caught.detected_by} at step {caught.first.step}, {caught.detail}"
+    return f"prefix-cache isolation (a tenant reuses another tenant's cached prefix, same run): {said}{where}"
+
+
 CONSOLE_WIDTH = 120  # the console listing's width; the report's table keeps every full row
 
 
@@ -131,6 +148,9 @@ def write_report(results, clean: dict, out_dir: Path, real: Optional[dict] = Non
            f"with a radix-shared prefix: {clean['shared']}, SWA window: {clean['swa_window']}",
            f"- backend: {clean['backend']}, kernel launches: {clean['kernel_runs']}, "
            f"violations: **{clean['violations']}**", "", "## Scenarios", "", *_table_md(results)]
+    isolation = isolation_summary(results)
+    if isolation is not None:
+        out += ["", isolation + " (kv_canary/schemas/isolation.yaml, docs/schema-change.md)."]
     if real.get("skipped"):
         out += ["", "## Real engine: HF transformers", "", f"Skipped: {real['skipped']}"]
     elif real:

@@ -90,9 +90,14 @@ def model():
 
 def run(manager: CanaryManager, workload: Workload = WORKLOAD, hooks=()):
     """One guarded generate_batch; returns (canary handle, outputs)."""
+    return run_with(manager, workload, hooks)
+
+
+def run_with(manager: CanaryManager, workload: Workload = WORKLOAD, hooks=(), **attach_options):
+    """`run` with attach's other options (request_inputs for a schema with request_input fields)."""
     from ..integrations.transformers import attach
     m = model()
-    canary = attach(m, manager, hooks=hooks)
+    canary = attach(m, manager, hooks=hooks, **attach_options)
     try:
         outputs = generate(m, workload)
     finally:

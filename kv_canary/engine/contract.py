@@ -113,7 +113,8 @@ class EngineLimits(Protocol):
 
 
 class Request(Protocol):
-    """One running request as a batch row names it."""
+    """One running request as a batch row names it (also what `CanaryManager(request_inputs=fn)` hands
+    `fn` for a schema's request_input fields: the engine's own request object may be it)."""
     rid: int                       # request id (> 0), what a schema's `request_id` field stores
     row: int                       # its request row (1 .. req_rows-1)
     matched: int                   # prefix tokens it took from a prefix cache (0: it wrote every slot itself)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -32,6 +32,7 @@ from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
 from .reporting import SWEEP_PHASE, ViolationReporter
+from .request_inputs import check_request_values
 from .staging import HostStaging
 from .violations import Violation, ViolationGroup, group_cascades
 
@@ -71,7 +72,7 @@ class CanaryManager(Listened):
                  chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
                  fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
                  enable_write_input_assert: bool = False, enable_mha_v: bool = True,
-                 stats_print_every_n_steps: int = 0):
+                 stats_print_every_n_steps: int = 0, request_inputs: Optional[Callable] = None):
         self.mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
@@ -107,13 +108,18 @@ class CanaryManager(Listened):
         self._per_request = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_request"]
         self._per_slot = [f.name for f in self.L.INPUT_FIELDS if f.verify_expected == "per_slot"]
         self.caller_tables = check_caller_tables(self.L, caller_tables)
+        # request_input fields: request_inputs(request) -> {field: int}, called once per request
+        # (kv_canary.engine.request_inputs); checked at attach.
+        self.request_inputs = request_inputs
+        self._request_fields = tuple(f.name for f in self.L.INPUT_FIELDS if f.source == "request_input")
+        self._request_cache: dict = {}  # request row -> (rid, its request_input values)
         self._no_stats = CanaryStats()
 
     @classmethod
     def from_config(cls, config, **engine_options) -> "CanaryManager":
         """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
         included) and the engine-side ones given here (layer, backend, fingerprint_layers,
-        caller_tables, chain_position_assert, keep_violations)."""
+        caller_tables, request_inputs, chain_position_assert, keep_violations)."""
         from .config import CanaryConfig
 
         if not isinstance(config, CanaryConfig):
@@ -192,6 +198,8 @@ class CanaryManager(Listened):
     def attach(self, engine) -> None:
         """Allocate every buffer, plan and context for `engine`'s pools (once, at fixed capacity)."""
         check_engine(engine)
+        self.check_request_inputs()
+        self._request_cache = {}  # a new engine's rows and request ids start over
         self.engine = engine
         if not self.enabled:
             return
@@ -221,6 +229,17 @@ class CanaryManager(Listened):
                                     reason_counts=self.reason_counts, keep_violations=self.keep_violations,
                                     canary_bufs=self._buf_of_tag)
         self.monitor = RuntimeMonitor(self)
+
+    def check_request_inputs(self) -> None:
+        """A schema with request_input fields needs the function that supplies them (at attach, before
+        anything is allocated; an engine adapter may call it sooner)."""
+        if self._request_fields and self.request_inputs is None:
+            raise ValueError(f"kv-canary: the schema's request_input field(s) {', '.join(self._request_fields)} need "
+                             f"their per-request values: pass request_inputs=fn(request) -> {{field: int}} "
+                             f"(kv_canary.engine.request_inputs has namespace_of and vllm_request_namespace)")
+        if self.request_inputs is not None and not callable(self.request_inputs):
+            raise ValueError(f"kv-canary: request_inputs must be a function request -> {{field: int}}, got "
+                             f"{self.request_inputs!r}")
 
     def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
         """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
@@ -255,7 +274,7 @@ class CanaryManager(Listened):
             swa_window_size=pool.window, full_to_swa_index_mapping=pool.full_to_pool,
             verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]),
             req_to_verify_expected_tokens=self.req_pool, req_to_verify_expected_tokens_valid_lens=self._valid_lens,
-            kv_token_id_vs_position_offset=0, extra_request_values={n: self._owners for n in self._per_request},
+            kv_token_id_vs_position_offset=0, extra_request_values={n: self._row_values[n] for n in self._per_request},
             backend=b)
         tables = {n: g.slot_tables[n] for n in self._per_slot}
         layouts = check_storage_layouts(name, storage)
@@ -312,7 +331,10 @@ class CanaryManager(Listened):
         # No request extends by more than max_ctx tokens in one step; padding rows add one each.
         self.token_capacity = self.write_capacity * cfg.max_ctx
         self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
-        self._owners = fixed(self.write_capacity)       # per batch row: expected per_request value
+        # Per batch row, per input field with a per-request value: what per_request verifies expect and
+        # what request_input fields write.
+        per_row = dict.fromkeys(self._per_request + list(self._request_fields))
+        self._row_values = {name: fixed(self.write_capacity) for name in per_row}
         # The write's input assert: what each batch token should be (no inputs when the assert is off).
         names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
         self._expected = {name: fixed(self.token_capacity) for name in names}
@@ -327,7 +349,8 @@ class CanaryManager(Listened):
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
         sweep_cap = max(p.storage.num_slots for p in pools.values())
-        self._stage = HostStaging(max(4 * sweep_cap, 2 * self.write_capacity, cfg.max_ctx + 3), self.device)
+        rows_per_step = (1 + len(self._row_values)) * self.write_capacity  # prepare: valid lengths + row values
+        self._stage = HostStaging(max(4 * sweep_cap, rows_per_step, cfg.max_ctx + 3), self.device)
 
     # -- expected-token pool ----------------------------------------------------------------
     def on_tokens(self, row: int, start: int, tokens: list[int]) -> None:
@@ -362,11 +385,35 @@ class CanaryManager(Listened):
             raise ValueError(f"kv-canary: a batch may hold at most {self.write_capacity} rows and "
                              f"{self.token_capacity} tokens (fixed at attach), got {bs} rows and {n} tokens")
         valid = [self._valid_len[r.row] if r is not None else 0 for r in batch.requests]
-        # UNKNOWN disables the owner check: padding rows, and requests whose prefix came from the radix
-        # cache (those slots were written, and are owned, by an earlier request).
-        owners = [r.rid if r is not None and not r.matched else self.L.UNKNOWN for r in batch.requests]
-        self._stage.upload([(valid, self._valid_lens), (owners, self._owners)])
+        self._stage.upload([(valid, self._valid_lens)] + [(values, self._row_values[name])
+                                                          for name, values in self._per_row_values(batch).items()])
         self.monitor.forwards += 1
+
+    def _per_row_values(self, batch) -> dict:
+        """Per batch row, the value of each input field with a per-request value (UNKNOWN: no check)."""
+        unknown, out = self.L.UNKNOWN, {}
+        sources = {f.name: f.source for f in self.L.INPUT_FIELDS}
+        supplied = [self._supplied(r) if r is not None else None for r in batch.requests] \
+            if self._request_fields else []
+        for name in self._row_values:
+            if sources[name] == "request_input":
+                # Every entry a request reads, prefix-cache hits included, is checked against the
+                # reader's own value: a hit across namespaces is what the field is there to catch.
+                i = self._request_fields.index(name)
+                out[name] = [values[i] if values is not None else unknown for values in supplied]
+            else:
+                # UNKNOWN disables the owner check: padding rows, and requests whose prefix came from the
+                # radix cache (those slots were written, and are owned, by an earlier request).
+                out[name] = [r.rid if r is not None and not r.matched else unknown for r in batch.requests]
+        return out
+
+    def _supplied(self, request) -> tuple:
+        """The request's request_input values, asked once per request (kept while it holds its row)."""
+        cached = self._request_cache.get(request.row)
+        if cached is None or cached[0] != request.rid:
+            cached = (request.rid, check_request_values(self.request_inputs(request), self._request_fields, request))
+            self._request_cache[request.row] = cached
+        return cached[1]
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
@@ -416,9 +463,10 @@ class CanaryManager(Listened):
             buf[bs:].fill_(0 if buf is not self._req_pool_indices else self.L.REQ_POOL_IDX_PADDING)
         self._input_ids[:n].copy_(batch.input_ids)
         self._positions[:n].copy_(batch.positions)
+        rows = self._token_rows(batch) if self._request_fields else None
         for g in self.groups:
             g.out_cache_loc[:n].copy_(g.pool.out_cache_loc(batch))
-            self._write_inputs(g, batch, g.out_cache_loc[:n])
+            self._write_inputs(g, batch, g.out_cache_loc[:n], rows)
 
     def _verify_and_write(self, phase: str, batch) -> None:
         for kind in ("verify", "write"):  # the phase's verifies read the records before its writes change them
@@ -444,13 +492,24 @@ class CanaryManager(Listened):
         self._expected["expected_input_tokens"][:n].copy_(torch.where(known, tokens, batch.input_ids))
         self._expected["expected_input_positions"][:n].copy_(positions)
 
-    def _write_inputs(self, g: _Group, batch, locs: torch.Tensor) -> None:
+    def _token_rows(self, batch) -> torch.Tensor:
+        """The batch row of each token, on the device (as the write plan assigns them: padding rows own
+        no tokens, so a padding token gets the last row; nothing writes it)."""
+        n, bs = int(batch.input_ids.shape[0]), batch.bs
+        active = batch.req_pool_indices != self.L.REQ_POOL_IDX_PADDING
+        ends = torch.cumsum(torch.where(active, batch.extend_seq_lens, torch.zeros_like(batch.extend_seq_lens)), 0)
+        flat = torch.arange(n, dtype=ends.dtype, device=self.device)
+        return torch.searchsorted(ends, flat, right=True).clamp_(max=bs - 1)
+
+    def _write_inputs(self, g: _Group, batch, locs: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
         """Per-token values of the schema's input fields, computed on the device into fixed buffers."""
         n = int(locs.shape[0])
         for f in self.L.INPUT_FIELDS:
             buf = g.token_inputs[f.name][:n]
             if f.source == "request_id":
                 buf.copy_(batch.token_rids)
+            elif f.source == "request_input":  # the writing request's value
+                torch.index_select(self._row_values[f.name], 0, rows, out=buf)
             else:  # a per-slot table (allocation epoch, caller table) at the written slot; 0 for skipped slots
                 torch.index_select(g.slot_tables[f.name], 0, locs.clamp(0, g.num_slots - 1), out=buf)
                 buf.masked_fill_((locs < 0) | (locs >= g.num_slots), 0)

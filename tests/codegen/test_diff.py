@@ -318,13 +318,16 @@ def test_cli_diff_of_files_reports_schema_errors(tmp_path, capsys):
 
 
 # -- docs/schema-change.md shows real output ---------------------------------------------------
-EPOCH_EDIT = (
-    STRIDE_64,
+# The isolation namespace of kv_canary/schemas/isolation.yaml, as an edit of kernels.yaml.
+SCHEMA_CHANGE_EDIT = (
+    ("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
     ("      - {name: real_kv_hash, role: kv_fingerprint}\n",
      "      - {name: real_kv_hash, role: kv_fingerprint}\n"
-     "      - {name: epoch, role: input, source: allocation_epoch,\n"
-     "         verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n"),
-    ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n"),
+     "      - {name: cache_namespace, role: input, source: request_input,\n"
+     "         verify: {expected: per_request, fail_reason: VERIFY_NAMESPACE_MISMATCH},\n"
+     "         doc: \"64-bit namespace of the writing request (adapter, cache salt, media); checked against each reader's\"}\n"),
+    ("fold: [token, position]}", "fold: [token, position, cache_namespace]}"),
+    ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_NAMESPACE_MISMATCH: {value: 128, kind: verify}\n"),
 )
 
 
@@ -337,27 +340,40 @@ def test_schema_change_doc_is_real():
     from kv_canary.codegen.render import render_all, split_header
 
     doc = (ROOT / "docs" / "schema-change.md").read_text(encoding="utf-8")
-    new_text = edit(*EPOCH_EDIT)
+    new_text = edit(*SCHEMA_CHANGE_EDIT)
     bumped_text = edit(("abi_version: 1", "abi_version: 2"), text=new_text)
+    # The shipped example is this change (its own header comment and abi_version aside).
+    example = (ROOT / "kv_canary" / "schemas" / "isolation.yaml").read_text(encoding="utf-8")
+    assert example[example.index("format: 1"):] == bumped_text[bumped_text.index("format: 1"):]
     # The schema edit shown is the one replayed here.
-    schema_diff, layout_diff = _fenced(doc, "diff")
+    schema_diff, layout_diff, kernels_diff = _fenced(doc, "diff")[:3]
     for line in schema_diff.splitlines():
         if line.startswith("+"):
             assert line[1:] in new_text.splitlines(), line
+        elif line.startswith("-"):
+            assert line[1:] in BASE.splitlines() and line[1:] not in new_text.splitlines(), line
     # Both ABI reports, verbatim.
     old = load_schema_text(BASE)
     for text in (new_text, bumped_text):
         report = format_markdown(diff_schemas(old, load_schema_text(text), "HEAD:kernels.yaml", "kernels.yaml"))
         assert report in doc
+    rendered = {name: {f.path: split_header(f.text)[1].splitlines() for f in render_all(load_schema_text(t), t)}
+                for name, t in (("before", BASE), ("after", bumped_text))}
+
+    def check(diff: str, before: list, after: list) -> None:
+        for line in diff.splitlines():
+            if line.startswith(("---", "+++", "@@")):
+                continue
+            if line.startswith("-"):
+                assert line[1:] in before and line[1:] not in after, line
+            elif line.startswith("+"):
+                assert line[1:] in after and line[1:] not in before, line
+            elif line.startswith(" "):
+                assert line[1:] in before and line[1:] in after, line
     # The LAYOUT.md lines shown are in the old (-) and new (+) LAYOUT.md bodies.
-    def layout(text: str) -> list[str]:
-        files = render_all(load_schema_text(text), text)
-        return split_header(next(f.text for f in files if f.path == "LAYOUT.md"))[1].splitlines()
-    before, after = layout(BASE), layout(bumped_text)
-    for line in layout_diff.splitlines():
-        if line.startswith("-"):
-            assert line[1:] in before and line[1:] not in after, line
-        elif line.startswith("+"):
-            assert line[1:] in after and line[1:] not in before, line
-        elif line.startswith(" "):
-            assert line[1:] in before and line[1:] in after, line
+    check(layout_diff, rendered["before"]["LAYOUT.md"], rendered["after"]["LAYOUT.md"])
+    # The kernel excerpts: each file's lines in its old and new text.
+    for part in kernels_diff.split("--- a/generated/")[1:]:
+        path = part.split("\n", 1)[0]
+        check(part.split("\n", 2)[2], rendered["before"][path], rendered["after"][path])
+    assert kernels_diff.count("--- a/generated/") >= 4

@@ -411,12 +411,12 @@ def _doc() -> str:
 def test_the_documented_job_summary_is_what_pr_report_writes(engine, tmp_path, monkeypatch, capsys):
     import re
 
-    from test_diff import EPOCH_EDIT
+    from test_diff import SCHEMA_CHANGE_EDIT
     doc = _doc()
     shown = doc.split("<!-- job-summary:begin -->\n", 1)[1].split("<!-- job-summary:end -->", 1)[0]
     for k, v in pr_env(tmp_path).items():
         monkeypatch.setenv(k, v)
-    (engine / "canary.yaml").write_text(edit(*EPOCH_EDIT, text=(engine / "canary.yaml").read_text()))
+    (engine / "canary.yaml").write_text(edit(*SCHEMA_CHANGE_EDIT, text=(engine / "canary.yaml").read_text()))
     assert kv_main(["generate"]) == 0
     capsys.readouterr()
     assert kv_main(["pr-report"]) == 2

@@ -209,7 +209,21 @@ CASES = (
            "{expected: per_slot, fail_reason: VERIFY_OWNER_MISMATCH}}\n      - {name: tenant, role: input}\n"),
           ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_OWNER_MISMATCH: {value: 128, kind: verify}\n")],
          ("26:75: error: field 'owner' has source 'request_id', which the runtime can only check with expected: per_request, got 'per_slot'",
-          "27:9: error: field 'tenant' of record 'canary' is missing required key 'source' (what the runtime writes into it: request_id, allocation_epoch, caller_table)")),
+          "27:9: error: field 'tenant' of record 'canary' is missing required key 'source' (what the runtime writes into it: request_id, allocation_epoch, caller_table, request_input)")),
+    Case("input_request_input_per_slot", "A request_input value (the engine's per-request namespace) is checked against "
+         "each reading request's own; a per-slot table cannot serve it, and it is no role of its own.",
+         [("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
+          ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: tenant, role: input, source: request_input, "
+           "verify: {expected: per_slot, fail_reason: VERIFY_NAMESPACE_MISMATCH}}\n"),
+          ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_NAMESPACE_MISMATCH: {value: 128, kind: verify}\n"),
+          ("{name: token, role: token}", "{name: token, role: token, source: request_input}")],
+         ("22:36: error: field 'token' of record 'canary': only fields with role 'input' take a 'source', this one has role 'token'",
+          "26:79: error: field 'tenant' has source 'request_input', which the runtime can only check with expected: per_request, got 'per_slot'")),
+    Case("input_unknown_source", "An input source outside the closed set (a misspelt request_input).",
+         [("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
+          ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: tenant, role: input, source: request_inputs}\n")],
+         ("26:45: error: field 'tenant' of record 'canary' source must be one of request_id, allocation_epoch, caller_table, "
+          "request_input, got 'request_inputs' (did you mean 'request_input'?)",)),
     Case("input_unknown_fail_reason", "A verified input field names a FailReason bit that is not declared.",
          [("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
           ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch, "

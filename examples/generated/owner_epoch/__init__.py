@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: c0bfad25c3bde6690871c4869345d26ae0973af7d87498df1f697ff47e5fe8b0
+# body-sha256: f2c3b3c47bb2be4f8214e76095d947bf145054c7f96cfb32e6627a0edf43fde3
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -36,7 +36,7 @@ FILE_SHA256 = {
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
     "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
     "kernel_abi.py": "756371d833fe298fcd4a7390a437110949dd39a181c2b0d4f049d138f1b4af6d",
-    "layout.py": "46e34a664402de4b8383a8731e94d965643c990d5b75db6a4f392af6ba339134",
+    "layout.py": "6be70e19d2d1082453b8f1183369d8abfc31c3788cc5a3c234ffdc131f57bc93",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }
 

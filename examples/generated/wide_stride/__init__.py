@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 625c711fcba4a0410d593c2dc5ad2feddc2fb43d7377c0b83047904fddab4d44
+# body-sha256: 3641e4ef3138663b05ddbe3bb4150c8f9bed1195fd921b83dbc2e6c65e3f4696
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -36,7 +36,7 @@ FILE_SHA256 = {
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
     "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
     "kernel_abi.py": "0a6d1f0082fa0de1be2ae421a33598a7d4fecde5304d920a96bc9d94204fab7d",
-    "layout.py": "46a6929ff55c7df5aed9838387175239ddc20f45953ede5ee5df8fa062d48dda",
+    "layout.py": "bc2dc284cbd6badb846e32d335270e3a9c5fd94da82ce478bd20ebbd6f2fd2ed",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
 

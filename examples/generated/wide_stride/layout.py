@@ -70,7 +70,8 @@ class InputField:
     chained: bool
     verify_expected: Optional[str]  # "per_request", "per_slot" or None (not verified)
     fail_reason: Optional[str]      # FailReason member raised on mismatch
-    source: str                     # what the manager writes: "request_id", "allocation_epoch" or "caller_table"
+    source: str                     # what the manager writes: "request_id", "allocation_epoch", "caller_table"
+                                    # or "request_input" (docs/schema.md, input sources)
 
 
 INPUT_FIELDS = (

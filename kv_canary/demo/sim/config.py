@@ -29,6 +29,8 @@ class SimConfig:
     radix_cache: bool = True
     spec_draft_tokens: int = 0     # >0: decode proposes this many draft tokens per step
     num_requests: int = 10_000     # arrivals stop after this many
+    tenants: int = 0               # >0: each request belongs to one of this many tenants (prefix cache keyed on it)
+    tenant_kind: str = "cache_salt"  # what tells tenants apart: "cache_salt" or "lora" (an adapter each)
 
     def __post_init__(self) -> None:
         for name in ("num_pages", "page_size", "num_full_layers", "max_running", "max_ctx", "chunk_size",
@@ -46,6 +48,9 @@ class SimConfig:
             raise ValueError(f"SimConfig.prompt_len must satisfy 2 <= lo <= hi and hi + max output + drafts "
                              f"<= max_ctx={self.max_ctx}, got prompt_len={self.prompt_len} "
                              f"output_len={self.output_len}")
+        if self.tenants < 0 or self.tenant_kind not in ("cache_salt", "lora"):
+            raise ValueError(f"SimConfig.tenants must be >= 0 and tenant_kind 'cache_salt' or 'lora', got "
+                             f"tenants={self.tenants} tenant_kind={self.tenant_kind!r}")
         if not 1 <= self.output_len[0] <= self.output_len[1]:
             raise ValueError(f"SimConfig.output_len must satisfy 1 <= lo <= hi, got {self.output_len}")
 

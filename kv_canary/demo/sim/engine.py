@@ -19,6 +19,13 @@ PADDING_ROW = 0   # request row 0 is the padding row (REQ_POOL_IDX_PADDING in ev
 PADDING_SLOT = 0  # slot 0 is the padded-token dummy slot (TOKEN_TO_KV_SLOT_PADDING)
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter as vLLM's LoRARequest names it (what vllm_request_namespace reads)."""
+    lora_name: str
+    lora_int_id: int
+
+
 @dataclass(eq=False)
 class Request:
     rid: int
@@ -31,6 +38,14 @@ class Request:
     nodes: list = field(default_factory=list)           # locked radix nodes
     matched: int = 0                                    # prefix tokens taken from the radix cache
     spec_rejected: int = 0                              # drafts rejected by the last speculative step
+    # The request's tenant, as vLLM names it: what keys the prefix cache besides the tokens.
+    cache_salt: Optional[str] = None
+    lora_request: Optional[Adapter] = None
+
+    @property
+    def namespace(self):
+        """The prefix cache's key besides the tokens (None: shared by every request without one)."""
+        return None if self.cache_salt is None and self.lora_request is None else (self.lora_request, self.cache_salt)
 
     @property
     def num_out(self) -> int:
@@ -102,6 +117,12 @@ class Engine:
             prompt = list(self.rng.choice(self.system_prompts))[:n - 1]
         prompt += [self.rng.randrange(1, c.vocab) for _ in range(n - len(prompt))]
         req = Request(self._next_rid, prompt, self.rng.randint(*c.output_len), tokens=list(prompt))
+        if c.tenants:  # drawn only then: a config without tenants keeps its random stream
+            k = self.rng.randrange(c.tenants)
+            if c.tenant_kind == "cache_salt":
+                req.cache_salt = f"tenant-{k}"
+            else:
+                req.lora_request = Adapter(f"adapter-{k}", k + 1)
         self._next_rid += 1
         return req
 
@@ -124,7 +145,7 @@ class Engine:
         while self.waiting and self.free_rows:
             req = self.waiting[0]
             # Leave at least one token to extend, as a serving engine must.
-            path = self.radix.match(req.tokens[:len(req.tokens) - 1]) if self.radix is not None else []
+            path = self.radix.match(req.tokens[:len(req.tokens) - 1], req.namespace) if self.radix is not None else []
             if not self._fits(req, len(path)):
                 break  # admission control: running requests must be able to finish
             if self.radix is not None:
@@ -159,7 +180,7 @@ class Engine:
             self.radix.lock(req.nodes, -1)
             if cache:
                 full = req.kv_len - req.kv_len % self.cfg.page_size
-                self.radix.insert(req.tokens[:full], req.pages)
+                self.radix.insert(req.tokens[:full], req.pages, req.namespace)
         self.alloc.unref(req.pages)
         req.pages, req.nodes = [], []
         self.free_rows.append(req.row)
@@ -357,7 +378,7 @@ class Engine:
             return slots, positions, tokens, prevs
         ps = self.cfg.page_size
         for node in self.radix.nodes():
-            parent_last = node.parent.page * ps + ps - 1 if node.parent is not self.radix.root else -1
+            parent_last = node.parent.page * ps + ps - 1 if node.depth > 1 else -1
             for i, tok in enumerate(node.key):
                 s = node.page * ps + i
                 slots.append(s)

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from typing import Optional
+from typing import Callable, Optional
 
 from ...engine.manager import CanaryManager
 from .engine import Batch, PagedKvStorage, TransformersEngine
@@ -239,21 +239,33 @@ class TransformersCanary:
 
 
 def attach(model, manager: Optional[CanaryManager] = None, *, max_requests: Optional[int] = None,
-           max_context: Optional[int] = None, hooks=()) -> TransformersCanary:
+           max_context: Optional[int] = None, request_inputs: Optional[Callable] = None,
+           hooks=()) -> TransformersCanary:
     """Guard every continuous-batching run of `model` (a transformers model with `generate_batch`).
 
     manager: the CanaryManager (default: `CanaryManager()`, every check on; `CanaryManager.from_config`
     for SGLang's flags and defaults). It is attached to each run's paged cache when the run starts.
     max_requests: requests that may hold KV cache at once (default: twice max_requests_per_batch);
     max_context: tokens one request may hold (default: the whole cache). Both fix the canary's tables.
+    request_inputs: for a schema with request_input fields (kv_canary/schemas/isolation.yaml), the
+    function transformers' RequestState -> {field: int} (e.g. `namespace_inputs(lambda state: ...)` of
+    kv_canary.engine.request_inputs); a schema with such a field and no function is refused here.
     """
     if getattr(model, _MARK, None) is not None:
         raise ValueError("kv-canary: this model already has a canary attached; detach() it first")
     if not callable(getattr(model, "init_continuous_batching", None)):
         raise ValueError(f"kv-canary: attach needs a transformers model with continuous batching "
                          f"(init_continuous_batching / generate_batch), got {type(model).__name__}")
-    canary = TransformersCanary(model, manager if manager is not None else CanaryManager(),
-                                max_requests=max_requests, max_context=max_context, hooks=hooks)
+    manager = manager if manager is not None else CanaryManager()
+    if request_inputs is not None:
+        if manager.request_inputs is not None:
+            raise ValueError("kv-canary: give request_inputs to attach or to the CanaryManager, not both")
+        if not callable(request_inputs):
+            raise ValueError(f"kv-canary: attach's request_inputs must be a function RequestState -> "
+                             f"{{field: int}}, got {request_inputs!r}")
+        manager.request_inputs = lambda request: request_inputs(request.state)  # the adapter's row -> its state
+    manager.check_request_inputs()
+    canary = TransformersCanary(model, manager, max_requests=max_requests, max_context=max_context, hooks=hooks)
     model.__dict__[_MARK] = canary
     model.__dict__["init_continuous_batching"] = canary._wrap_init(model.init_continuous_batching)
     return canary

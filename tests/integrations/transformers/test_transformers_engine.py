@@ -5,6 +5,8 @@ its documented reason and every control stays silent, on the torch reference and
 kernels; the adapter meets the engine contract; a missing hook point fails attach naming the version."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -151,3 +153,45 @@ def test_a_persistent_manager_is_guarded_across_sessions_and_detach_removes_ever
     assert "_create_batch_processor" not in vars(cbm) and "_generation_step" not in vars(cbm.batch_processor)
     m.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb)   # unguarded now
     assert canary.steps == steps
+
+
+def _isolation_manager(**kwargs):
+    from kv_canary.demo.faults import example_layer
+    return CanaryManager(layer=example_layer("isolation"), mode="log", backend="torch", **kwargs)
+
+
+def test_a_schema_with_a_request_input_field_is_refused_at_attach_without_its_function():
+    with pytest.raises(ValueError, match=r"request_input field\(s\) cache_namespace need their per-request values"):
+        kt.attach(tf.model(), _isolation_manager())
+    with pytest.raises(ValueError, match=r"give request_inputs to attach or to the CanaryManager, not both"):
+        kt.attach(tf.model(), _isolation_manager(request_inputs=lambda r: {}), request_inputs=lambda s: {})
+    assert getattr(tf.model(), "_kv_canary_attachment", None) is None
+
+
+def test_isolation_schema_through_transformers_prefix_sharing(unguarded_tokens):
+    """transformers' block sharing keys on tokens alone: with one namespace for every request the
+    isolation schema is silent; with a namespace per request (tenants it does not know about) the
+    shared prefix blocks are reported with the namespace reason, and no output token changes."""
+    from kv_canary.engine.request_inputs import namespace_inputs, namespace_of
+    asked = []
+
+    def in_order(out) -> list:  # request ids go on counting across a process's runs
+        return [list(v.generated_tokens) for _, v in sorted(out.items(), key=lambda kv: int(kv[0].split("_")[-1]))]
+    unguarded = in_order({k: SimpleNamespace(generated_tokens=v) for k, v in unguarded_tokens.items()})
+
+    def one_tenant(state):
+        asked.append(state.request_id)
+        return namespace_of("tenant-a")
+    canary, out = tf.run_with(_isolation_manager(), request_inputs=namespace_inputs(one_tenant))
+    m = canary.manager
+    assert canary.errors == [] and m.stats.total == 0 and len(asked) == tf.WORKLOAD.num_requests
+    assert in_order(out) == unguarded
+    canary, out = tf.run_with(_isolation_manager(),
+                              request_inputs=namespace_inputs(lambda state: namespace_of(state.request_id)))
+    m = canary.manager
+    assert canary.errors == [] and m.stats.total > 0
+    # Namespace rows where a request reads another's blocks; the chain folds the namespace, so a block
+    # that de-duplication swapped for another namespace's copy also breaks the chain of what follows it.
+    assert {r for v in m.violations for r in v.reasons} == {"VERIFY_NAMESPACE_MISMATCH", "VERIFY_CHAIN_HASH_MISMATCH"}
+    assert m.violations[0].reasons == ("VERIFY_NAMESPACE_MISMATCH",)
+    assert in_order(out) == unguarded
