@@ -205,6 +205,9 @@ MESSAGES = {
     'real_kv_row_stride': 'RealKvSource.tensor row stride must be a multiple of 16 bytes, got {b} bytes (shape={shape}, strides={strides}, dtype={dtype})',
     'real_kv_row_width': 'RealKvSource row is too narrow for its slot layout: dim-1 is {b} bytes but page_size={p} x num_bytes_per_token={n} needs {m}',
     'real_kv_source_count': 'at most 4 RealKvSource entries supported by the CUDA ABI, got {n}',
+    'real_kv_layout': 'RealKvSource.{field} must be {expected}, got {got}',
+    'real_kv_extent': "RealKvSource.tensor is too small for its slot layout: the farthest byte a slot of a row reads ends {end} bytes past the tensor's first element, but its storage holds {have} bytes from there (shape={shape}, strides={strides}, dtype={dtype})",
+    'real_kv_partial': 'real_kv_hash_mode PARTIAL reads the first 16 bytes of a slot, but real_kv_sources[{i}].num_bytes_per_token is {n}',
     'canary_stride': 'canary_buf slot stride must hold at least 5 int64 fields, got {n}',
     'not_contiguous': '{name} must be contiguous',
     'expected_inputs_required': 'expected input tensors are required when enable_write_input_assert=True',
@@ -212,9 +215,6 @@ MESSAGES = {
     'verify_capacity': 'VerifyPlan verify_capacity must be positive, got {n}',
     'write_capacity': 'WritePlan write_req_capacity must be positive, got {n}',
     'swa_index': 'SWA slot {s} is outside full_to_swa_index_mapping length {n}',
-    'real_kv_layout': 'RealKvSource.{field} must be {expected}, got {got}',
-    'real_kv_extent': "RealKvSource.tensor is too small for its slot layout: the farthest byte a slot of a row reads ends {end} bytes past the tensor's first element, but its storage holds {have} bytes from there (shape={shape}, strides={strides}, dtype={dtype})",
-    'real_kv_partial': 'real_kv_hash_mode PARTIAL reads the first 16 bytes of a slot, but real_kv_sources[{i}].num_bytes_per_token is {n}',
 }
 
 
