@@ -214,9 +214,10 @@ struct Ring {
 
 // -- real-KV fingerprint (SEMANTICS.md §4) --------------------------------------------------
 // 16 bytes as two little-endian words. The PTX variant is a non-coherent 128-bit load (the K/V
-// bytes are read-only while a canary kernel runs); the host variant is plain C++.
+// bytes are read-only while a canary kernel runs); the host variant (emulation and the native cpu
+// backend, kv_canary/csrc/kvc_cpu.h) is plain C++.
 __device__ __forceinline__ void load_u64x2(const unsigned char* p, kvc_u64& lo, kvc_u64& hi) {
-#if defined(KV_CANARY_HOST_EMULATION)
+#if defined(KV_CANARY_HOST_EMULATION) || defined(KV_CANARY_HOST_NATIVE)
   __builtin_memcpy(&lo, p, 8);
   __builtin_memcpy(&hi, p + 8, 8);
 #else

@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 3cc99318858fecc547c0fb20932d6d7f89940a6d57accd98add82b9e977926fd
+# body-sha256: c336554db65811f9a7f2b19ff1a47abed5888dba1ba210250a00ad368fd02573
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -28,6 +28,7 @@ REGENERATE_COMMAND = 'make generate'
 FILE_SHA256 = {
     "LAYOUT.md": "f735e06dd3cc2524e3865e0c6ead90eccd016f70e18adab2305f58b90b66785b",
     "api.py": "3d9a39ff634bbf56950684f8a14b552938d1bfedd6f23a1aaaf16bc6733ee015",
+    "cpu/kv_canary_cpu.cpp": "5e5b50d662f7c26e82c4b5af2e04b8ff10370fe6d876572cdab8654c97c58483",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
@@ -35,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "28e530ad9b1dd1603996fe2d8729661069c4e9f0b131fe9adf7151adb513f57a",
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
     "emulation/kv_canary_launchers.cpp": "d4f3c2f49d3711d4da52b53c457626e897f1104affb51b77a237979abe0bd638",
-    "kernel_abi.py": "3be94ed751a2f774835bd965b210f1e5727238d5bc04c09850f75f76f4123a70",
+    "kernel_abi.py": "f65a012a1c44d0417a020313071185b95f6a57d03a28c645bef9e11e17409ae8",
     "layout.py": "c6ec88a112087340e777a23a485e8305e842cbe175e18999a442a00d7657630f",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 5c1c6106bce27c8fca73ccb102c58522c530ca78fbf1bde620dd1c9856a8af98
+# body-sha256: ec7109367dd7328c3b8f4313c03c4ceeac6e86003bd1ae47af3f2fb8b502db3e
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -28,6 +28,7 @@ REGENERATE_COMMAND = 'make generate'
 FILE_SHA256 = {
     "LAYOUT.md": "3faf45f75af046f85c79ad1f2cf81c57881246459e97314e7b131e6347c108e6",
     "api.py": "d743ac5e3ccb1bb244394b9967a74c5dcab02013dcb1bc74d10b81c36e1dc14b",
+    "cpu/kv_canary_cpu.cpp": "17c809962724ce1043ed524a38959b488c25c68503a3548642cc41fc328ab763",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
@@ -35,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "31b912430120fc2e7bce07b19aa4b627b1749a94cfc15a4e2a51d6cfb3054f12",
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
     "emulation/kv_canary_launchers.cpp": "55e701accb22f7dff4d665fcfb759da6a9d4eeb776c514b31ea26394f643bb67",
-    "kernel_abi.py": "8135f6e99963bfcd4f372d2da719319c4f6bdcf2895128a76ea11c7ca329dd97",
+    "kernel_abi.py": "b1ed2d341b73bba95cefea9b73b162997731017b00a382df7722428d372b558a",
     "layout.py": "e29a5764cfe3a9dff23f6f3b7afd2448b6cf0ab9479937a939e699dc389d4827",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
