@@ -21,6 +21,7 @@
 // parallel: they read only the K/V sources).
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -124,14 +125,113 @@ void parallel_ranges(int team, kvc_i64 work, const Fn& fn) {
     if (e) std::rethrow_exception(e);
 }
 
+// -- prefetch ------------------------------------------------------------------------------------
+// Slots arrive in any order (a pool's free list), so records and K/V rows are read at random: one
+// entry at a time, each of its cache (and TLB) misses would be waited for in turn. The loops ask for
+// the lines of the next block's entries while they hash this block's, so misses overlap.
+constexpr kvc_i64 kLine = 64;
+
+template <int kWrite>
+inline void prefetch_bytes(const unsigned char* p, kvc_i64 n) {
+  const unsigned char* end = p + n;
+  for (const unsigned char* q = p - (reinterpret_cast<uintptr_t>(p) & (kLine - 1)); q < end; q += kLine)
+    __builtin_prefetch(q, kWrite);
+}
+
+// The record of `slot`, when it is one of the buffer's.
+template <int kWrite>
+inline void prefetch_record(const unsigned char* buf, kvc_i64 num_slots, kvc_i64 stride, kvc_i64 slot) {
+  if (slot >= 0 && slot < num_slots) prefetch_bytes<kWrite>(buf + slot * stride, kvc::CANARY_RECORD_BYTES);
+}
+
+// The K/V bytes the fingerprint of `slot` reads, when it reads any.
+inline void prefetch_kv(const kvc::RealKvSources& kv, kvc_i64 slot) {
+  if (slot < 0 || !kvc::real_kv_active(kv) || !kvc::real_kv_in_range(kv, slot)) return;
+  for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s)
+    prefetch_bytes<0>(kvc::real_kv_bytes(kv, s, slot), kvc::real_kv_read_len(kv, s));
+}
+
+// -- fingerprints, kLanes slots at a time ----------------------------------------------------------
+// kvc::real_kv_fingerprint of one slot is a chain of dependent multiplies (two per 8 bytes), so one
+// slot at a time runs at the multiplier's latency. The same fold over kLanes slots in lock-step keeps
+// kLanes independent chains in flight (and lets the compiler use vector multiplies): throughput, not
+// latency. Same bytes (kvc::real_kv_bytes, kvc::real_kv_read_len), same fold as real_kv_fingerprint;
+// a tail of fewer than kLanes slots takes real_kv_fingerprint itself.
+constexpr int kLanes = 8;
+
+inline void fingerprint_lanes(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc_u64* out) {
+  kvc_u64 total[kLanes] = {};
+  for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s) {
+    const unsigned char* p[kLanes];
+    for (int j = 0; j < kLanes; ++j) p[j] = kvc::real_kv_bytes(kv, s, slots[j]);
+    const int n = kvc::real_kv_read_len(kv, s);
+    kvc_u64 h[kLanes] = {};
+    for (int b = 0; b < n; b += kvc::REAL_KV_LOAD_ALIGN_BYTES) {
+      kvc_u64 lo[kLanes], hi[kLanes];
+      for (int j = 0; j < kLanes; ++j) kvc::load_u64x2(p[j] + b, lo[j], hi[j]);
+      for (int j = 0; j < kLanes; ++j) h[j] = kvc::splitmix64(h[j] ^ lo[j]);
+      for (int j = 0; j < kLanes; ++j) h[j] = kvc::splitmix64(h[j] ^ hi[j]);
+    }
+    for (int j = 0; j < kLanes; ++j) total[j] = kvc::splitmix64(total[j] ^ h[j]);
+  }
+  for (int j = 0; j < kLanes; ++j) out[j] = total[j];
+}
+
+// out[k] = kvc::real_kv_fingerprint(kv, slots[k]) for k < n (every slot in range: real_kv_in_range).
+inline void fingerprints(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc_i64 n, kvc_u64* out) {
+  if (!kvc::real_kv_active(kv)) {
+    for (kvc_i64 k = 0; k < n; ++k) out[k] = 0;
+    return;
+  }
+  kvc_i64 k = 0;
+  for (; k + kLanes <= n; k += kLanes) fingerprint_lanes(kv, slots + k, out + k);
+  for (; k < n; ++k) out[k] = kvc::real_kv_fingerprint(kv, slots[k]);
+}
+
+// Entries a loop classifies, hashes and finishes together.
+constexpr kvc_i64 kBlock = 64;
+
 // -- verify (SEMANTICS.md §5.2) ------------------------------------------------------------------
+// Entries [lo, hi) in blocks: kvc_verify::prepare_entry sorts each block's entries (rows it would
+// append go to a ring that keeps none), the checked ones' fingerprints are hashed kLanes at a time,
+// then every entry is finished in order: check_entry, or prepare_entry again on the launch's ring
+// for one that is not checked (its out-of-range row, in its place).
 template <bool kCheckExpectedToken>
 inline void verify_range(const kvc_verify::Args& a, const kvc::RealKvSources& kv, const kvc::Ring& ring, kvc_i64 lo,
                          kvc_i64 hi) {
-  for (kvc_i64 e = lo; e < hi; ++e) {
-    kvc_i64 slot = 0, prev = 0;
-    if (!kvc_verify::prepare_entry<kCheckExpectedToken>(a, kv, ring, e, slot, prev)) continue;
-    kvc_verify::check_entry<kCheckExpectedToken>(a, ring, e, slot, prev, kvc::real_kv_fingerprint(kv, slot));
+  int discarded = 0;
+  const kvc::Ring none{ring.launch_tag, nullptr, 0, &discarded, nullptr};
+  kvc_i64 slot[kBlock], prev[kBlock];
+  kvc_u64 fp[kBlock];
+  int at[kBlock];
+  for (kvc_i64 b = lo; b < hi; b += kBlock) {
+    const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
+    int n = 0;
+    for (kvc_i64 e = b; e < end; ++e) {
+      if (e + kBlock < hi) {  // the next block's lines
+        const kvc_i64 ahead = a.verify_slot_indices[e + kBlock];
+        prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, ahead);
+        prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, a.verify_prev_slot_indices[e + kBlock]);
+        prefetch_kv(kv, ahead);
+      }
+      kvc_i64 s = 0, p = 0;
+      at[e - b] = -1;
+      if (kvc_verify::prepare_entry<kCheckExpectedToken>(a, kv, none, e, s, p)) {
+        at[e - b] = n;
+        slot[n] = s;
+        prev[n++] = p;
+      }
+    }
+    fingerprints(kv, slot, n, fp);
+    for (kvc_i64 e = b; e < end; ++e) {
+      const int k = at[e - b];
+      if (k >= 0) {
+        kvc_verify::check_entry<kCheckExpectedToken>(a, ring, e, slot[k], prev[k], fp[k]);
+      } else {
+        kvc_i64 s = 0, p = 0;
+        kvc_verify::prepare_entry<kCheckExpectedToken>(a, kv, ring, e, s, p);
+      }
+    }
   }
 }
 
@@ -172,37 +272,56 @@ void verify(const Team& threads, const kvc_verify::Args& a, const kvc::RealKvSou
 }
 
 // -- write (SEMANTICS.md §5.1) -------------------------------------------------------------------
-// The fingerprints computed before the walk (entry i's at [i]).
-struct KnownFingerprint {
-  const kvc_u64* values;
-  inline kvc_u64 operator()(kvc_i64 entry, kvc_i64 /*slot*/) const { return values[entry]; }
-};
-
-// Token i's fingerprint where the walk would store it (its slot in the buffer and in every source),
-// else 0 (never read).
-inline kvc_u64 token_fingerprint(const kvc_write::Inputs& in, const kvc::RealKvSources& kv, kvc_i64 i) {
-  const kvc_i64 slot = in.out_cache_loc[i];
-  if (slot < 0 || slot >= in.num_slots || !kvc::real_kv_in_range(kv, slot)) return 0;
-  return kvc::real_kv_fingerprint(kv, slot);
+// The fingerprints of tokens [lo, hi) where the walk would store them (a slot in the buffer and in
+// every source), into fp (the others are never read).
+inline void token_fingerprints(const kvc_write::Inputs& in, const kvc::RealKvSources& kv, kvc_i64 lo, kvc_i64 hi,
+                               kvc_u64* fp) {
+  kvc_i64 slot[kBlock], token[kBlock];
+  kvc_u64 got[kBlock];
+  for (kvc_i64 b = lo; b < hi; b += kBlock) {
+    const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
+    int n = 0;
+    for (kvc_i64 i = b; i < end; ++i) {
+      if (i + kBlock < hi) prefetch_kv(kv, in.out_cache_loc[i + kBlock]);  // the next block's rows
+      const kvc_i64 s = in.out_cache_loc[i];
+      if (s >= 0 && s < in.num_slots && kvc::real_kv_in_range(kv, s)) {
+        slot[n] = s;
+        token[n++] = i;
+      }
+    }
+    fingerprints(kv, slot, n, got);
+    for (int k = 0; k < n; ++k) fp[token[k]] = got[k];
+  }
 }
 
-inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write::Inputs& in, const kvc::RealKvSources& kv,
-                  const kvc::Ring& ring) {
-  atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
-  const int team = kvc::real_kv_active(kv) ? team_size(threads, a.num_tokens) : 1;
-  std::vector<kvc_u64> fingerprints;
-  if (team > 1) {
-    fingerprints.resize(static_cast<size_t>(a.num_tokens));
-    parallel_ranges(team, a.num_tokens, [&](int, kvc_i64 lo, kvc_i64 hi) {
-      for (kvc_i64 i = lo; i < hi; ++i) fingerprints[i] = token_fingerprint(in, kv, i);
-    });
+// The fingerprints computed before the walk (entry i's at [i]); the walk asks for the record lines
+// it will store kBlock entries ahead.
+struct KnownFingerprint {
+  const kvc_u64* values;
+  const kvc_write::Args& a;
+  const kvc_write::Inputs& in;
+  inline kvc_u64 operator()(kvc_i64 i, kvc_i64 /*slot*/) const {
+    if (i + kBlock < a.num_tokens)
+      prefetch_record<1>(a.canary_buf, a.num_slots, a.slot_stride_bytes, in.out_cache_loc[i + kBlock]);
+    return values[i];
   }
+};
+
+// The write in two passes: every token's fingerprint (the bulk of the work: the K/V bytes; it reads
+// nothing the walk writes, so its tokens are split over the team), then the requests walked in order
+// on this thread (the chains are serial, and in-batch seeds and duplicate slots want request order).
+inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write::Inputs& in,
+                  const kvc::RealKvSources& kv, const kvc::Ring& ring) {
+  atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
+  std::vector<kvc_u64> fp(static_cast<size_t>(a.num_tokens > 0 ? a.num_tokens : 0));
+  if (kvc::real_kv_active(kv))
+    parallel_ranges(team_size(threads, a.num_tokens), a.num_tokens,
+                    [&](int, kvc_i64 lo, kvc_i64 hi) { token_fingerprints(in, kv, lo, hi, fp.data()); });
+  const KnownFingerprint known{fp.data(), a, in};
   unsigned long long stored = 0;
   for (kvc_i64 r = 0; r < a.write_req_capacity; ++r) {
     kvc_write::Request q;
-    if (!kvc_write::begin_request(a, ring, r, true, q)) continue;
-    stored += team > 1 ? kvc_write::walk_request(a, in, kv, ring, q, KnownFingerprint{fingerprints.data()})
-                       : kvc_write::walk_request(a, in, kv, ring, q, kvc_write::ReadFingerprint{kv});
+    if (kvc_write::begin_request(a, ring, r, true, q)) stored += kvc_write::walk_request(a, in, kv, ring, q, known);
   }
   if (stored != 0) atomicAdd(a.slot_run_counter, stored);
 }

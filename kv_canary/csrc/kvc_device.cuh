@@ -254,6 +254,16 @@ __device__ __forceinline__ bool real_kv_in_range(const RealKvSources& kv, kvc_i6
   return ok;
 }
 
+// Where slot's bytes start in source s (slot in range: real_kv_in_range), and how many the fingerprint reads.
+__device__ __forceinline__ const unsigned char* real_kv_bytes(const RealKvSources& kv, int s, kvc_i64 slot) {
+  const kvc_i64 page = kv.page_size[s];
+  return kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
+         (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s]);
+}
+__device__ __forceinline__ int real_kv_read_len(const RealKvSources& kv, int s) {
+  return kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+}
+
 // fingerprint(slot): per source h = fold of its effective bytes, total = fold of the h's.
 __device__ __forceinline__ kvc_u64 real_kv_fingerprint(const RealKvSources& kv, kvc_i64 slot) {
   if (!real_kv_active(kv)) return 0;
@@ -261,10 +271,8 @@ __device__ __forceinline__ kvc_u64 real_kv_fingerprint(const RealKvSources& kv, 
 #pragma unroll
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const kvc_i64 page = kv.page_size[s];
-    const unsigned char* p = kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
-                             (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s]);
-    const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    const unsigned char* p = real_kv_bytes(kv, s, slot);
+    const int n = real_kv_read_len(kv, s);
     kvc_u64 h = 0;
 #pragma unroll 4
     for (int b = 0; b < n; b += REAL_KV_LOAD_ALIGN_BYTES) {
@@ -307,12 +315,8 @@ __device__ __forceinline__ kvc_u64 warp_real_kv_fingerprint(const RealKvSources&
   kvc_u64 total = 0;
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const kvc_i64 page = kv.page_size[s];
-    const unsigned char* mine =
-        need ? kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
-                   (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s])
-             : nullptr;
-    const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    const unsigned char* mine = need ? real_kv_bytes(kv, s, slot) : nullptr;
+    const int n = real_kv_read_len(kv, s);
     kvc_u64 h = 0;
     for (int b = 0; b < n; b += kSliceBytes) {
       const int chunks = n - b < kSliceBytes ? (n - b) / REAL_KV_LOAD_ALIGN_BYTES : kSliceChunks;
