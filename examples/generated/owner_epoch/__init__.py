@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: c336554db65811f9a7f2b19ff1a47abed5888dba1ba210250a00ad368fd02573
+# body-sha256: 15c7ec5c3b841b4fe137a24bb4e01c9b048c8943c1fbe8fb9dd054e82daf362a
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -27,7 +27,7 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "f735e06dd3cc2524e3865e0c6ead90eccd016f70e18adab2305f58b90b66785b",
-    "api.py": "3d9a39ff634bbf56950684f8a14b552938d1bfedd6f23a1aaaf16bc6733ee015",
+    "api.py": "081980bdd3bd73edfff8f1082587b2ad64b310dd1691b96eac9ffbbc5cdd9601",
     "cpu/kv_canary_cpu.cpp": "5e5b50d662f7c26e82c4b5af2e04b8ff10370fe6d876572cdab8654c97c58483",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: ec7109367dd7328c3b8f4313c03c4ceeac6e86003bd1ae47af3f2fb8b502db3e
+# body-sha256: d7b117e9566536ec8232365121a23bf90bcfb12aab5d67f751ce993bf566e87c
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -27,7 +27,7 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "3faf45f75af046f85c79ad1f2cf81c57881246459e97314e7b131e6347c108e6",
-    "api.py": "d743ac5e3ccb1bb244394b9967a74c5dcab02013dcb1bc74d10b81c36e1dc14b",
+    "api.py": "40bcd6d22b584d1b772bb32a0c70f2e915a66b51192936dd6f1eb2c44750a09b",
     "cpu/kv_canary_cpu.cpp": "17c809962724ce1043ed524a38959b488c25c68503a3548642cc41fc328ab763",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
