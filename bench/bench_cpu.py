@@ -28,9 +28,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from support import scenarios  # noqa: E402
+
 import kv_canary  # noqa: E402
 from kv_canary.backends.cpu import default_threads  # noqa: E402
-from support import scenarios  # noqa: E402
 
 LAYER = kv_canary.generated
 L = LAYER.layout
