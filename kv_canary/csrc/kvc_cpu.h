@@ -153,28 +153,73 @@ inline void prefetch_kv(const kvc::RealKvSources& kv, kvc_i64 slot) {
 
 // -- fingerprints, kLanes slots at a time ----------------------------------------------------------
 // kvc::real_kv_fingerprint of one slot is a chain of dependent multiplies (two per 8 bytes), so one
-// slot at a time runs at the multiplier's latency. The same fold over kLanes slots in lock-step keeps
-// kLanes independent chains in flight (and lets the compiler use vector multiplies): throughput, not
-// latency. Same bytes (kvc::real_kv_bytes, kvc::real_kv_read_len), same fold as real_kv_fingerprint;
-// a tail of fewer than kLanes slots takes real_kv_fingerprint itself.
+// slot at a time runs at the multiplier's latency. The same fold over kLanes slots in lock-step
+// keeps kLanes independent chains in one vector (kvc::splitmix64_lanes): throughput, not latency.
+// Same bytes (kvc::real_kv_bytes, kvc::real_kv_read_len), same order of words, same fold as
+// real_kv_fingerprint; a tail of fewer than kSlotsAtOnce slots takes real_kv_fingerprint itself.
 constexpr int kLanes = 8;
+typedef kvc_u64 Lanes __attribute__((vector_size(kLanes * 8)));  // word k of each of kLanes slots
+
+// rows[j] = 8 consecutive words of slot j -> rows[k] = word k of every slot (an 8 x 8 transpose).
+inline void transpose(Lanes (&r)[kLanes]) {
+  static_assert(kLanes == 8, "an 8 x 8 transpose");
+  const Lanes lo1 = {0, 8, 2, 10, 4, 12, 6, 14}, hi1 = {1, 9, 3, 11, 5, 13, 7, 15};
+  const Lanes lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+  const Lanes lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+  Lanes b[8], c[8];
+  for (int i = 0; i < 8; i += 2) {
+    b[i] = __builtin_shuffle(r[i], r[i + 1], lo1);
+    b[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi1);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int k = 0; k < 2; ++k) {
+      c[i + k] = __builtin_shuffle(b[i + k], b[i + k + 2], lo2);
+      c[i + k + 2] = __builtin_shuffle(b[i + k], b[i + k + 2], hi2);
+    }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = __builtin_shuffle(c[k], c[k + 4], lo4);
+    r[k + 4] = __builtin_shuffle(c[k], c[k + 4], hi4);
+  }
+}
+
+// kGroups x kLanes slots: kGroups independent vectors, so that one vector's dependent mixes overlap
+// with the others'.
+constexpr int kGroups = 2;
+constexpr int kSlotsAtOnce = kGroups * kLanes;
 
 inline void fingerprint_lanes(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc_u64* out) {
-  kvc_u64 total[kLanes] = {};
+  Lanes total[kGroups] = {};
   for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s) {
-    const unsigned char* p[kLanes];
-    for (int j = 0; j < kLanes; ++j) p[j] = kvc::real_kv_bytes(kv, s, slots[j]);
+    const unsigned char* p[kSlotsAtOnce];
+    for (int j = 0; j < kSlotsAtOnce; ++j) p[j] = kvc::real_kv_bytes(kv, s, slots[j]);
     const int n = kvc::real_kv_read_len(kv, s);
-    kvc_u64 h[kLanes] = {};
-    for (int b = 0; b < n; b += kvc::REAL_KV_LOAD_ALIGN_BYTES) {
-      kvc_u64 lo[kLanes], hi[kLanes];
-      for (int j = 0; j < kLanes; ++j) kvc::load_u64x2(p[j] + b, lo[j], hi[j]);
-      for (int j = 0; j < kLanes; ++j) h[j] = kvc::splitmix64(h[j] ^ lo[j]);
-      for (int j = 0; j < kLanes; ++j) h[j] = kvc::splitmix64(h[j] ^ hi[j]);
+    Lanes h[kGroups] = {};
+    int b = 0;
+    for (; b + 64 <= n; b += 64) {  // 64 bytes (4 chunks) of every slot: loads, a transpose, 8 mixes per group
+      Lanes w[kGroups][kLanes];
+      for (int g = 0; g < kGroups; ++g) {
+        for (int j = 0; j < kLanes; ++j) __builtin_memcpy(&w[g][j], p[g * kLanes + j] + b, sizeof(Lanes));
+        transpose(w[g]);
+      }
+      for (int k = 0; k < kLanes; ++k)
+        for (int g = 0; g < kGroups; ++g) h[g] = kvc::splitmix64_lanes(h[g] ^ w[g][k]);
     }
-    for (int j = 0; j < kLanes; ++j) total[j] = kvc::splitmix64(total[j] ^ h[j]);
+    for (; b < n; b += kvc::REAL_KV_LOAD_ALIGN_BYTES) {  // the chunks past a multiple of 64 bytes
+      for (int g = 0; g < kGroups; ++g) {
+        Lanes lo, hi;
+        for (int j = 0; j < kLanes; ++j) {
+          kvc_u64 l, u;
+          kvc::load_u64x2(p[g * kLanes + j] + b, l, u);
+          lo[j] = l;
+          hi[j] = u;
+        }
+        h[g] = kvc::splitmix64_lanes(h[g] ^ lo);
+        h[g] = kvc::splitmix64_lanes(h[g] ^ hi);
+      }
+    }
+    for (int g = 0; g < kGroups; ++g) total[g] = kvc::splitmix64_lanes(total[g] ^ h[g]);
   }
-  for (int j = 0; j < kLanes; ++j) out[j] = total[j];
+  __builtin_memcpy(out, total, sizeof(total));
 }
 
 // out[k] = kvc::real_kv_fingerprint(kv, slots[k]) for k < n (every slot in range: real_kv_in_range).
@@ -184,7 +229,7 @@ inline void fingerprints(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc
     return;
   }
   kvc_i64 k = 0;
-  for (; k + kLanes <= n; k += kLanes) fingerprint_lanes(kv, slots + k, out + k);
+  for (; k + kSlotsAtOnce <= n; k += kSlotsAtOnce) fingerprint_lanes(kv, slots + k, out + k);
   for (; k < n; ++k) out[k] = kvc::real_kv_fingerprint(kv, slots[k]);
 }
 

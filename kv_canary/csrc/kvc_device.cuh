@@ -42,7 +42,10 @@ __device__ __forceinline__ kvc_i64 wrapping_add(kvc_i64 a, kvc_i64 b) {
 }
 
 // -- hashing (SEMANTICS.md §2) --------------------------------------------------------------
-__device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) {
+// The mixer on any type of 64-bit unsigned lanes: kvc_u64, or the cpu backend's vectors of them
+// (kvc_cpu.h hashes several slots at once).
+template <class T>
+__device__ __forceinline__ T splitmix64_lanes(T x) {
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ULL;
   x ^= x >> 27;
@@ -50,6 +53,7 @@ __device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) {
   x ^= x >> 31;
   return x;
 }
+__device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) { return splitmix64_lanes(x); }
 
 // acc folded with the words W of rec, in order.
 template <int... W>
@@ -250,13 +254,15 @@ __device__ __forceinline__ bool real_kv_in_range(const RealKvSources& kv, kvc_i6
   bool ok = true;
 #pragma unroll
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s)
-    if (s < kv.num_sources && slot / kv.page_size[s] >= kv.num_rows[s]) ok = false;
+    if (s < kv.num_sources && (kv.page_size[s] == 1 ? slot : slot / kv.page_size[s]) >= kv.num_rows[s]) ok = false;
   return ok;
 }
 
 // Where slot's bytes start in source s (slot in range: real_kv_in_range), and how many the fingerprint reads.
+// A page of one token (SGLang's MHA pools) needs no 64-bit division, which costs tens of cycles.
 __device__ __forceinline__ const unsigned char* real_kv_bytes(const RealKvSources& kv, int s, kvc_i64 slot) {
   const kvc_i64 page = kv.page_size[s];
+  if (page == 1) return kv.ptr[s] + slot * kv.row_stride_bytes[s];
   return kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
          (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s]);
 }
