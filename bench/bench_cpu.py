@@ -10,9 +10,10 @@ same number of threads; at 1 thread and at every core this process may use; the 
 is the best of --repeats runs (a shared machine: the least disturbed run). The cpu backend's result
 is checked against the reference's before anything is timed.
 
-Slots: the write stores 32 requests x 2,048 tokens at a random permutation of the pool's slots, and
-the verify walks one chain over the same kind of permutation, so records and K/V rows are read in
-random order, as a long-running engine's pool hands them out (`--slots sequential`: in order).
+Slots: the write stores 32 requests x 2,048 tokens and the verify walks one chain of 65,536 entries,
+first at the pool's slots in order (a fresh pool, or pages of consecutive slots: rows stream), then at
+a random permutation of them (a long-running engine's fragmented free list: every record and K/V row
+is a cache and TLB miss); `--slots` picks one.
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ def check_equal(launch: str, case: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--slots", choices=("random", "sequential"), default="random")
+    ap.add_argument("--slots", choices=("sequential", "random", "both"), default="both")
     args = ap.parse_args()
     torch.manual_seed(0)
     cpu = RT.backend("cpu")
@@ -144,34 +145,40 @@ def main() -> int:
     cores = default_threads()
     counts = sorted({1, cores})
     copy = {n: copy_bandwidth(n, args.repeats) for n in counts}
-    print(f"kv-canary cpu backend at memory speed: {ENTRIES:,} entries, {SOURCES} x {READ_BYTES} B real-KV sources "
-          f"({args.slots} slots); torch {torch.__version__}, {os.cpu_count()} CPUs, {cores} usable")
+    print(f"kv-canary cpu backend at memory speed: {ENTRIES:,} entries, {SOURCES} x {READ_BYTES} B real-KV sources; "
+          f"torch {torch.__version__}, {os.cpu_count()} CPUs, {cores} usable")
     print("copy bandwidth (torch dst.copy_(src), 256 MiB, read + written): "
           + ", ".join(f"{n} thread{'s' if n > 1 else ''} {copy[n] / 1e9:.1f} GB/s" for n in counts))
-    print(f"{'launch':<18} {'bytes':>9} {'torch ref (1 thr)':>19}" + "".join(f" {f'cpu {n} thr':>24}" for n in counts))
     torch.set_num_threads(1)
     try:
-        for name, launch, make, per_entry in (("verify", "launch_canary_verify_kernel", verify_case, verify_bytes),
-                                              ("write", "launch_canary_write_kernel", write_case, write_bytes)):
-            for mode in ("ALL", "PARTIAL"):
-                case = make(mode, args.slots)
-                check_equal(launch, case)
-                nbytes = per_entry(mode) * ENTRIES
-                ref = RT.bind(launch, **scenarios.clone_case(case), backend="torch")
-                t_ref = best(ref.run, max(2, args.repeats // 3))
-                cells = []
-                for n in counts:
-                    cpu.set_threads(n)
-                    t = best(RT.bind(launch, **case, backend="cpu").run, args.repeats)
-                    bw = nbytes / t
-                    cells.append(f"{t * 1e3:6.2f} ms {bw / 1e9:5.1f} GB/s {bw / copy[n]:4.0%}")
-                print(f"{name + ' ' + mode:<18} {nbytes / 2**20:6.1f} MiB {t_ref * 1e3:8.2f} ms "
-                      f"{nbytes / t_ref / 1e9:5.1f} GB/s" + "".join(f" {c:>24}" for c in cells))
+        for how in (("sequential", "random") if args.slots == "both" else (args.slots,)):
+            table(how, counts, copy, cpu, args.repeats)
     finally:
         cpu.set_threads(*saved[:1], grain=saved[1])
     print("(each cpu cell: time, bytes touched per second, and that as a fraction of the copy bandwidth at the same "
           "thread count; target: >= 50% on one thread)")
     return 0
+
+
+def table(how: str, counts: list, copy: dict, cpu, repeats: int) -> None:
+    """One table: write and verify in both modes, the reference and the cpu backend at each thread count."""
+    print(f"{how + ' slots':<18} {'bytes':>9} {'torch ref (1 thr)':>19}" + "".join(f" {f'cpu {n} thr':>24}" for n in counts))
+    for name, launch, make, per_entry in (("verify", "launch_canary_verify_kernel", verify_case, verify_bytes),
+                                          ("write", "launch_canary_write_kernel", write_case, write_bytes)):
+        for mode in ("ALL", "PARTIAL"):
+            case = make(mode, how)
+            check_equal(launch, case)
+            nbytes = per_entry(mode) * ENTRIES
+            ref = RT.bind(launch, **scenarios.clone_case(case), backend="torch")
+            t_ref = best(ref.run, max(2, repeats // 3))
+            cells = []
+            for n in counts:
+                cpu.set_threads(n)
+                t = best(RT.bind(launch, **case, backend="cpu").run, repeats)
+                bw = nbytes / t
+                cells.append(f"{t * 1e3:6.2f} ms {bw / 1e9:5.1f} GB/s {bw / copy[n]:4.0%}")
+            print(f"{name + ' ' + mode:<18} {nbytes / 2**20:6.1f} MiB {t_ref * 1e3:8.2f} ms "
+                  f"{nbytes / t_ref / 1e9:5.1f} GB/s" + "".join(f" {c:>24}" for c in cells))
 
 
 if __name__ == "__main__":
