@@ -80,24 +80,28 @@ GPU_PYTHON ?= python3
 gpu-check:
 	PYTHONUNBUFFERED=1 PYTHONPATH=. $(GPU_PYTHON) scripts/gpu_check.py $(OUT)
 
-# Reference vs scalar oracle (issue 3 §4), the host cost of launches and of the manager's steps on
-# this CPU (issue 14) and isolation.yaml's against kernels.yaml's on the same steps (issue 29), the
-# fleet step's cost on 2 gloo ranks (issue 10), the canary's host time per
+# Reference vs scalar oracle (issue 3 §4), the cpu backend's bytes per second against the same run's
+# copy bandwidth (issue 31), the host cost of launches and of the manager's steps on this CPU
+# (issue 14) and isolation.yaml's against kernels.yaml's on the same steps (issue 29), the fleet
+# step's cost on 2 gloo ranks (issue 10), the canary's host time per
 # step on HF transformers' continuous batching (issue 22), then the GPU benchmarks
 # where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py
+	$(PY) bench/bench_cpu.py
 	$(PY) bench/bench_host.py
 	$(PY) bench/bench_fleet.py
 	$(PY) bench/bench_transformers.py
 	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi
 
-# The bad-runtime-input tests against an ASan+UBSan build of the emulation library (its own cache
-# entry), loaded into a python with the sanitizer runtimes preloaded; any finding fails the run.
+# The bad-runtime-input tests against ASan+UBSan builds of the emulation library and of the cpu
+# backend's library (their own cache entries; CPU tensors run the cpu backend by default, so every
+# test below that names no backend runs it too), loaded into a python with the sanitizer runtimes
+# preloaded; any finding fails the run.
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
 SANITIZE_TESTS ?= tests/layer/test_emulation_shim.py tests/launch/test_validators.py tests/backends/test_host_checks.py tests/launch/test_runtime_hardening.py \
 	tests/codegen/test_c_names.py tests/backends/test_emulated_backend.py tests/backends/test_emulated_differential.py \
 	tests/launch/test_validation_gaps.py tests/launch/test_prepared.py tests/launch/test_partial_read.py \
-	tests/backends/test_strided_kv.py
+	tests/backends/test_strided_kv.py tests/backends/test_cpu_backend.py tests/backends/test_cpu_differential.py
 sanitize: $(STAMP)
 	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

@@ -1,6 +1,7 @@
 """The canary's added host time per engine step on HF transformers' continuous batching (run with
 `make bench`): the demo's tiny random Llama and workload (kv_canary.demo.transformers), guarded by
-kv_canary.integrations.transformers, on the torch reference and the emulated kernels.
+kv_canary.integrations.transformers, on the torch reference, the native cpu kernels (the default on
+CPU tensors) and the emulated kernels.
 
 Per engine step: the engine's own step (prepare, forward, sample, update: the unguarded run's wall
 time per step) and the canary's work inside it, timed around each hook (reading the batch from the
@@ -43,7 +44,7 @@ def main() -> int:
           f"{tf.WORKLOAD.num_requests} requests x {tf.WORKLOAD.max_new_tokens} new tokens, page size {tf.PAGE_SIZE}")
     print(f"{'backend':<10} {'steps':>5} {'engine step':>12} {'canary/step':>12} {'share':>7}   "
           f"batch / head / tail / after_step per step")
-    for backend in ("torch", "emulated"):
+    for backend in ("torch", "cpu", "emulated"):
         best = None
         for _ in range(args.repeats):
             spent = {"batch": 0.0, "head": 0.0, "tail": 0.0, "after_step": 0.0}

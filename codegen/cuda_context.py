@@ -1,4 +1,5 @@
-"""Typed render contexts of the CUDA and emulation templates (templates/cuda/, templates/emulation/).
+"""Typed render contexts of the CUDA, emulation and cpu templates (templates/cuda/, templates/emulation/,
+templates/cpu/).
 
 The device code itself is hand-written (kv_canary/csrc/); these templates render only the schema's
 constants and tables and the entry points that specialise the headers' functions. Each template
@@ -98,6 +99,17 @@ class Launchers:
     kernels: tuple[EmulatedKernel, ...]
 
 
+@dataclass(frozen=True)
+class CpuSource:
+    """cpu/kernels.cpp.j2: every kernel's entry points as host functions over kv_canary/csrc/kvc_cpu.h,
+    building the argument structs as the CUDA entry points do (cuda/_params.j2's *_call macros)."""
+    kernels: tuple[EmulatedKernel, ...]
+    real_kv_sources: str
+    inputs: tuple[Field, ...]
+    per_request: tuple[Field, ...]
+    per_slot: tuple[Field, ...]
+
+
 def real_kv_sources_init(schema: Schema) -> str:
     """`kvc::RealKvSources{ {ptr_0, ptr_1, ...}, ..., num_sources, hash_mode}` over the kernel parameters."""
     n = schema.constant("MAX_REAL_KV_SOURCES").value
@@ -130,13 +142,21 @@ def launchers(schema: Schema) -> Launchers:
                            for k in schema.kernels if kernel_source_template(k) is not None))
 
 
+def cpu_source(schema: Schema) -> CpuSource:
+    canary = schema.canary
+    return CpuSource(launchers(schema).kernels, real_kv_sources_init(schema), canary.input_fields,
+                     canary.per_request_fields, canary.per_slot_fields)
+
+
 def typed_context(template: str, schema: Schema, kernel: Kernel | None):
-    """The typed context of a CUDA or emulation template, or None for the other templates (which
+    """The typed context of a CUDA, emulation or cpu template, or None for the other templates (which
     take render.template_context)."""
     if template == "cuda/kv_canary_layout.cuh.j2":
         return layout_header(schema)
     if template == "emulation/launchers.cpp.j2":
         return launchers(schema)
+    if template == "cpu/kernels.cpp.j2":
+        return cpu_source(schema)
     if template.startswith("cuda/") and kernel is not None:
         return kernel_source(schema, kernel)
     return None

@@ -14,6 +14,7 @@ STATIC_OUTPUTS = (
     ("cuda/kv_canary_layout.cuh.j2", "cuda/kv_canary_layout.cuh"),
     ("python/kernel_abi.py.j2", "kernel_abi.py"),
     ("emulation/launchers.cpp.j2", "emulation/kv_canary_launchers.cpp"),
+    ("cpu/kernels.cpp.j2", "cpu/kv_canary_cpu.cpp"),
 )
 
 # kernels.yaml `template:` name -> the Jinja template of that kernel's CUDA source, rendered once

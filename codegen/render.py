@@ -310,7 +310,7 @@ def render_all(schema: Schema, schema_text: str, env: jinja2.Environment | None 
         if path == IDENTITY_FILE:  # rendered last: its table covers the others
             identity = template
             continue
-        typed = cuda_context(template, schema, extra.get("kernel"))  # CUDA and emulation templates
+        typed = cuda_context(template, schema, extra.get("kernel"))  # CUDA, emulation and cpu templates
         body = render_body(env, template, typed if typed is not None else {**context, **extra}, path)
         out.append(GeneratedFile(path, make_header(path, template, provenance) + body, template))
     file_sha256 = {f.path: sha256_text(f.text) for f in sorted(out, key=lambda f: f.path)}

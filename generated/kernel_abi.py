@@ -40,6 +40,12 @@ EMULATION_LAUNCHER_PREFIX = "kvc_emu_launch_"
 EMULATION_PARAMS_LAUNCHER_PREFIX = "kvc_emu_params_launch_"
 EMULATION_ABI_VERSION_FUNCTION = "kvc_emu_abi_version"
 EMULATION_LAYOUT_FINGERPRINT_FUNCTION = "kvc_emu_layout_fingerprint"
+CPU_SOURCE = "cpu/kv_canary_cpu.cpp"
+# cpu backend library exports: kvc_cpu_params_launch_<entry point>(threads, grain, slots), the identity and
+# kvc_cpu_last_error().
+CPU_PARAMS_LAUNCHER_PREFIX = "kvc_cpu_params_launch_"
+CPU_ABI_VERSION_FUNCTION = "kvc_cpu_abi_version"
+CPU_LAYOUT_FINGERPRINT_FUNCTION = "kvc_cpu_layout_fingerprint"
 MAX_REAL_KV_SOURCES = 4
 # Every entry point (extern "C" kernel symbol) is this prefix + the kernel's name (+ a specialisation
 # suffix): no C library, shim or generated name starts with it.

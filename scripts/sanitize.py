@@ -1,4 +1,6 @@
-"""`make sanitize`: the bad-runtime-input tests against an ASan+UBSan build of the emulation library.
+"""`make sanitize`: the bad-runtime-input tests against ASan+UBSan builds of the emulation library and
+of the cpu backend's library (kv_canary/layer/cpu_build.py builds its own instrumented variant under
+the same switch).
 
 Usage: python scripts/sanitize.py [pytest arguments...]   (the Makefile passes SANITIZE_TESTS)
 

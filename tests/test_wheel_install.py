@@ -22,7 +22,7 @@ def installed(tmp_path_factory):
 PROBE = """
 import importlib.util as u, json
 import kv_canary, kv_canary.codegen
-from kv_canary.layer import csrc, emulation_build
+from kv_canary.layer import csrc, emulation_build, sources
 print(json.dumps({
     "top_level_codegen": u.find_spec("codegen") is not None,
     "files": [kv_canary.__file__, kv_canary.codegen.__file__],
@@ -32,6 +32,7 @@ print(json.dumps({
                                                       "kv_canary.integrations.transformers.engine")],
     "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
     "csrc": str(csrc.CSRC_DIR), "csrc_headers": sorted(csrc.csrc_headers()),
+    "cpu_source": str(sources.tree_dir(kv_canary.generated) / sources.kernel_abi(kv_canary.generated).CPU_SOURCE),
 }))
 """
 
@@ -59,6 +60,12 @@ def test_the_device_headers_ship_in_the_wheel(probe):
     """Every kernel includes the hand-written kv_canary/csrc/ headers: the wheel carries them all."""
     assert "site-packages" in probe["csrc"] and str(ROOT) not in probe["csrc"]
     assert probe["csrc_headers"] == sorted(p.name for p in (ROOT / "kv_canary" / "csrc").iterdir())
+
+
+def test_the_cpu_backends_source_ships_in_the_wheel(probe):
+    """The cpu backend builds the installed tree's cpu/kv_canary_cpu.cpp against the shipped headers."""
+    import os
+    assert "site-packages" in probe["cpu_source"] and os.path.isfile(probe["cpu_source"])
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):

@@ -1,7 +1,9 @@
 """Layer 2: the backends that run a launch, and the registry that finds them.
 
-A backend lives in `kv_canary.backends.<name>` (`torch`: the generated reference; `emulated`: the
-generated kernels compiled for the host; `cuda`: the generated kernels on a GPU through CuPy) and
+A backend lives in `kv_canary.backends.<name>` (`torch`: the generated reference; `cpu`: the
+schema's kernels compiled natively for the host, the default on CPU tensors; `emulated`: the
+generated CUDA kernels compiled for the host against a CUDA shim; `cuda`: the generated kernels on
+a GPU through CuPy) and
 exposes `create(layer)`; modules load lazily, so a missing optional dependency (CuPy, a compiler)
 only matters when asked for. A backend receives validated arguments (kv_canary.launch validates
 first) and must never read or write out of bounds. Its one method, `prepare(operation, args)`,
@@ -15,7 +17,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable
 
-KNOWN_BACKENDS = ("torch", "cuda", "emulated")
+KNOWN_BACKENDS = ("torch", "cpu", "cuda", "emulated")
 
 
 class BackendUnavailable(Exception):

@@ -17,7 +17,6 @@ scratch the offsets stage did not fill (host_checks.py), where a GPU kernel can 
 from __future__ import annotations
 
 import ctypes
-import struct
 import sys
 from pathlib import Path
 
@@ -28,26 +27,18 @@ from ..layer.memo import PerLayer
 from ..layer.sources import kernel_abi
 from . import BackendUnavailable
 from .host_checks import HostChecks
-from .kernels import KernelBackend, blocks_for
+from .kernels import KernelBackend, blocks_for, packer
 
 if sys.byteorder != "little":  # the slot layout above: a 32-bit value sits in the slot's first bytes
     raise ImportError("kv-canary: packed kernel arguments assume a little-endian host")
 
 EMULATED_THREADS = 64
 EMULATED_PERSISTENT_BLOCKS = 2
-SLOT_BYTES = 8
-# How struct packs each parameter kind into its 8-byte slot: the value's two's complement bits.
-SLOT_FORMATS = {"ptr": "Q", "i64": "q", "i32": "i4x"}
 _CPU = torch.device("cpu")
 
 
 class EmulationLaunchError(RuntimeError):
     """A kernel failed under emulation (strict warp check, trap, bad launch shape)."""
-
-
-def _packer(kinds: tuple) -> struct.Struct:
-    """Packs a launch's values into slots (as bytes: immutable, ctypes passes their buffer as it is)."""
-    return struct.Struct(("<" + "".join(SLOT_FORMATS[k] for k in kinds)) if kinds else f"<{SLOT_BYTES}x")
 
 
 class EmulationLibrary:
@@ -123,7 +114,7 @@ class EmulatedBackend(KernelBackend):
         # The operations that read index values check them at every run, before any kernel writes
         # (HostChecks has a method of the operation's name).
         self._checks = {op: getattr(host, op) for op in self.abi.OPERATIONS if hasattr(host, op)}
-        self._packers = {name: _packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
+        self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
 
     def check_device(self, device: torch.device) -> None:
         if device != _CPU:  # not device.type, which costs a string per launch

@@ -12,6 +12,7 @@ Nothing here synchronises with the device: sizes come from tensor shapes, never 
 """
 from __future__ import annotations
 
+import struct
 from typing import Callable
 
 import torch
@@ -164,3 +165,14 @@ def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> in
     if kernel.shape == "fixed_grid":
         return kernel.blocks
     raise ValueError(f"kv-canary: kernel {kernel.name} has unknown launch shape {kernel.shape!r}")
+
+
+SLOT_BYTES = 8
+# How struct packs each parameter kind into its 8-byte slot (the host backends' packed arguments,
+# little-endian): the value's two's complement bits; a 32-bit int in the slot's low bytes.
+SLOT_FORMATS = {"ptr": "Q", "i64": "q", "i32": "i4x"}
+
+
+def packer(kinds: tuple) -> struct.Struct:
+    """Packs a launch's values into slots (as bytes: immutable, ctypes passes their buffer as it is)."""
+    return struct.Struct(("<" + "".join(SLOT_FORMATS[k] for k in kinds)) if kinds else f"<{SLOT_BYTES}x")

@@ -42,7 +42,10 @@ __device__ __forceinline__ kvc_i64 wrapping_add(kvc_i64 a, kvc_i64 b) {
 }
 
 // -- hashing (SEMANTICS.md §2) --------------------------------------------------------------
-__device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) {
+// The mixer on any type of 64-bit unsigned lanes: kvc_u64, or the cpu backend's vectors of them
+// (kvc_cpu.h hashes several slots at once).
+template <class T>
+__device__ __forceinline__ T splitmix64_lanes(T x) {
   x ^= x >> 30;
   x *= 0xBF58476D1CE4E5B9ULL;
   x ^= x >> 27;
@@ -50,6 +53,7 @@ __device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) {
   x ^= x >> 31;
   return x;
 }
+__device__ __forceinline__ kvc_u64 splitmix64(kvc_u64 x) { return splitmix64_lanes(x); }
 
 // acc folded with the words W of rec, in order.
 template <int... W>
@@ -214,9 +218,10 @@ struct Ring {
 
 // -- real-KV fingerprint (SEMANTICS.md §4) --------------------------------------------------
 // 16 bytes as two little-endian words. The PTX variant is a non-coherent 128-bit load (the K/V
-// bytes are read-only while a canary kernel runs); the host variant is plain C++.
+// bytes are read-only while a canary kernel runs); the host variant (emulation and the native cpu
+// backend, kv_canary/csrc/kvc_cpu.h) is plain C++.
 __device__ __forceinline__ void load_u64x2(const unsigned char* p, kvc_u64& lo, kvc_u64& hi) {
-#if defined(KV_CANARY_HOST_EMULATION)
+#if defined(KV_CANARY_HOST_EMULATION) || defined(KV_CANARY_HOST_NATIVE)
   __builtin_memcpy(&lo, p, 8);
   __builtin_memcpy(&hi, p + 8, 8);
 #else
@@ -268,10 +273,17 @@ __device__ __forceinline__ bool real_kv_contiguous(const RealKvSources& kv, int 
   return kv.num_heads[s] == 1 && kv.chunk_bytes[s] == 0;
 }
 
-// The first byte of slot's head 0 in source s.
+// The first byte of slot's head 0 in source s (slot in range: real_kv_in_range). A page of one
+// token (SGLang's MHA pools) needs no 64-bit division, which costs tens of cycles.
 __device__ __forceinline__ const unsigned char* real_kv_slot(const RealKvSources& kv, int s, kvc_i64 slot) {
   const kvc_i64 page = kv.page_size[s];
+  if (page == 1) return kv.ptr[s] + slot * kv.row_stride_bytes[s];
   return kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] + (slot % page) * kv.token_stride_bytes[s];
+}
+
+// How many logical bytes of a slot the fingerprint reads in source s.
+__device__ __forceinline__ int real_kv_read_len(const RealKvSources& kv, int s) {
+  return kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
 }
 
 // Logical bytes [b, b + 16) of the slot at p (b a multiple of 16: a head's bytes are too, so the 16
@@ -327,7 +339,7 @@ __device__ __forceinline__ bool real_kv_in_range(const RealKvSources& kv, kvc_i6
   bool ok = true;
 #pragma unroll
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s)
-    if (s < kv.num_sources && slot / kv.page_size[s] >= kv.num_rows[s]) ok = false;
+    if (s < kv.num_sources && (kv.page_size[s] == 1 ? slot : slot / kv.page_size[s]) >= kv.num_rows[s]) ok = false;
   return ok;
 }
 
@@ -338,7 +350,7 @@ __device__ __forceinline__ kvc_u64 real_kv_fingerprint(const RealKvSources& kv, 
 #pragma unroll
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    const int n = real_kv_read_len(kv, s);
     if (!real_kv_contiguous(kv, s)) {
       total = splitmix64(total ^ gathered_source_hash(kv, s, slot, n));
       continue;
@@ -386,7 +398,7 @@ __device__ __forceinline__ kvc_u64 warp_real_kv_fingerprint(const RealKvSources&
   kvc_u64 total = 0;
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    const int n = real_kv_read_len(kv, s);
     // A slot whose bytes are not one run (heads or chunks apart) is gathered by its own lane: the
     // staged slices below assume one run per row. The branch is warp-uniform (kv is).
     if (!real_kv_contiguous(kv, s)) {

@@ -110,53 +110,68 @@ __device__ __forceinline__ kvc_u64 block_scan(kvc_u64 v, kvc_u64* warp_sums, kvc
   return before;
 }
 
+// Request r's part of the plan: its verify entries, its write entries and its write seed.
+struct RequestPlan {
+  kvc_i64 verify_count, write_count, seed;
+};
+__device__ __forceinline__ RequestPlan plan_request(const OffsetsArgs& a, kvc_i64 r) {
+  const Batch& b = a.batch;
+  RequestPlan p{0, 0, kvc::UNKNOWN};
+  const kvc_i64 row = b.req_pool_indices[r];
+  const kvc_i64 prefix = b.prefix_lens[r];
+  const kvc_i64 extend = a.extend_seq_lens[r];
+  if (active_request(row, b.req_to_token.rows)) {
+    const kvc_i64 cols = b.req_to_token.cols;
+    const kvc_i64 verified = clamp_prefix(prefix, cols);
+    p.verify_count = verified - window_start(verified, b.swa_window_size);
+    p.write_count = extend > 0 ? extend : 0;
+    if (prefix > 0 && extend > 0) {
+      const kvc_i64 col = prefix - 1 < cols - 1 ? prefix - 1 : cols - 1;
+      p.seed = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, col));
+    }
+  }
+  return p;
+}
+
+// Request r's outputs, given the entries of the requests before it.
+__device__ __forceinline__ void store_request(const OffsetsArgs& a, kvc_i64 r, kvc_u64 verify_before,
+                                              kvc_u64 write_before, kvc_i64 seed) {
+  a.verify_offsets[r] = static_cast<kvc_i64>(verify_before);
+  if (r <= a.write_req_capacity) a.write_offsets[r] = static_cast<kvc_i64>(write_before);
+  if (r < a.write_req_capacity) a.write_seed_slot_indices[r] = seed;
+}
+
+// The batch's totals and the overflow decision (one thread; write_offsets past bs + 1 zeroed already).
+__device__ __forceinline__ void store_totals(const OffsetsArgs& a, kvc_u64 verify_total, kvc_u64 write_total) {
+  const kvc_i64 batch_size = a.batch.batch_size;
+  const kvc_i64 verify_sum = static_cast<kvc_i64>(verify_total);
+  a.verify_offsets[batch_size] = verify_sum;
+  if (batch_size <= a.write_req_capacity) a.write_offsets[batch_size] = static_cast<kvc_i64>(write_total);
+  *a.write_num_valid_reqs = static_cast<int>(batch_size);  // <= write_req_capacity <= INT_MAX (validated)
+  const bool overflow = verify_sum > a.verify_capacity;
+  *a.verify_enable = overflow ? 0 : 1;
+  *a.verify_num_valid = static_cast<int>(overflow ? a.verify_capacity : verify_sum);  // capacity <= INT_MAX
+}
+
 template <int kThreads>
 __device__ __forceinline__ void offsets(const OffsetsArgs& a) {
   static_assert(kThreads % 32 == 0, "the offsets kernel scans with whole warps");
   __shared__ kvc_u64 warp_sums[32];
-  const Batch& b = a.batch;
-  const kvc_i64 batch_size = b.batch_size;
+  const kvc_i64 batch_size = a.batch.batch_size;
   kvc_u64 verify_carry = 0, write_carry = 0;  // identical in every thread
   for (kvc_i64 base = 0; base < batch_size; base += blockDim.x) {
     const kvc_i64 r = base + threadIdx.x;
-    kvc_i64 verify_count = 0, write_count = 0, seed = kvc::UNKNOWN;
-    if (r < batch_size) {
-      const kvc_i64 row = b.req_pool_indices[r];
-      const kvc_i64 prefix = b.prefix_lens[r];
-      const kvc_i64 extend = a.extend_seq_lens[r];
-      if (active_request(row, b.req_to_token.rows)) {
-        const kvc_i64 cols = b.req_to_token.cols;
-        const kvc_i64 verified = clamp_prefix(prefix, cols);
-        verify_count = verified - window_start(verified, b.swa_window_size);
-        write_count = extend > 0 ? extend : 0;
-        if (prefix > 0 && extend > 0) {
-          const kvc_i64 col = prefix - 1 < cols - 1 ? prefix - 1 : cols - 1;
-          seed = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, col));
-        }
-      }
-    }
+    const RequestPlan p = r < batch_size ? plan_request(a, r) : RequestPlan{0, 0, kvc::UNKNOWN};
     kvc_u64 verify_total, write_total;
-    const kvc_u64 verify_before = block_scan(static_cast<kvc_u64>(verify_count), warp_sums, &verify_total);
-    const kvc_u64 write_before = block_scan(static_cast<kvc_u64>(write_count), warp_sums, &write_total);
-    if (r < batch_size) {
-      a.verify_offsets[r] = static_cast<kvc_i64>(verify_carry + verify_before);
-      if (r <= a.write_req_capacity) a.write_offsets[r] = static_cast<kvc_i64>(write_carry + write_before);
-      if (r < a.write_req_capacity) a.write_seed_slot_indices[r] = seed;
-    }
+    const kvc_u64 verify_before = block_scan(static_cast<kvc_u64>(p.verify_count), warp_sums, &verify_total);
+    const kvc_u64 write_before = block_scan(static_cast<kvc_u64>(p.write_count), warp_sums, &write_total);
+    if (r < batch_size) store_request(a, r, verify_carry + verify_before, write_carry + write_before, p.seed);
     verify_carry += verify_total;
     write_carry += write_total;
   }
   // Entries past bs + 1 of write_offsets are zeroed.
   for (kvc_i64 i = batch_size + 1 + threadIdx.x; i <= a.write_req_capacity; i += blockDim.x) a.write_offsets[i] = 0;
-  if (threadIdx.x == 0) {
-    const kvc_i64 verify_sum = static_cast<kvc_i64>(verify_carry);
-    a.verify_offsets[batch_size] = verify_sum;
-    if (batch_size <= a.write_req_capacity) a.write_offsets[batch_size] = static_cast<kvc_i64>(write_carry);
-    *a.write_num_valid_reqs = static_cast<int>(batch_size);  // <= write_req_capacity <= INT_MAX (validated)
-    const bool overflow = verify_sum > a.verify_capacity;
-    *a.verify_enable = overflow ? 0 : 1;
-    *a.verify_num_valid = static_cast<int>(overflow ? a.verify_capacity : verify_sum);  // capacity <= INT_MAX
-  }
+  if (threadIdx.x == 0) store_totals(a, verify_carry, write_carry);
 }
 
 // -- entries: the second kernel --------------------------------------------------------------------
@@ -181,45 +196,55 @@ struct EntriesArgs {
   kvc::PointerList<kvc_i64, kvc::PerRequestWords::count> expected;
 };
 
-__device__ __forceinline__ void entries(const EntriesArgs& a) {
-  if (*a.verify_enable == 0) return;  // overflow: entry arrays stay untouched
-  const Batch& b = a.batch;
-  const kvc_i64 batch_size = b.batch_size;
+// The entries the second kernel fills: the offsets' total clamped to the capacity, 0 when disabled.
+__device__ __forceinline__ kvc_i64 active_entries(const EntriesArgs& a) {
+  if (*a.verify_enable == 0) return 0;  // overflow: entry arrays stay untouched
+  const kvc_i64 batch_size = a.batch.batch_size;
   // No request owns an entry when there is none (a caller's scratch may claim otherwise).
   kvc_i64 active = batch_size > 0 ? a.verify_offsets[batch_size] : 0;
   if (active > a.verify_capacity) active = a.verify_capacity;
-  const kvc_i64 step = static_cast<kvc_i64>(gridDim.x) * blockDim.x;
-  for (kvc_i64 e = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < active; e += step) {
-    // The request r with verify_offsets[r] <= e < verify_offsets[r + 1].
-    kvc_i64 lo = 0, hi = batch_size;  // invariant: offsets[lo] <= e < offsets[hi]
-    while (hi - lo > 1) {
-      const kvc_i64 mid = lo + (hi - lo) / 2;
-      if (a.verify_offsets[mid] <= e) lo = mid; else hi = mid;
-    }
-    const kvc_i64 r = lo;
-    const kvc_i64 row = b.req_pool_indices[r];
-    const kvc_i64 prefix = clamp_prefix(b.prefix_lens[r], b.req_to_token.cols);
-    const kvc_i64 p = window_start(prefix, b.swa_window_size) + (e - a.verify_offsets[r]);
+  return active;
+}
 
-    a.verify_slot_indices[e] = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p));
-    a.verify_prev_slot_indices[e] =
-        p > 0 ? translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p - 1)) : kvc::UNKNOWN;
-    a.verify_expected_positions[e] = p;
-
-    kvc_i64 expected_token = kvc::UNKNOWN;
-    if (a.req_to_verify_expected_tokens != nullptr) {
-      // p + offset wraps like the reference's int64 sum (the offset is any int64).
-      const kvc_i64 col = kvc::wrapping_add(p, a.kv_token_id_vs_position_offset);
-      if (col >= 0 && col < a.req_to_verify_expected_tokens_valid_lens[r] && col < a.expected_tokens_cols &&
-          row >= 0 && row < a.expected_tokens_rows)
-        expected_token =
-            static_cast<kvc_i64>(a.req_to_verify_expected_tokens[row * a.expected_tokens_row_stride + col]);
-    }
-    a.verify_expected_tokens[e] = expected_token;
-#pragma unroll
-    for (int k = 0; k < kvc::PerRequestWords::count; ++k)
-      a.expected.at[k][e] = a.request_values.at[k][r];  // entries exist only for active requests
+// Entry e (< active_entries(a)) of the verify plan.
+__device__ __forceinline__ void fill_entry(const EntriesArgs& a, kvc_i64 e) {
+  const Batch& b = a.batch;
+  // The request r with verify_offsets[r] <= e < verify_offsets[r + 1].
+  kvc_i64 lo = 0, hi = b.batch_size;  // invariant: offsets[lo] <= e < offsets[hi]
+  while (hi - lo > 1) {
+    const kvc_i64 mid = lo + (hi - lo) / 2;
+    if (a.verify_offsets[mid] <= e) lo = mid; else hi = mid;
   }
+  const kvc_i64 r = lo;
+  const kvc_i64 row = b.req_pool_indices[r];
+  const kvc_i64 prefix = clamp_prefix(b.prefix_lens[r], b.req_to_token.cols);
+  const kvc_i64 p = window_start(prefix, b.swa_window_size) + (e - a.verify_offsets[r]);
+
+  a.verify_slot_indices[e] = translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p));
+  a.verify_prev_slot_indices[e] =
+      p > 0 ? translate(b.swa_lut, read_req_to_token(b.req_to_token, row, p - 1)) : kvc::UNKNOWN;
+  a.verify_expected_positions[e] = p;
+
+  kvc_i64 expected_token = kvc::UNKNOWN;
+  if (a.req_to_verify_expected_tokens != nullptr) {
+    // p + offset wraps like the reference's int64 sum (the offset is any int64).
+    const kvc_i64 col = kvc::wrapping_add(p, a.kv_token_id_vs_position_offset);
+    if (col >= 0 && col < a.req_to_verify_expected_tokens_valid_lens[r] && col < a.expected_tokens_cols &&
+        row >= 0 && row < a.expected_tokens_rows)
+      expected_token =
+          static_cast<kvc_i64>(a.req_to_verify_expected_tokens[row * a.expected_tokens_row_stride + col]);
+  }
+  a.verify_expected_tokens[e] = expected_token;
+#pragma unroll
+  for (int k = 0; k < kvc::PerRequestWords::count; ++k)
+    a.expected.at[k][e] = a.request_values.at[k][r];  // entries exist only for active requests
+}
+
+__device__ __forceinline__ void entries(const EntriesArgs& a) {
+  const kvc_i64 active = active_entries(a);
+  const kvc_i64 step = static_cast<kvc_i64>(gridDim.x) * blockDim.x;
+  for (kvc_i64 e = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < active; e += step)
+    fill_entry(a, e);
 }
 
 }  // namespace kvc_plan

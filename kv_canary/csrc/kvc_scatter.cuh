@@ -16,9 +16,8 @@ struct Args {
   kvc_i64 pool_rows, pool_cols, pool_row_stride;
 };
 
-__device__ __forceinline__ void run(const Args& a) {
-  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (r >= a.batch_size) return;
+// Request r (< batch_size): its tokens into its pool row.
+__device__ __forceinline__ void copy_request(const Args& a, kvc_i64 r) {
   const kvc_i64 row = a.req_pool_indices[r];
   if (row < 0 || row >= a.pool_rows) return;
   // Request r copies flat_in[lo, hi) with both ends clamped to the flat input, at most pool_cols.
@@ -29,6 +28,11 @@ __device__ __forceinline__ void run(const Args& a) {
   if (n > a.pool_cols) n = a.pool_cols;
   int* dst = a.pool_out + row * a.pool_row_stride;
   for (kvc_i64 j = 0; j < n; ++j) dst[j] = static_cast<int>(a.flat_in[lo + j]);  // int64 -> int32 wraps, as the reference's astype
+}
+
+__device__ __forceinline__ void run(const Args& a) {
+  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r < a.batch_size) copy_request(a, r);
 }
 
 }  // namespace kvc_scatter

@@ -163,17 +163,26 @@ __device__ __forceinline__ bool finish_entry(const Inputs& in, kvc_i64 i, const 
 }
 
 // -- per_request: one thread per request ---------------------------------------------------------
-__device__ __forceinline__ void per_request(const Args& a, const Inputs& in, const kvc::RealKvSources& kv,
-                                            const kvc::Ring& ring) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
-  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  Request q;
-  if (!begin_request(a, ring, r, true, q)) return;
+// The real-KV fingerprint of a stored entry's slot, read from the sources as the entry is walked.
+struct ReadFingerprint {
+  const kvc::RealKvSources& kv;
+  __device__ __forceinline__ kvc_u64 operator()(kvc_i64 /*entry*/, kvc_i64 slot) const {
+    return kvc::real_kv_fingerprint(kv, slot);
+  }
+};
+
+// Request q's entries in order, each checked, stored and chained by the calling thread; `fingerprint`
+// (entry, slot) gives a stored entry's real-KV fingerprint (the host backend passes precomputed
+// ones). Returns the entries stored.
+template <class Fingerprint>
+__device__ __forceinline__ unsigned long long walk_request(const Args& a, const Inputs& in,
+                                                           const kvc::RealKvSources& kv, const kvc::Ring& ring,
+                                                           const Request& q, const Fingerprint& fingerprint) {
   Chain chain = start_chain(a.canary_buf, a.slot_stride_bytes, q.seed);
   for (kvc_i64 i = q.lo; i < q.hi; ++i) {
     Entry e;
     load_entry(in, kv, i, e);
-    if (e.stored) e.rec[kvc::KV_FINGERPRINT_WORD] = static_cast<kvc_i64>(kvc::real_kv_fingerprint(kv, e.slot));
+    if (e.stored) e.rec[kvc::KV_FINGERPRINT_WORD] = static_cast<kvc_i64>(fingerprint(i, e.slot));
     e.rec[kvc::CHAIN_LINK_WORD] = static_cast<kvc_i64>(chain.running);
     if (finish_entry(in, i, e, chain.prev_pos, q.position_assert, true, ring, a.canary_buf, a.slot_stride_bytes)) {
       chain.prev_pos = e.rec[kvc::POSITION_WORD];
@@ -181,7 +190,17 @@ __device__ __forceinline__ void per_request(const Args& a, const Inputs& in, con
       ++chain.stored;
     }
   }
-  if (chain.stored != 0) atomicAdd(a.slot_run_counter, chain.stored);
+  return chain.stored;
+}
+
+__device__ __forceinline__ void per_request(const Args& a, const Inputs& in, const kvc::RealKvSources& kv,
+                                            const kvc::Ring& ring) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
+  const kvc_i64 r = static_cast<kvc_i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  Request q;
+  if (!begin_request(a, ring, r, true, q)) return;
+  const unsigned long long stored = walk_request(a, in, kv, ring, q, ReadFingerprint{kv});
+  if (stored != 0) atomicAdd(a.slot_run_counter, stored);
 }
 
 // -- block_per_request: one block per request ------------------------------------------------------

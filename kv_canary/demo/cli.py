@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="kv-canary demo", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="steps of the clean run (default 200)")
     ap.add_argument("--out", type=Path, default=Path("out"), help="report directory (default ./out)")
-    ap.add_argument("--backend", default=None, help="force a backend: torch, cuda or emulated")
+    ap.add_argument("--backend", default=None, help="force a backend: torch, cpu, cuda or emulated")
     ap.add_argument("--device", default=None, help="tensor device (default: cuda when available, else cpu)")
     ap.add_argument("--only", action="append", default=None, metavar="NAME",
                     help="run only these scenarios (with --world-size: the one scenario injected on rank 1, "
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
         names = ", ".join([s.name for s in known] + [tf.PREFIX + "clean"] + [s.name for s in real])
         ap.error(f"--only must name scenarios from: {names}; got {', '.join(args.only)}")
     t0, out = time.perf_counter(), sys.stdout
-    backend_name = args.backend or ("cuda (default dispatch)" if device == "cuda" else "torch reference (CPU)")
+    backend_name = args.backend or _default_backend_name(device)
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
     with contextlib.ExitStack() as stack:
         registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
@@ -140,6 +140,17 @@ def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
     stack.callback(server.close)
     out.write(f"serving the Prometheus metrics of every run (label scenario) on {server.url}\n")
     return registry
+
+
+def _default_backend_name(device: str) -> str:
+    """What the launches pick for `device` without backend= (kv_canary.launch.runtime's choice)."""
+    from .. import generated
+    from ..launch.runtime import runtime_for
+    if device == "cuda":
+        return "cuda (default dispatch)"
+    if runtime_for(generated).use_torch_reference(device):
+        return "torch reference (CPU)"
+    return "cpu kernels (default dispatch)"
 
 
 def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: str, chosen, registry, out,

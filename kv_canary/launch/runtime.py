@@ -7,7 +7,9 @@ codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) all
 1. `Validators.check(operation, arguments)` (kv_canary/launch/validation.py): every check, from shapes,
    dtypes, storages and Python values only; it returns the backend operation's keywords;
 2. the backend: the `backend=` keyword, else the KV_CANARY_BACKEND environment variable, else the
-   tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise `torch`);
+   tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise `torch`; CPU tensors ->
+   `cpu`, the kernels compiled for the host, or, where that backend cannot be built (no compiler, a
+   failed build), the torch reference, after one warning naming the cause);
 3. `backend.prepare(operation, args).run()` (kv_canary/backends/).
 
 `Runtime.bind(name, **arguments)` stops before the run: a `PreparedLaunch` that launches the same
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 
@@ -41,15 +44,22 @@ def cupy_sees_a_device() -> bool:
 
 
 def choose_backend(backend: str | None, device: torch.device) -> str:
+    return _choose(backend, device)[0]
+
+
+def _choose(backend: str | None, device: torch.device) -> tuple[str, bool]:
+    """(backend name, whether the device chose it: no backend= and no KV_CANARY_BACKEND)."""
     name = backend if backend is not None else (os.environ.get(ENV_BACKEND) or None)
     if name is None:
-        return "cuda" if device.type == "cuda" and cupy_sees_a_device() else "torch"
+        if device.type == "cpu":
+            return "cpu", True
+        return ("cuda" if device.type == "cuda" and cupy_sees_a_device() else "torch"), True
     if name not in KNOWN_BACKENDS:
         source = "backend=" if backend is not None else f"{ENV_BACKEND}="
         raise ValueError(f"kv-canary: {source}{name!r} is not a backend; expected one of {', '.join(KNOWN_BACKENDS)}")
     if name == "cuda" and device.type != "cuda":
         raise ValueError(f"kv-canary: backend 'cuda' needs CUDA tensors, got tensors on {device}")
-    return name
+    return name, False
 
 
 @functools.cache
@@ -93,16 +103,35 @@ class Runtime:
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
         self.launches = layer.api.LAUNCHES  # public launch name -> (operation, device_of)
+        self._cpu_unavailable = False  # the cpu backend could not be built: CPU tensors get the torch reference
 
     def backend(self, name: str):
         return get_backend(name, self.layer)
+
+    def backend_for(self, backend: str | None, device: torch.device):
+        """The backend a launch on `device` runs on (`backend`: the backend= keyword or None)."""
+        name, by_default = _choose(backend, device)
+        if by_default and name == "cpu":
+            return self._default_host_backend()
+        return self.backend(name)
+
+    def _default_host_backend(self):
+        """The cpu backend, or, where it cannot be built, the torch reference: said once, with the cause."""
+        if not self._cpu_unavailable:
+            try:
+                return self.backend("cpu")
+            except ValueError as exc:
+                self._cpu_unavailable = True
+                warnings.warn(f"{exc}; CPU tensors run on the torch reference instead (name a backend with backend= "
+                              f"or {ENV_BACKEND}=torch to silence this)", RuntimeWarning, stacklevel=5)
+        return self.backend("torch")
 
     def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
         """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
         read = [] if operation in self.validators.real_kv_operations else None  # what validation reads, binding takes
         args = self.validators.check(operation, arguments, read)
         device = _device_getter(device_of)(args)
-        return self.backend(choose_backend(backend, device)).prepare(operation, args, read=read)
+        return self.backend_for(backend, device).prepare(operation, args, read=read)
 
     def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
         """Validate `arguments` for `operation`, then run it on the chosen backend."""
@@ -121,8 +150,11 @@ class Runtime:
         return self.layer.reference.compute_slot_hash(**args)
 
     def use_torch_reference(self, device, *, backend=None) -> bool:
-        """SGLang's predicate, answered by the launches' own backend choice (choose_backend)."""
-        return choose_backend(backend, self.validators.parse_device("device", device)) == "torch"
+        """SGLang's predicate, answered by the launches' own backend choice (backend_for)."""
+        name, by_default = _choose(backend, self.validators.parse_device("device", device))
+        if by_default and name == "cpu":
+            return self._default_host_backend().name == "torch"  # where no compiler builds it
+        return name == "torch"
 
     # -- the public launches by name (every keyword of every schema, plus backend=) ----------------
     def _public(self, name: str, arguments: dict, *, reference: bool = False) -> None:

@@ -15,6 +15,14 @@ VECTORS = load_vectors()
 REF = importlib.import_module("kv_canary.generated.reference")
 
 
+@pytest.fixture(autouse=True, params=["torch", "cpu"])
+def host_backend(request, monkeypatch):
+    """Every launch here runs on the torch reference and again on the native cpu backend (KV_CANARY_BACKEND):
+    the reference is what these expectations check, the cpu backend must meet them too."""
+    monkeypatch.setenv("KV_CANARY_BACKEND", request.param)
+    return request.param
+
+
 def h(x: str) -> int:
     return int(x, 16)
 

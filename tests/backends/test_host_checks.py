@@ -15,8 +15,8 @@ from support.oracle import Oracle
 
 import kv_canary
 
-HOST_BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
-                                                                           reason="g++ not installed"))]
+_NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+HOST_BACKENDS = ["torch", pytest.param("cpu", marks=_NEEDS_GXX), pytest.param("emulated", marks=_NEEDS_GXX)]
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
 
@@ -90,7 +90,7 @@ def test_swa_index_outside_the_lut_raises_the_same_text_in_both_host_backends(de
         lut = case["full_to_swa_index_mapping"]
         case["full_to_swa_index_mapping"] = lut[: rng.randint(1, lut.shape[0])].clone()
         outcomes = []
-        for backend in ("torch", "emulated"):
+        for backend in ("torch", "emulated", "cpu"):
             run = scenarios.clone_case(case)
             try:
                 rt.launch_canary_plan_kernels(**run, backend=backend)
@@ -100,14 +100,15 @@ def test_swa_index_outside_the_lut_raises_the_same_text_in_both_host_backends(de
                                     str(exc)), exc
                 scenarios.compare_state(run, case)   # nothing written
                 outcomes.append(str(exc))
-        torch_out, emulated_out = outcomes
-        if isinstance(torch_out, str):
-            assert emulated_out == torch_out, f"seed {seed}"
-            raised += 1
-        else:
-            assert not isinstance(emulated_out, str), f"seed {seed}: emulated raised {emulated_out}"
-            scenarios.compare_state(emulated_out, torch_out)
-            passed += 1
+        torch_out, *kernel_outs = outcomes
+        for kernel_out in kernel_outs:  # emulated, cpu
+            if isinstance(torch_out, str):
+                assert kernel_out == torch_out, f"seed {seed}"
+            else:
+                assert not isinstance(kernel_out, str), f"seed {seed}: a kernel backend raised {kernel_out}"
+                scenarios.compare_state(kernel_out, torch_out)
+        raised += isinstance(torch_out, str)
+        passed += not isinstance(torch_out, str)
     assert raised >= 5 and passed >= 1, (raised, passed)
 
 
@@ -121,7 +122,7 @@ def test_swa_error_names_the_first_index_the_plan_reads():
     # Row 2's window [1, 3) reads slots 12, 11 and predecessors 4, 12; with an extend its seed is 11.
     for extend, first in ((1, 11), (0, 12)):
         kw["extend_seq_lens"] = torch.tensor([0, extend])
-        for backend in ("torch", *(["emulated"] if shutil.which("g++") else [])):
+        for backend in ("torch", *(["emulated", "cpu"] if shutil.which("g++") else [])):
             with pytest.raises(ValueError, match=rf"^kv-canary: SWA slot {first} is outside "
                                                  rf"full_to_swa_index_mapping length 10$"):
                 kv_canary.launch_canary_plan_kernels(

@@ -16,8 +16,8 @@ from support.kernel_diff import run
 
 import kv_canary
 
-BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
-                                                                        reason="g++ not installed"))]
+_NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+BACKENDS = ["torch", pytest.param("cpu", marks=_NEEDS_GXX), pytest.param("emulated", marks=_NEEDS_GXX)]
 SEEDS = int(os.environ.get("KV_CANARY_REASON_COUNT_SEEDS", "40"))
 
 

@@ -14,6 +14,14 @@ SLOTS = [3, 5, 7, 9, 11]          # one request's chain, positions 0..4
 TOKENS = [101, 102, 103, 104, 105]
 
 
+@pytest.fixture(autouse=True, params=["torch", "cpu"])
+def host_backend(request, monkeypatch):
+    """Every launch here runs on the torch reference and again on the native cpu backend (KV_CANARY_BACKEND):
+    the reference is what these expectations check, the cpu backend must meet them too."""
+    monkeypatch.setenv("KV_CANARY_BACKEND", request.param)
+    return request.param
+
+
 class World:
     """One canary buffer holding a 5-slot chain written from HEAD, plus launch helpers."""
 

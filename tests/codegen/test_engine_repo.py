@@ -66,7 +66,7 @@ def test_an_engine_repository_from_the_wheel(installed, tmp_path):
     (repo / "myengine" / "__init__.py").write_text("")
     _git(repo, "init", "-q", "-b", "main")
     out = run([kv, "init", "--package", "myengine/_canary"], cwd=repo, env=env).stdout
-    assert "wrote kv-canary.yaml" in out and "myengine/_canary: 13 files, 13 written" in out
+    assert "wrote kv-canary.yaml" in out and "myengine/_canary: 14 files, 14 written" in out
     _git(repo, "add", "-A")
     _git(repo, "commit", "-q", "-m", "kv-canary init")
     assert "up to date with canary.yaml" in run([kv, "check"], cwd=repo, env=env).stdout

@@ -149,7 +149,7 @@ def dispatched(monkeypatch):
 def test_dispatch_picks_the_backend(dispatched):
     run, monkeypatch = dispatched
     ops = ["write", "verify", "plan", "scatter"]
-    assert run() == [("torch", op) for op in ops]                           # CPU tensors
+    assert run() == [("cpu", op) for op in ops]                             # CPU tensors: the native kernels
     assert run(backend="emulated") == [("emulated", op) for op in ops]
     monkeypatch.setenv(runtime_module.ENV_BACKEND, "emulated")
     assert run() == [("emulated", op) for op in ops]                        # the environment variable
@@ -171,7 +171,7 @@ def test_forcing_cuda_with_cpu_tensors_is_an_error(monkeypatch):
 
 def test_unknown_backend_names(monkeypatch):
     case = scenarios.make_scatter_case(random.Random(2), kv_canary.generated)
-    with pytest.raises(ValueError, match=r"^kv-canary: backend='tpu' is not a backend; expected one of torch, cuda, emulated$"):
+    with pytest.raises(ValueError, match=r"^kv-canary: backend='tpu' is not a backend; expected one of torch, cpu, cuda, emulated$"):
         kv_canary.scatter_req_token_ids(**case, backend="tpu")
     monkeypatch.setenv("KV_CANARY_BACKEND", "tpu")
     with pytest.raises(ValueError, match=r"^kv-canary: KV_CANARY_BACKEND='tpu' is not a backend"):

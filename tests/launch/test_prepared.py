@@ -9,7 +9,7 @@ from support import scenarios
 
 import kv_canary
 
-HOST_BACKENDS = ["torch", "emulated"]
+HOST_BACKENDS = ["torch", "cpu", "emulated"]
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)

@@ -25,8 +25,8 @@ from kv_canary.layer.emulation_build import sanitize_enabled
 from kv_canary.layer.sources import kernel_abi
 
 P = "kv-canary: "
-HOST_BACKENDS = ["torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
-                                                                           reason="g++ not installed"))]
+_NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+HOST_BACKENDS = ["torch", pytest.param("cpu", marks=_NEEDS_GXX), pytest.param("emulated", marks=_NEEDS_GXX)]
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 INT_MAX, INT64_MAX, INT64_MIN = 2**31 - 1, 2**63 - 1, -(2**63)
 
@@ -48,9 +48,10 @@ def plan_kwargs(**over):
 
 @pytest.mark.skipif(not sanitize_enabled(), reason="only under `make sanitize` (KV_CANARY_EMULATION_SANITIZE=1)")
 def test_make_sanitize_runs_the_instrumented_library():
-    path = kv_canary.runtime_for(kv_canary.generated).backend("emulated").library.path
-    symbols = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True, check=True).stdout
-    assert "asan_ubsan" in path.name and "__asan_report_" in symbols and "__ubsan_handle_" in symbols, path
+    for backend in ("emulated", "cpu"):
+        path = kv_canary.runtime_for(kv_canary.generated).backend(backend).library.path
+        symbols = subprocess.run(["nm", "-D", str(path)], capture_output=True, text=True, check=True).stdout
+        assert "asan_ubsan" in path.name and "__asan_report_" in symbols and "__ubsan_handle_" in symbols, path
 
 
 # -- 1. scalars that do not fit the kernels' C types --------------------------------------------------
@@ -259,16 +260,20 @@ def test_emulated_verify_rows_come_in_entry_order(ring_capacity):
     plan.verify_num_valid.fill_(n)
     case = dict(context=ctx, plan=plan, check_verify_expected_token=False)
     got, want = scenarios.clone_case(case), scenarios.clone_case(case)
+    native = scenarios.clone_case(case)
     kv_canary.launch_canary_verify_kernel(**got, backend="emulated")
+    kv_canary.launch_canary_verify_kernel(**native, backend="cpu")
     kv_canary.launch_canary_verify_kernel(**want, backend="torch")
     assert int(want["context"].violation_write_index[0]) == n  # every entry produced one row
     scenarios.compare_state(got, want)
+    scenarios.compare_state(native, want)
 
 
 # -- 3. edge values that are valid: no undefined behaviour, the reference's bytes ---------------------
 def _same_on_emulated(kind: str, case: dict) -> None:
     from support.kernel_diff import compare
     compare(kv_canary.generated, kind, case, "emulated", ordered=True)
+    compare(kv_canary.generated, kind, case, "cpu", ordered=True)  # the native kernels too
 
 
 @needs_gxx

@@ -18,7 +18,7 @@ import torch
 import kv_canary
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
-HOST_BACKENDS = ["torch", pytest.param("emulated", marks=needs_gxx)]
+HOST_BACKENDS = ["torch", pytest.param("cpu", marks=needs_gxx), pytest.param("emulated", marks=needs_gxx)]
 
 
 def raises(exc, text):

@@ -25,7 +25,7 @@ import kv_canary.launch.runtime as runtime_module
 from kv_canary.backends import Prepared
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
-HOST_BACKENDS = ["torch", pytest.param("emulated", marks=needs_gxx)]
+HOST_BACKENDS = ["torch", pytest.param("cpu", marks=needs_gxx), pytest.param("emulated", marks=needs_gxx)]
 OWNER_EPOCH = next(p for p in EXAMPLE_SCHEMAS if p.stem == "owner_epoch")
 
 # SGLang's keyword-only parameters, in its order (sglang/kernels/ops/kv_canary/plan/offsets_kernel.py,
@@ -374,11 +374,24 @@ def test_compute_slot_hash_rejects_bad_input_by_name():
 
 
 # -- use_torch_reference --------------------------------------------------------------------------------
+def _no_cpu_backend(self, name):
+    if name == "cpu":
+        raise ValueError("kv-canary: backend 'cpu' is not available: no compiler here")
+    return runtime_module.get_backend(name, self.layer)
+
+
 def test_use_torch_reference_composes_with_backend_and_the_environment(monkeypatch):
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     ask = kv_canary.use_torch_reference
-    assert ask(torch.device("cpu")) is True and ask("cpu") is True          # SGLang: not CUDA -> reference
-    assert ask("cpu", backend="emulated") is False                           # the keyword picks the kernels
+    assert ask(torch.device("cpu")) is False and ask("cpu") is False        # CPU tensors: the native cpu kernels
+    assert ask("cpu", backend="torch") is True                               # the keyword picks the reference
+    assert ask("cpu", backend="emulated") is False                           # ... or other kernels
+    monkeypatch.setattr(runtime_module.Runtime, "backend", _no_cpu_backend)
+    monkeypatch.setattr(kv_canary.runtime_for(kv_canary.generated), "_cpu_unavailable", False)
+    with pytest.warns(RuntimeWarning, match="CPU tensors run on the torch reference instead"):
+        assert ask("cpu") is True                                            # no compiler: the reference runs
+    monkeypatch.undo()
+    monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     monkeypatch.setattr(runtime_module, "cupy_sees_a_device", lambda: True)
     assert ask(torch.device("cuda", 0)) is False                             # SGLang: CUDA -> kernels
     assert ask("cuda", backend="torch") is True

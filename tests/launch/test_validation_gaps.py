@@ -13,7 +13,7 @@ from support.launch_kwargs import plan_kwargs, verify_kwargs, write_kwargs
 
 import kv_canary
 
-HOST_BACKENDS = ["torch", "emulated"]
+HOST_BACKENDS = ["torch", "cpu", "emulated"]
 P = "kv-canary: "
 
 

@@ -3,7 +3,7 @@
 # schema-sha256: 35bec54e816df31b418859d89a61e063d82e9fb87c4a42f7da187dd01b53a25b
 # generator-sha256: not-recorded
 # generation-id: a57379c63e5f8a58
-# body-sha256: 1b4692a384b456df8d30bbb370b9d970d48be3d4901e5f49816076c48a9af1cd
+# body-sha256: 9d13e6d9c67753fe21d44202952db3610ac84cb614650e3ff53e668de43a62c1
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -27,7 +27,8 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "565b4baa65f0ce0432ebf03dde5dbc15ca3fa78bc362322dba3a869a82d1a9b6",
-    "api.py": "28ef1e0e3c408c69e74a2eb77e2fe2c23bca6d841b031415ceef40c341598380",
+    "api.py": "9ce85aaafff20246d167edab7233d3762a3e72589cb2f0b2386fe29d6f2439d7",
+    "cpu/kv_canary_cpu.cpp": "08e8090c0f6e035c7eca22806e6d0dac9a983b640ae03d5c80fb2b87e86b344c",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
     "cuda/canary_plan_offsets.cu": "44748dc71d2ac97abb74b915ee4aa2dcf5177e5d16140239f254a4da1e0d2747",
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",
@@ -35,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
     "cuda/kv_canary_layout.cuh": "4464284fee4a6673f610448d880d4a58654bf8b0c443d610023278d7128b3880",
     "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "a091543eac99044fcaf341ddbd5ac22d2d050636c494b7b95fee71096fd697ec",
+    "kernel_abi.py": "1637fcab35c1cb1c5c1d8b98bd6c19daeca9235f26509c69eb3b641d9864fd25",
     "layout.py": "d67a1e7013f1af1fbb611a1afd7e9146647210ab6c7107ab702161a31807a7be",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: f2c3b3c47bb2be4f8214e76095d947bf145054c7f96cfb32e6627a0edf43fde3
+# body-sha256: 78f27eaee982d1223bbf3450b9294dd1e53257e990c043074e0b08f5e66cb703
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -27,7 +27,8 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "f735e06dd3cc2524e3865e0c6ead90eccd016f70e18adab2305f58b90b66785b",
-    "api.py": "3d9a39ff634bbf56950684f8a14b552938d1bfedd6f23a1aaaf16bc6733ee015",
+    "api.py": "081980bdd3bd73edfff8f1082587b2ad64b310dd1691b96eac9ffbbc5cdd9601",
+    "cpu/kv_canary_cpu.cpp": "0837a552618abb937bca970e4cf4dd07426fc8feed796a87196ef0c7bde3f7c1",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
@@ -35,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
     "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
-    "kernel_abi.py": "756371d833fe298fcd4a7390a437110949dd39a181c2b0d4f049d138f1b4af6d",
+    "kernel_abi.py": "20cfbb20c88dc1cff2eb7edd20d58a600eaee088bd8fba487475e2043b6de599",
     "layout.py": "6be70e19d2d1082453b8f1183369d8abfc31c3788cc5a3c234ffdc131f57bc93",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 3641e4ef3138663b05ddbe3bb4150c8f9bed1195fd921b83dbc2e6c65e3f4696
+# body-sha256: cfa621961336d825c36a24d3750b5bd2802c5de8427341b128393691ccfacab3
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -27,7 +27,8 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "3faf45f75af046f85c79ad1f2cf81c57881246459e97314e7b131e6347c108e6",
-    "api.py": "d743ac5e3ccb1bb244394b9967a74c5dcab02013dcb1bc74d10b81c36e1dc14b",
+    "api.py": "40bcd6d22b584d1b772bb32a0c70f2e915a66b51192936dd6f1eb2c44750a09b",
+    "cpu/kv_canary_cpu.cpp": "ee3caa1f1cb35569b99a9e2d3f6f02e88f99ff1bd2cad9bf6513b75631b5f488",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
@@ -35,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "849ff3492c3996344a20e46d2cf3d7b7054f4c03e8d5ed6be2e9440a11f7998f",
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
     "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
-    "kernel_abi.py": "0a6d1f0082fa0de1be2ae421a33598a7d4fecde5304d920a96bc9d94204fab7d",
+    "kernel_abi.py": "658b693b6ebb50ca26df446add5d7ea73814343dc90cfa106e219e6f1e15b41f",
     "layout.py": "bc2dc284cbd6badb846e32d335270e3a9c5fd94da82ce478bd20ebbd6f2fd2ed",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }

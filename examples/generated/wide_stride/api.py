@@ -172,7 +172,8 @@ def use_torch_reference(device, *, backend=None) -> bool:
     """Whether a launch on tensors of `device` runs the torch reference rather than kernels.
 
     The same choice the launches make: `backend=`, else the KV_CANARY_BACKEND environment variable,
-    else the device (CUDA tensors with a visible GPU -> the `cuda` kernels, anything else -> torch).
+    else the device (CUDA tensors with a visible GPU -> the `cuda` kernels, CPU tensors -> the `cpu`
+    kernels where they can be built, anything else -> torch).
     """
     return _runtime().use_torch_reference(device, backend=backend)
 

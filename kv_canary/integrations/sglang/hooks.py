@@ -107,7 +107,7 @@ def default_backend() -> str:
     if chosen:
         return chosen
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return "torch" if kvc.use_torch_reference(device) else "cuda"
+    return "torch" if kvc.use_torch_reference(device) else device.type  # cuda, or the native cpu backend
 
 
 def register() -> str:

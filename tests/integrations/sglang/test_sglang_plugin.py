@@ -154,7 +154,7 @@ def test_unset_changes_nothing_and_set_replaces_every_launcher(runs):
                                                                             "scatter": True}
     (line,) = [m for name, _, m in runs["plugin"]["plugin_log"] if name == "kv_canary.integrations.sglang"]
     assert line.startswith(f"kv-canary {importlib.metadata.version('kv-canary')} active inside SGLang 0.5.23: "
-                           f"backend=torch schema=abi_version {kv_canary.ABI_VERSION}, layout "
+                           f"backend=cpu schema=abi_version {kv_canary.ABI_VERSION}, layout "
                            f"{kv_canary.LAYOUT_FINGERPRINT} (SGLang-compatible 32-byte records)")
 
 

@@ -16,7 +16,7 @@ from kv_canary.engine import contract  # noqa: E402
 from kv_canary.engine.manager import CanaryManager  # noqa: E402
 from kv_canary.integrations import transformers as kt  # noqa: E402
 
-BACKENDS = ["torch", "emulated"]
+BACKENDS = ["torch", "cpu", "emulated"]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,443 @@
+// The native cpu backend's kernels: the schema's write, verify, plan and scatter as host loops over
+// the rows and entries a GPU grid would cover, calling the same device functions as the CUDA
+// kernels (kvc_device.cuh: hashing, the chain, the ring, the real-KV fingerprint; kvc_write.cuh,
+// kvc_verify.cuh, kvc_plan.cuh, kvc_scatter.cuh: one entry's or one request's work), compiled as
+// host code with the system compiler (kv_canary/layer/cpu_build.py).
+//
+// The generated cpu/kv_canary_cpu.cpp includes this first (it includes the schema's layout header
+// itself, after the host qualifiers) and defines one extern "C" function per kernel entry point,
+// taking the kernel's own parameters and building the same argument structs as the CUDA entry point.
+//
+// Threads: a launch splits its entries (verify, plan entries) or, for the write's fingerprints, its
+// tokens into contiguous ranges, one per std::thread, at most Team::threads of them and never less
+// than Team::grain items each (a small launch runs on the calling thread alone). Threads are started
+// per launch: nothing spins between launches and a forked process inherits no pool.
+//
+// Order: SEMANTICS.md §5.2 wants a host backend's verify rows in entry order, and the reference's
+// write semantics are sequential (a seed written by an earlier request of the launch is read with
+// its values; of two entries storing one slot the later wins). So verify threads append to private
+// rings that are appended to the launch's ring in range order afterwards, and the write walks its
+// requests in order on one thread (the fingerprints, the bulk of its work, are computed first, in
+// parallel: they read only the K/V sources).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#define KV_CANARY_HOST_NATIVE 1
+
+// CUDA qualifiers: device functions become ordinary inline functions.
+#define __device__
+#define __global__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
+#define __shared__ static
+
+// The GPU-only built-ins the device headers' grid-level code names (the block and warp bodies these
+// loops never call): declared so that the headers compile, never defined, so a host loop that
+// reached one would fail to link instead of running wrong.
+struct kvc_cpu_dim3 {
+  unsigned x, y, z;
+};
+extern const kvc_cpu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+void __syncthreads();
+void __syncwarp(unsigned mask = 0xFFFFFFFFu);
+unsigned long long __shfl_sync(unsigned mask, unsigned long long var, int src_lane);
+unsigned long long __shfl_up_sync(unsigned mask, unsigned long long var, unsigned delta);
+unsigned long long __shfl_xor_sync(unsigned mask, unsigned long long var, int lane_mask);
+
+// Atomic adds as on the GPU: the int one wraps modulo 2^32 (the GCC builtins define the wrap).
+inline int atomicAdd(int* addr, int val) { return __atomic_fetch_add(addr, val, __ATOMIC_RELAXED); }
+inline unsigned long long atomicAdd(unsigned long long* addr, unsigned long long val) {
+  return __atomic_fetch_add(addr, val, __ATOMIC_RELAXED);
+}
+
+#include "kv_canary_layout.cuh"
+#include "kvc_plan.cuh"
+#include "kvc_scatter.cuh"
+#include "kvc_verify.cuh"
+#include "kvc_write.cuh"
+
+namespace kvc_cpu {
+
+// What a launch may use: at most `threads` threads, each taking at least `grain` items (entries,
+// tokens; kv_canary/backends/cpu.py: below some thousands, starting a thread costs more than it saves).
+struct Team {
+  int threads;
+  kvc_i64 grain;
+};
+// Entries a verify thread checks between two moves of its private ring's rows (at most one row each).
+constexpr kvc_i64 kRowBlock = 1024;
+
+inline std::string& last_error() {
+  static thread_local std::string message;
+  return message;
+}
+
+// How many threads a launch of `work` items uses.
+inline int team_size(const Team& team, kvc_i64 work) {
+  const kvc_i64 most = work / (team.grain > 0 ? team.grain : 1);
+  if (team.threads <= 1 || most <= 1) return 1;
+  return static_cast<int>(most < team.threads ? most : team.threads);
+}
+
+// fn(t, lo, hi) for the team's contiguous ranges of [0, work), range t on thread t (range 0 on the
+// calling thread). A thread that cannot be started leaves its range to the calling thread.
+template <class Fn>
+void parallel_ranges(int team, kvc_i64 work, const Fn& fn) {
+  if (team <= 1) {
+    fn(0, kvc_i64{0}, work);
+    return;
+  }
+  const kvc_i64 per = work / team, extra = work % team;
+  auto bounds = [&](int t) {
+    const kvc_i64 lo = t * per + (t < extra ? t : extra);
+    return std::pair<kvc_i64, kvc_i64>(lo, lo + per + (t < extra ? 1 : 0));
+  };
+  std::vector<std::exception_ptr> errors(team);  // a worker's exception, rethrown on the calling thread
+  auto guarded = [&](int t) {
+    try {
+      const auto r = bounds(t);
+      fn(t, r.first, r.second);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> workers;
+  std::vector<int> left;  // ranges whose thread could not be started
+  workers.reserve(team - 1);
+  for (int t = 1; t < team; ++t) {
+    try {
+      workers.emplace_back(guarded, t);
+    } catch (const std::exception&) {
+      left.push_back(t);
+    }
+  }
+  guarded(0);
+  for (int t : left) guarded(t);
+  for (auto& w : workers) w.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// -- prefetch ------------------------------------------------------------------------------------
+// Slots arrive in any order (a pool's free list), so records and K/V rows are read at random: one
+// entry at a time, each of its cache (and TLB) misses would be waited for in turn. The loops ask for
+// the lines of the next block's entries while they hash this block's, so misses overlap.
+constexpr kvc_i64 kLine = 64;
+
+template <int kWrite>
+inline void prefetch_bytes(const unsigned char* p, kvc_i64 n) {
+  const unsigned char* end = p + n;
+  for (const unsigned char* q = p - (reinterpret_cast<uintptr_t>(p) & (kLine - 1)); q < end; q += kLine)
+    __builtin_prefetch(q, kWrite);
+}
+
+// The record of `slot`, when it is one of the buffer's.
+template <int kWrite>
+inline void prefetch_record(const unsigned char* buf, kvc_i64 num_slots, kvc_i64 stride, kvc_i64 slot) {
+  if (slot >= 0 && slot < num_slots) prefetch_bytes<kWrite>(buf + slot * stride, kvc::CANARY_RECORD_BYTES);
+}
+
+// The K/V bytes the fingerprint of `slot` reads, when it reads any.
+inline void prefetch_kv(const kvc::RealKvSources& kv, kvc_i64 slot) {
+  if (slot < 0 || !kvc::real_kv_active(kv) || !kvc::real_kv_in_range(kv, slot)) return;
+  for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s)
+    if (kvc::real_kv_contiguous(kv, s))  // a gathered slot's bytes are not one run: nothing to prefetch ahead
+      prefetch_bytes<0>(kvc::real_kv_slot(kv, s, slot), kvc::real_kv_read_len(kv, s));
+}
+
+// Every source's slot bytes are one run: what the lock-step loads below assume.
+inline bool all_contiguous(const kvc::RealKvSources& kv) {
+  for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s)
+    if (!kvc::real_kv_contiguous(kv, s)) return false;
+  return true;
+}
+
+// -- fingerprints, kLanes slots at a time ----------------------------------------------------------
+// kvc::real_kv_fingerprint of one slot is a chain of dependent multiplies (two per 8 bytes), so one
+// slot at a time runs at the multiplier's latency. The same fold over kLanes slots in lock-step
+// keeps kLanes independent chains in one vector (kvc::splitmix64_lanes): throughput, not latency.
+// Same bytes (kvc::real_kv_slot, kvc::real_kv_read_len), same order of words, same fold as
+// real_kv_fingerprint; a tail of fewer than kSlotsAtOnce slots takes real_kv_fingerprint itself.
+constexpr int kLanes = 8;
+typedef kvc_u64 Lanes __attribute__((vector_size(kLanes * 8)));  // word k of each of kLanes slots
+
+// rows[j] = 8 consecutive words of slot j -> rows[k] = word k of every slot (an 8 x 8 transpose).
+inline void transpose(Lanes (&r)[kLanes]) {
+  static_assert(kLanes == 8, "an 8 x 8 transpose");
+  const Lanes lo1 = {0, 8, 2, 10, 4, 12, 6, 14}, hi1 = {1, 9, 3, 11, 5, 13, 7, 15};
+  const Lanes lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+  const Lanes lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+  Lanes b[8], c[8];
+  for (int i = 0; i < 8; i += 2) {
+    b[i] = __builtin_shuffle(r[i], r[i + 1], lo1);
+    b[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi1);
+  }
+  for (int i = 0; i < 8; i += 4)
+    for (int k = 0; k < 2; ++k) {
+      c[i + k] = __builtin_shuffle(b[i + k], b[i + k + 2], lo2);
+      c[i + k + 2] = __builtin_shuffle(b[i + k], b[i + k + 2], hi2);
+    }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = __builtin_shuffle(c[k], c[k + 4], lo4);
+    r[k + 4] = __builtin_shuffle(c[k], c[k + 4], hi4);
+  }
+}
+
+// kGroups x kLanes slots: kGroups independent vectors, so that one vector's dependent mixes overlap
+// with the others'.
+constexpr int kGroups = 2;
+constexpr int kSlotsAtOnce = kGroups * kLanes;
+
+inline void fingerprint_lanes(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc_u64* out) {
+  Lanes total[kGroups] = {};
+  for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s) {
+    const unsigned char* p[kSlotsAtOnce];
+    for (int j = 0; j < kSlotsAtOnce; ++j) p[j] = kvc::real_kv_slot(kv, s, slots[j]);
+    const int n = kvc::real_kv_read_len(kv, s);
+    Lanes h[kGroups] = {};
+    int b = 0;
+    for (; b + 64 <= n; b += 64) {  // 64 bytes (4 chunks) of every slot: loads, a transpose, 8 mixes per group
+      Lanes w[kGroups][kLanes];
+      for (int g = 0; g < kGroups; ++g) {
+        for (int j = 0; j < kLanes; ++j) __builtin_memcpy(&w[g][j], p[g * kLanes + j] + b, sizeof(Lanes));
+        transpose(w[g]);
+      }
+      for (int k = 0; k < kLanes; ++k)
+        for (int g = 0; g < kGroups; ++g) h[g] = kvc::splitmix64_lanes(h[g] ^ w[g][k]);
+    }
+    for (; b < n; b += kvc::REAL_KV_LOAD_ALIGN_BYTES) {  // the chunks past a multiple of 64 bytes
+      for (int g = 0; g < kGroups; ++g) {
+        Lanes lo, hi;
+        for (int j = 0; j < kLanes; ++j) {
+          kvc_u64 l, u;
+          kvc::load_u64x2(p[g * kLanes + j] + b, l, u);
+          lo[j] = l;
+          hi[j] = u;
+        }
+        h[g] = kvc::splitmix64_lanes(h[g] ^ lo);
+        h[g] = kvc::splitmix64_lanes(h[g] ^ hi);
+      }
+    }
+    for (int g = 0; g < kGroups; ++g) total[g] = kvc::splitmix64_lanes(total[g] ^ h[g]);
+  }
+  __builtin_memcpy(out, total, sizeof(total));
+}
+
+// out[k] = kvc::real_kv_fingerprint(kv, slots[k]) for k < n (every slot in range: real_kv_in_range).
+inline void fingerprints(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc_i64 n, kvc_u64* out) {
+  if (!kvc::real_kv_active(kv)) {
+    for (kvc_i64 k = 0; k < n; ++k) out[k] = 0;
+    return;
+  }
+  kvc_i64 k = 0;
+  if (all_contiguous(kv))  // strided sources (heads or chunks apart) take real_kv_fingerprint's gather per slot
+    for (; k + kSlotsAtOnce <= n; k += kSlotsAtOnce) fingerprint_lanes(kv, slots + k, out + k);
+  for (; k < n; ++k) out[k] = kvc::real_kv_fingerprint(kv, slots[k]);
+}
+
+// Entries a loop classifies, hashes and finishes together.
+constexpr kvc_i64 kBlock = 64;
+
+// -- verify (SEMANTICS.md §5.2) ------------------------------------------------------------------
+// Entries [lo, hi) in blocks: kvc_verify::prepare_entry sorts each block's entries (rows it would
+// append go to a ring that keeps none), the checked ones' fingerprints are hashed kLanes at a time,
+// then every entry is finished in order: check_entry, or prepare_entry again on the launch's ring
+// for one that is not checked (its out-of-range row, in its place).
+template <bool kCheckExpectedToken>
+inline void verify_range(const kvc_verify::Args& a, const kvc::RealKvSources& kv, const kvc::Ring& ring, kvc_i64 lo,
+                         kvc_i64 hi) {
+  int discarded = 0;
+  const kvc::Ring none{ring.launch_tag, nullptr, 0, &discarded, nullptr};
+  kvc_i64 slot[kBlock], prev[kBlock];
+  kvc_u64 fp[kBlock];
+  int at[kBlock];
+  for (kvc_i64 b = lo; b < hi; b += kBlock) {
+    const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
+    int n = 0;
+    for (kvc_i64 e = b; e < end; ++e) {
+      if (e + kBlock < hi) {  // the next block's lines
+        const kvc_i64 ahead = a.verify_slot_indices[e + kBlock];
+        prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, ahead);
+        prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, a.verify_prev_slot_indices[e + kBlock]);
+        prefetch_kv(kv, ahead);
+      }
+      kvc_i64 s = 0, p = 0;
+      at[e - b] = -1;
+      if (kvc_verify::prepare_entry<kCheckExpectedToken>(a, kv, none, e, s, p)) {
+        at[e - b] = n;
+        slot[n] = s;
+        prev[n++] = p;
+      }
+    }
+    fingerprints(kv, slot, n, fp);
+    for (kvc_i64 e = b; e < end; ++e) {
+      const int k = at[e - b];
+      if (k >= 0) {
+        kvc_verify::check_entry<kCheckExpectedToken>(a, ring, e, slot[k], prev[k], fp[k]);
+      } else {
+        kvc_i64 s = 0, p = 0;
+        kvc_verify::prepare_entry<kCheckExpectedToken>(a, kv, ring, e, s, p);
+      }
+    }
+  }
+}
+
+// One thread's entries [lo, hi) into `rows`, in entry order, through a private ring emptied every kRowBlock entries.
+template <bool kCheckExpectedToken>
+inline void verify_rows(const kvc_verify::Args& a, const kvc::RealKvSources& kv, kvc_i64 launch_tag, kvc_i64 lo,
+                        kvc_i64 hi, std::vector<kvc::ViolationRow>& rows) {
+  std::vector<kvc::ViolationRow> block(kRowBlock);
+  int count = 0;
+  const kvc::Ring local{launch_tag, &block[0].col[0], kRowBlock, &count, nullptr};
+  for (kvc_i64 b = lo; b < hi; b += kRowBlock) {
+    verify_range<kCheckExpectedToken>(a, kv, local, b, hi - b < kRowBlock ? hi : b + kRowBlock);
+    rows.insert(rows.end(), block.begin(), block.begin() + count);  // count <= kRowBlock: one row per entry at most
+    count = 0;
+  }
+}
+
+template <bool kCheckExpectedToken>
+void verify(const Team& threads, const kvc_verify::Args& a, const kvc::RealKvSources& kv, const kvc::Ring& ring) {
+  static_assert(sizeof(kvc::ViolationRow) == sizeof(kvc_i64) * kvc::VIOLATION_FIELDS, "a row is its columns");
+  atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
+  if (*a.verify_enable == 0) return;
+  kvc_i64 active = *a.verify_num_valid;
+  if (active > a.verify_capacity) active = a.verify_capacity;
+  if (active <= 0) return;
+  const int team = team_size(threads, active);
+  if (team == 1) {
+    verify_range<kCheckExpectedToken>(a, kv, ring, 0, active);
+  } else {
+    std::vector<std::vector<kvc::ViolationRow>> rows(team);
+    parallel_ranges(team, active, [&](int t, kvc_i64 lo, kvc_i64 hi) {
+      verify_rows<kCheckExpectedToken>(a, kv, ring.launch_tag, lo, hi, rows[t]);
+    });
+    for (const auto& part : rows)
+      for (const auto& row : part) ring.append(row);
+  }
+  atomicAdd(a.slot_run_counter, static_cast<unsigned long long>(active));  // every visited entry
+}
+
+// -- write (SEMANTICS.md §5.1) -------------------------------------------------------------------
+// The fingerprints of tokens [lo, hi) where the walk would store them (a slot in the buffer and in
+// every source), into fp (the others are never read).
+inline void token_fingerprints(const kvc_write::Inputs& in, const kvc::RealKvSources& kv, kvc_i64 lo, kvc_i64 hi,
+                               kvc_u64* fp) {
+  kvc_i64 slot[kBlock], token[kBlock];
+  kvc_u64 got[kBlock];
+  for (kvc_i64 b = lo; b < hi; b += kBlock) {
+    const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
+    int n = 0;
+    for (kvc_i64 i = b; i < end; ++i) {
+      if (i + kBlock < hi) prefetch_kv(kv, in.out_cache_loc[i + kBlock]);  // the next block's rows
+      const kvc_i64 s = in.out_cache_loc[i];
+      if (s >= 0 && s < in.num_slots && kvc::real_kv_in_range(kv, s)) {
+        slot[n] = s;
+        token[n++] = i;
+      }
+    }
+    fingerprints(kv, slot, n, got);
+    for (int k = 0; k < n; ++k) fp[token[k]] = got[k];
+  }
+}
+
+// The fingerprints computed before the walk (entry i's at [i]); the walk asks for the record lines
+// it will store kBlock entries ahead.
+struct KnownFingerprint {
+  const kvc_u64* values;
+  const kvc_write::Args& a;
+  const kvc_write::Inputs& in;
+  inline kvc_u64 operator()(kvc_i64 i, kvc_i64 /*slot*/) const {
+    if (i + kBlock < a.num_tokens)
+      prefetch_record<1>(a.canary_buf, a.num_slots, a.slot_stride_bytes, in.out_cache_loc[i + kBlock]);
+    return values[i];
+  }
+};
+
+// The write in two passes: every token's fingerprint (the bulk of the work: the K/V bytes; it reads
+// nothing the walk writes, so its tokens are split over the team), then the requests walked in order
+// on this thread (the chains are serial, and in-batch seeds and duplicate slots want request order).
+inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write::Inputs& in,
+                  const kvc::RealKvSources& kv, const kvc::Ring& ring) {
+  atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
+  std::vector<kvc_u64> fp(static_cast<size_t>(a.num_tokens > 0 ? a.num_tokens : 0));
+  if (kvc::real_kv_active(kv))
+    parallel_ranges(team_size(threads, a.num_tokens), a.num_tokens,
+                    [&](int, kvc_i64 lo, kvc_i64 hi) { token_fingerprints(in, kv, lo, hi, fp.data()); });
+  const KnownFingerprint known{fp.data(), a, in};
+  unsigned long long stored = 0;
+  for (kvc_i64 r = 0; r < a.write_req_capacity; ++r) {
+    kvc_write::Request q;
+    if (kvc_write::begin_request(a, ring, r, true, q)) stored += kvc_write::walk_request(a, in, kv, ring, q, known);
+  }
+  if (stored != 0) atomicAdd(a.slot_run_counter, stored);
+}
+
+// -- plan (SEMANTICS.md §5.3) --------------------------------------------------------------------
+inline void plan_offsets(const Team& /*threads*/, const kvc_plan::OffsetsArgs& a) {
+  const kvc_i64 batch_size = a.batch.batch_size;
+  kvc_u64 verify_total = 0, write_total = 0;  // wrap modulo 2^64, as the kernel's scan
+  for (kvc_i64 r = 0; r < batch_size; ++r) {
+    const kvc_plan::RequestPlan p = kvc_plan::plan_request(a, r);
+    kvc_plan::store_request(a, r, verify_total, write_total, p.seed);
+    verify_total += static_cast<kvc_u64>(p.verify_count);
+    write_total += static_cast<kvc_u64>(p.write_count);
+  }
+  for (kvc_i64 i = batch_size + 1; i <= a.write_req_capacity; ++i) a.write_offsets[i] = 0;
+  kvc_plan::store_totals(a, verify_total, write_total);
+}
+
+inline void plan_entries(const Team& threads, const kvc_plan::EntriesArgs& a) {
+  const kvc_i64 active = kvc_plan::active_entries(a);
+  if (active <= 0) return;
+  parallel_ranges(team_size(threads, active), active, [&](int, kvc_i64 lo, kvc_i64 hi) {
+    for (kvc_i64 e = lo; e < hi; ++e) kvc_plan::fill_entry(a, e);
+  });
+}
+
+// -- scatter (SEMANTICS.md §5.4): in request order (of two requests with one row, the later wins) --
+inline void scatter(const Team& /*threads*/, const kvc_scatter::Args& a) {
+  for (kvc_i64 r = 0; r < a.batch_size; ++r) kvc_scatter::copy_request(a, r);
+}
+
+// A launcher's body: 0, or non-zero with the reason in last_error() (nothing a kernel does throws
+// but allocating its scratch).
+template <class Body>
+int run(const char* entry_point, const Body& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& exc) {
+    last_error() = std::string(entry_point) + ": " + exc.what();
+    return 1;
+  }
+}
+
+// A launcher over packed arguments: parameter i's value in the low bytes of the 8-byte slot i.
+template <class A>
+A slot_value(const unsigned char* slots, size_t i) {
+  static_assert(sizeof(A) <= 8, "a kernel parameter fits one 8-byte slot");
+  A value;
+  std::memcpy(&value, slots + 8 * i, sizeof(A));
+  return value;
+}
+template <class... A, size_t... I>
+int slots_launch_at(int (*launch)(int, long long, A...), int threads, long long grain, const unsigned char* slots,
+                    std::index_sequence<I...>) {
+  (void)slots;
+  return launch(threads, grain, slot_value<A>(slots, I)...);
+}
+template <class... A>
+int slots_launch(int (*launch)(int, long long, A...), int threads, long long grain, const void* slots) {
+  return slots_launch_at(launch, threads, grain, static_cast<const unsigned char*>(slots),
+                         std::index_sequence_for<A...>{});
+}
+
+}  // namespace kvc_cpu

@@ -1,0 +1,138 @@
+"""The native cpu backend beyond the differential suite: its thread count, launches large enough to
+be split over threads at the default grain, the default backend of CPU tensors, and what happens
+where it cannot be built (one warning naming the cause, then the torch reference)."""
+from __future__ import annotations
+
+import random
+import shutil
+import warnings
+
+import pytest
+import torch
+from support import scenarios
+from support.kernel_diff import compare
+
+import kv_canary
+from kv_canary.backends import cpu as cpu_module
+from kv_canary.launch import runtime as runtime_module
+from kv_canary.layer import cpu_build
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+
+@pytest.fixture
+def backend():
+    b = kv_canary.runtime_for(kv_canary.generated).backend("cpu")
+    saved = b.threads, b.grain
+    yield b
+    b.set_threads(saved[0], grain=saved[1])
+
+
+def test_thread_count_from_the_environment(monkeypatch):
+    monkeypatch.setenv(cpu_module.ENV_THREADS, "3")
+    assert cpu_module.default_threads() == 3
+    monkeypatch.delenv(cpu_module.ENV_THREADS)
+    assert cpu_module.default_threads() >= 1
+    for bad in ("0", "-2", "many"):
+        monkeypatch.setenv(cpu_module.ENV_THREADS, bad)
+        with pytest.raises(ValueError, match=rf"^kv-canary: KV_CANARY_CPU_THREADS must be a positive integer, "
+                                             rf"got '{bad}'$"):
+            cpu_module.default_threads()
+
+
+def test_set_threads_refuses_what_is_not_a_positive_int(backend):
+    for bad in (0, -1, True, 2.0, "2"):
+        with pytest.raises(ValueError, match="^kv-canary: the cpu backend's threads must be a positive int"):
+            backend.set_threads(bad)
+    with pytest.raises(ValueError, match="^kv-canary: the cpu backend's grain must be a positive int, got 0$"):
+        backend.set_threads(2, grain=0)
+
+
+def _big_verify_case(rng: random.Random) -> dict:
+    """Verify entries over one long chain with some corruption: more entries than the default grain."""
+    layer = kv_canary.generated
+    n = 3 * cpu_module.DEFAULT_GRAIN + 17
+    num_slots = n + 8
+    sources = scenarios.make_sources(rng, layer, num_slots, count=2)
+    ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=64, device="cpu", real_kv_sources=sources,
+                                     real_kv_hash_mode=kv_canary.RealKvHashMode.ALL)
+    slots = torch.randperm(num_slots - 1)[:n] + 1
+    plan = kv_canary.WritePlan.allocate(write_req_capacity=1, device="cpu")
+    plan.write_offsets[1] = n
+    plan.write_seed_slot_indices.fill_(-1)
+    plan.write_num_valid_reqs.fill_(1)
+    kv_canary.launch_canary_write_kernel(context=ctx, plan=plan, input_ids=torch.randint(0, 1000, (n,)),
+                                         positions=torch.arange(n), out_cache_loc=slots,
+                                         enable_write_input_assert=False, backend="torch")
+    words = ctx.canary_buf.view(torch.int64)
+    for s in rng.sample(slots.tolist(), 40):  # rows from every thread's range, and more than the ring holds
+        words[s, kv_canary.CANARY_FIELD_TOKEN] += 1
+    vplan = kv_canary.VerifyPlan.allocate(verify_capacity=n, device="cpu")
+    vplan.verify_slot_indices.copy_(slots)
+    vplan.verify_slot_indices[5] = num_slots + 3  # an out-of-range entry: its row in its place
+    vplan.verify_prev_slot_indices[0] = -1
+    vplan.verify_prev_slot_indices[1:] = slots[:-1]
+    vplan.verify_expected_positions.copy_(torch.arange(n))
+    vplan.verify_num_valid.fill_(n)
+    return dict(context=ctx, plan=vplan, check_verify_expected_token=False)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_launches_split_at_the_default_grain_match_the_reference(backend, threads):
+    backend.set_threads(threads)
+    rng = random.Random(threads)
+    compare(kv_canary.generated, "verify", _big_verify_case(rng), "cpu", ordered=True)
+    case = scenarios.make_write_case(rng, kv_canary.generated, n_reqs=4, max_prefix=8,
+                                     max_extend=cpu_module.DEFAULT_GRAIN)
+    compare(kv_canary.generated, "write", case, "cpu", ordered=True)
+
+
+def test_cpu_tensors_run_the_cpu_backend_by_default(monkeypatch):
+    monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
+    rt = kv_canary.runtime_for(kv_canary.generated)
+    assert rt.backend_for(None, torch.device("cpu")).name == "cpu"
+    assert rt.backend_for("torch", torch.device("cpu")).name == "torch"
+    monkeypatch.setenv(runtime_module.ENV_BACKEND, "torch")
+    assert rt.backend_for(None, torch.device("cpu")).name == "torch"
+
+
+def test_without_a_compiler_the_reference_runs_after_one_warning(monkeypatch):
+    """A runtime whose cpu backend cannot be built warns once, naming the cause, and runs the torch
+    reference (its results are the reference's); naming backend='cpu' is an error that says why."""
+    monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
+    real = runtime_module.get_backend
+
+    def no_cpu(name, layer):
+        if name == "cpu":
+            raise ValueError("kv-canary: backend 'cpu' is not available: kv-canary: the cpu backend needs a C++ "
+                             "compiler (CXX or g++ on PATH), found no 'g++'")
+        return real(name, layer)
+    monkeypatch.setattr(runtime_module, "get_backend", no_cpu)
+    rt = runtime_module.Runtime(kv_canary.generated)  # a fresh runtime: nothing decided yet
+    case = scenarios.make_verify_case(random.Random(3), kv_canary.generated)
+    want = scenarios.clone_case(case)
+    kv_canary.runtime_for(kv_canary.generated).launch_canary_verify_kernel(**want, backend="torch")
+    got = scenarios.clone_case(case)
+    with pytest.warns(RuntimeWarning, match=r"^kv-canary: backend 'cpu' is not available: .*found no 'g\+\+'; "
+                                            r"CPU tensors run on the torch reference instead"):
+        rt.launch_canary_verify_kernel(**got)
+    scenarios.compare_state(got, want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once
+        rt.launch_canary_verify_kernel(**scenarios.clone_case(case))
+        assert rt.use_torch_reference("cpu") is True
+    with pytest.raises(ValueError, match="^kv-canary: backend 'cpu' is not available"):
+        rt.launch_canary_verify_kernel(**scenarios.clone_case(case), backend="cpu")
+
+
+def test_a_missing_compiler_is_named(monkeypatch):
+    monkeypatch.setenv(cpu_build.ENV_CXX, "kv-canary-no-such-compiler")
+    cpu_build.compiler.cache_clear()
+    try:
+        with pytest.raises(cpu_build.CpuBuildError, match="^kv-canary: the cpu backend needs a C\\+\\+ compiler "
+                                                          "\\(CXX or g\\+\\+ on PATH\\), found no "
+                                                          "'kv-canary-no-such-compiler'$"):
+            cpu_build.build_library(kv_canary.generated)
+    finally:
+        monkeypatch.undo()
+        cpu_build.compiler.cache_clear()

@@ -1,0 +1,79 @@
+"""The native cpu backend (the schema's kernels compiled for the host, kv_canary/csrc/kvc_cpu.h)
+against the torch reference over the random scenarios of tests/support/scenarios.py.
+
+As many cases as the emulated suite (80 per kernel on the default schema, 20 on each example
+schema, times KV_CANARY_CASES) as a default launch runs them (the scenarios' small launches stay
+on one thread), and a quarter of them split over three threads of one entry or more each (grain 1), so
+that the parallel paths (verify's private rings appended in entry order, the write's precomputed
+fingerprints, the plan entries' ranges) see every case too. Rings are compared exactly: the cpu
+backend appends in entry order, and walks write requests in order. Seeds are fixed (seed i = case i).
+"""
+from __future__ import annotations
+
+import random
+import shutil
+
+import pytest
+from support import budget, scenarios
+from support.kernel_diff import compare, run_plan_stages
+
+import kv_canary
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+
+SPLITS = {"default": None, "split": (3, 1)}  # (threads, grain) of the second run
+
+
+def cases_for(layer, split: str) -> int:
+    base = 80 if layer is kv_canary.generated else 20
+    return budget.cases(base if split == "default" else base // 4)  # the split run: a quarter of them
+
+
+@pytest.fixture(params=list(SPLITS))
+def split(request, any_layer):
+    backend = kv_canary.runtime_for(any_layer).backend("cpu")  # built once, outside the per-case loop
+    threads, grain = backend.threads, backend.grain
+    if SPLITS[request.param] is not None:
+        backend.set_threads(SPLITS[request.param][0], grain=SPLITS[request.param][1])
+    yield request.param
+    backend.set_threads(threads, grain=grain)
+
+
+def each_case(layer, kind: str, make, split: str) -> None:
+    for seed in range(cases_for(layer, split)):
+        case = make(random.Random(seed), layer)
+        try:
+            compare(layer, kind, case, "cpu", ordered=True)
+        except AssertionError as exc:
+            raise AssertionError(f"{kind} case seed={seed} ({layer.__name__}): {exc}") from None
+
+
+def test_write_matches_reference(any_layer, split):
+    # Requests are walked in order on one thread, so duplicates and in-batch seeds (overlap cases)
+    # are exact; only the fingerprints are computed in parallel.
+    each_case(any_layer, "write",
+              lambda rng, layer: scenarios.make_write_case(rng, layer, overlap=rng.random() < 0.5), split)
+
+
+def test_verify_matches_reference(any_layer, split):
+    each_case(any_layer, "verify", scenarios.make_verify_case, split)
+
+
+def test_plan_matches_reference(any_layer, split):
+    tally = scenarios.PlanCaseTally()
+    each_case(any_layer, "plan", tally.make, split)
+    tally.report(f"cpu vs reference ({any_layer.__name__}, {split})")
+
+
+def test_plan_stages_match_reference(any_layer, split):
+    """launch_plan_offsets_kernel then launch_plan_entries_kernel, as SGLang calls them one by one."""
+    for seed in range(cases_for(any_layer, split)):
+        case = scenarios.make_plan_case(random.Random(seed), any_layer)
+        bs = int(case["req_pool_indices"].shape[0])
+        ref = run_plan_stages(any_layer, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "torch")
+        got = run_plan_stages(any_layer, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "cpu")
+        scenarios.compare_state(ref, got)
+
+
+def test_scatter_matches_reference(any_layer, split):
+    each_case(any_layer, "scatter", scenarios.make_scatter_case, split)
