@@ -32,7 +32,8 @@ NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM = 3, 4, 16
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 # The emulated kernels: the default write (per-warp cooperative fingerprint, as the verify's) and
 # the per_request write (one thread per fingerprint).
-BACKENDS = ("torch", pytest.param("emulated", marks=needs_gxx), pytest.param("emulated-per-request", marks=needs_gxx))
+BACKENDS = ("torch", pytest.param("emulated", marks=needs_gxx), pytest.param("emulated-per-request", marks=needs_gxx),
+            pytest.param("cpu", marks=needs_gxx))
 
 
 def make_kv(dtype: torch.dtype, heads: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
