@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 3cc99318858fecc547c0fb20932d6d7f89940a6d57accd98add82b9e977926fd
+# body-sha256: f5309bcc13a06b714ded21c292d89024d120766bec8c223f2438619677abda20
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "28e530ad9b1dd1603996fe2d8729661069c4e9f0b131fe9adf7151adb513f57a",
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
     "emulation/kv_canary_launchers.cpp": "d4f3c2f49d3711d4da52b53c457626e897f1104affb51b77a237979abe0bd638",
-    "kernel_abi.py": "3be94ed751a2f774835bd965b210f1e5727238d5bc04c09850f75f76f4123a70",
+    "kernel_abi.py": "7da4384811a26bed9abf90f9fdac6a1c4b511efaa0db4fb7794e66644679e833",
     "layout.py": "c6ec88a112087340e777a23a485e8305e842cbe175e18999a442a00d7657630f",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 5c1c6106bce27c8fca73ccb102c58522c530ca78fbf1bde620dd1c9856a8af98
+# body-sha256: c7c19a048947e675cb04d3f0f987d88120b55d8e6142879518b78a46be84ef9b
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "31b912430120fc2e7bce07b19aa4b627b1749a94cfc15a4e2a51d6cfb3054f12",
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
     "emulation/kv_canary_launchers.cpp": "55e701accb22f7dff4d665fcfb759da6a9d4eeb776c514b31ea26394f643bb67",
-    "kernel_abi.py": "8135f6e99963bfcd4f372d2da719319c4f6bdcf2895128a76ea11c7ca329dd97",
+    "kernel_abi.py": "dcc69228535df86d67d5218f0afde6ec8a9c62a4480bb1e900e0d999054e4cdf",
     "layout.py": "e29a5764cfe3a9dff23f6f3b7afd2448b6cf0ab9479937a939e699dc389d4827",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
