@@ -145,9 +145,9 @@ class MetricsPortUnavailable(ValueError):
     """serve_metrics could not listen on the port it was given (taken by another process, or not
     this process's to take); the message names the address, the reason and what to do."""
 
-    def __init__(self, addr: str, port: int, reason: str, hint: str):
+    def __init__(self, addr: str, port: int, reason: str, hint: str, *, busy: bool):
         super().__init__(f"kv-canary: cannot serve /metrics on {addr}:{port}: {reason}; {hint}")
-        self.addr, self.port, self.reason, self.hint = addr, port, reason, hint
+        self.addr, self.port, self.reason, self.hint, self.busy = addr, port, reason, hint, busy
 
 
 @dataclass
@@ -186,9 +186,9 @@ def serve_metrics(port: int, *, addr: str = "127.0.0.1", registry=None,
     try:
         started = prom.start_http_server(port, addr=addr, registry=prom.REGISTRY if registry is None else registry)
     except OSError as exc:   # EADDRINUSE above all: a bare [Errno 98] named neither the port nor the fix
-        hint = ("another process is listening there; choose another port (0 picks a free one)"
-                if exc.errno == errno.EADDRINUSE else "choose another port (0 picks a free one)")
-        raise MetricsPortUnavailable(addr, port, exc.strerror or str(exc), hint) from None
+        busy = exc.errno == errno.EADDRINUSE
+        hint = ("another process is listening there; " if busy else "") + "choose another port (0 picks a free one)"
+        raise MetricsPortUnavailable(addr, port, exc.strerror or str(exc), hint, busy=busy) from None
     if not isinstance(started, tuple):
         raise ImportError(f"kv-canary: serving /metrics needs prometheus_client >= 0.17: {INSTALL_HINT}")
     server, thread = started

@@ -111,8 +111,9 @@ def serve(port: int) -> None:
     except MetricsPortUnavailable as exc:   # the same error, saying where the port came from
         raise MetricsPortUnavailable(
             exc.addr, exc.port, f"{exc.reason} (KV_CANARY_SGLANG_METRICS_PORT={port} plus this process's "
-            f"torch.distributed rank {rank})", "another process is listening there; set KV_CANARY_SGLANG_METRICS_PORT "
-            "to a free port (0 picks one) or unset it to run without the endpoint") from None
+            f"torch.distributed rank {rank})", ("another process is listening there; " if exc.busy else "")
+            + "set KV_CANARY_SGLANG_METRICS_PORT to a free port (0 picks one) or unset it to run without the endpoint",
+            busy=exc.busy) from None
     SERVER.update(newest=newest, server=server)
     logger.info("kv-canary: Prometheus metrics of SGLang's canary at %s", server.url)
 
