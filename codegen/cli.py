@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -185,7 +186,9 @@ def _print_check(tree: Tree, n_files: int, drifts, quiet: bool) -> int:
 def cmd_describe(args) -> int:
     if args.schema is None:
         args.schema = args.root / "kernels.yaml"
-        if not args.schema.is_file() and args.installed_layout is not None:
+        # Only where there is no kernels.yaml at all: one that cannot be read (a link that dangles or
+        # loops) is an error naming it, not a silent switch to another layout.
+        if not os.path.lexists(args.schema) and args.installed_layout is not None:
             # Outside a checkout (an installed wheel): the layer the package was generated from.
             sys.stdout.write(args.installed_layout())
             return 0

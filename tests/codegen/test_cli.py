@@ -139,6 +139,19 @@ def test_a_schema_that_is_a_symlink_loop_is_a_located_error(project, capsys, com
                                        "that loops (loop.yaml -> loop.yaml)\n1 error\n")
 
 
+def test_describe_reports_a_kernels_yaml_it_cannot_read(project, capsys, monkeypatch):
+    """Without --schema, describe printed the installed layer's layout when kernels.yaml was a link
+    that loops, as if there were none."""
+    from kv_canary.cli import build_parser
+    from kv_canary.codegen.cli import run
+
+    (project / "kernels.yaml").symlink_to("kernels.yaml")
+    assert run(build_parser(), ["describe"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("kernels.yaml:1:1: error: cannot read schema kernels.yaml: it is a symbolic "
+                                      "link that loops (kernels.yaml -> kernels.yaml)\n1 error\n")
+
+
 @pytest.mark.parametrize("out, why", [("loop", "it is a symbolic link that loops (loop -> loop)"),
                                       ("loop/inner", "Too many levels of symbolic links"),
                                       ("canary.yaml", "it is not a folder")])
