@@ -142,7 +142,6 @@ def test_a_schema_that_is_a_symlink_loop_is_a_located_error(project, capsys, com
 def test_describe_reports_a_kernels_yaml_it_cannot_read(project, capsys, monkeypatch):
     """Without --schema, describe printed the installed layer's layout when kernels.yaml was a link
     that loops, as if there were none."""
-    from kv_canary.cli import build_parser
     from kv_canary.codegen.cli import run
 
     (project / "kernels.yaml").symlink_to("kernels.yaml")
