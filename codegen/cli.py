@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 from .diagnostics import SchemaError, escape_text, internal_error
 from .diff import FORMATS, FixHint, diff_schemas
 from .load import load_schema_bytes, read_schema
-from .project import Tree, resolve_trees
+from .project import Tree, nesting, resolve_path, resolve_trees, unusable_out
 from .render import Provenance, make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
 from .writer import Hints, compare_tree, tree_lock, write_tree
@@ -25,10 +26,20 @@ CHECK_JSON_FORMAT = "kv-canary-check"
 CHECK_JSON_VERSION = 1
 
 
+class UsageError(Exception):
+    """Paths no command can work on, said as `PROG: error: ...`: exit 1 for a path that cannot be used
+    (as for an unwritable --out), 2 for a command line whose paths contradict each other."""
+
+    def __init__(self, message: str, status: int = 1):
+        super().__init__(message)
+        self.status = status
+
+
 def _display(path: Path) -> str:
-    """A path as diagnostics show it: relative when under the current directory, else as given."""
+    """A path as diagnostics show it: relative when under the current directory, else as given (a
+    symbolic link that loops included: this also names the file of the last-resort error)."""
     try:
-        return Path(path).resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return resolve_path(Path(path)).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return str(path)
 
@@ -86,7 +97,19 @@ def trees_of(args, *, goldens: bool = False) -> list[Tree]:
         trees += resolve_trees(schema, out, cwd, config)
     if goldens and pairs == [(None, None)] and len(trees) == 1:
         trees += trees[0].goldens()
-    return list({t.out: t for t in trees}.values())
+    trees = list({t.out: t for t in trees}.values())
+    for t in trees:   # kv-canary.yaml's outs were checked where they are listed (load_config)
+        problem = None if t.configured else unusable_out(t.out)
+        if problem:
+            raise UsageError(f"{_display(t.out)} cannot hold a generated tree: {problem}")
+    outs = [t.out for t in trees]
+    for out in outs:   # kv-canary.yaml's own trees were checked where they are listed (load_config)
+        outer = nesting(out, outs)
+        if outer is not None:
+            raise UsageError(f"the generated tree {_display(out)} lies inside the generated tree {_display(outer)}: "
+                             f"a generated tree holds only what kv-canary generates, so another tree cannot live in "
+                             f"it; give each tree its own folder", status=2)
+    return trees
 
 
 def cmd_generate(args) -> int:
@@ -163,7 +186,9 @@ def _print_check(tree: Tree, n_files: int, drifts, quiet: bool) -> int:
 def cmd_describe(args) -> int:
     if args.schema is None:
         args.schema = args.root / "kernels.yaml"
-        if not args.schema.is_file() and args.installed_layout is not None:
+        # Only where there is no kernels.yaml at all: one that cannot be read (a link that dangles or
+        # loops) is an error naming it, not a silent switch to another layout.
+        if not os.path.lexists(args.schema) and args.installed_layout is not None:
             # Outside a checkout (an installed wheel): the layer the package was generated from.
             sys.stdout.write(args.installed_layout())
             return 0
@@ -293,6 +318,9 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
         n = len(exc.diagnostics)
         print(f"{n} error{'s' if n != 1 else ''}", file=sys.stderr)
         return 1
+    except UsageError as exc:
+        print(escape_text(f"{parser.prog}: error: {exc}"), file=sys.stderr)
+        return exc.status
     except OSError as exc:  # e.g. an unwritable --out: a message, not a traceback
         print(escape_text(f"{parser.prog}: error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": ")),
               file=sys.stderr)

@@ -8,6 +8,8 @@ bidirectional character in a schema can forge a diagnostic line or reorder what 
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,3 +130,16 @@ def closest_hint(word: str, choices) -> str:
     """` (did you mean 'x'?)`, or '' when nothing is close."""
     match = closest_name(word, choices)
     return f" (did you mean '{match}'?)" if match else ""
+
+
+def describe_unreadable(path: Path, exc: OSError) -> str:
+    """Why `path` could not be read, saying what a symbolic link points at when it is one."""
+    try:
+        target = os.readlink(path) if path.is_symlink() else None
+    except OSError:
+        target = None
+    if target is not None and exc.errno == errno.ELOOP:
+        return f"it is a symbolic link that loops ({path.name} -> {target})"
+    if target is not None and exc.errno == errno.ENOENT:
+        return f"it is a symbolic link to {target}, which does not exist"
+    return exc.strerror or str(exc)

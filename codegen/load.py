@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from .checks import attach_kernel_params, check_schema
-from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, internal_error
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, describe_unreadable, internal_error
 from .limits import MAX_SCHEMA_CHARS
 from .messages import resolve_messages
 from .model import Schema
@@ -73,7 +73,7 @@ def read_schema(path: Path, display_name: str | None = None) -> tuple[Schema, st
             raw = fh.read(4 * MAX_SCHEMA_CHARS + 1)  # UTF-8 takes at most 4 bytes a character
     except OSError as exc:
         raise SchemaError([Diagnostic(Loc(display_name, 1, 1),
-                                      f"cannot read schema {path}: {exc.strerror}")]) from None
+                                      f"cannot read schema {path}: {describe_unreadable(path, exc)}")]) from None
     if len(raw) > 4 * MAX_SCHEMA_CHARS:
         raise SchemaError([Diagnostic(Loc(display_name, 1, 1), f"the schema is larger than {4 * MAX_SCHEMA_CHARS} "
                                                                f"bytes; at most {MAX_SCHEMA_CHARS} characters are "

@@ -12,6 +12,7 @@ own checkout is told about codegen/templates.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import os
 import shlex
@@ -19,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, describe_unreadable
 from .yaml_loader import YMap, YScalar, YSeq, load_yaml
 
 CONFIG_NAME = "kv-canary.yaml"
@@ -137,12 +138,40 @@ class Config:
         return self.path.parent
 
 
+def resolve_path(path: Path) -> Path:
+    """`path` made absolute with its symbolic links resolved where they resolve. A link that loops or
+    dangles is kept as the link (made absolute), so that errors name the file the user named:
+    Python 3.11's resolve() raises RuntimeError for a loop (a command would report it as a bug of the
+    generator) and follows a dangling link to a target the user never wrote."""
+    try:
+        resolved = path.resolve()
+    except RuntimeError:   # a symlink loop
+        return Path(os.path.abspath(path))
+    if path.is_symlink() and not resolved.exists():
+        return resolve_path(path.parent) / path.name
+    return resolved
+
+
+def unusable_out(path: Path) -> str | None:
+    """Why a generated tree cannot be at `path` (a symbolic link that loops or dangles, on the way or
+    at the end; a file where a folder must be), or None: writing would fail with a bare OSError."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ENOENT and not path.is_symlink():
+            return None   # not there yet: generate creates it
+        return describe_unreadable(path, exc)
+    return None if path.is_dir() else "it is not a folder"
+
+
 def find_config(start: Path) -> Path | None:
-    """kv-canary.yaml in `start` or a parent, up to the top of its git repository."""
+    """kv-canary.yaml in `start` or a parent, up to the top of its git repository. Anything of that name
+    counts, a dangling or looping symbolic link included (load_config then says why it cannot be
+    read): falling back to kernels.yaml -> generated/ would generate a tree the config never named."""
     d = start.resolve()
     while True:
         candidate = d / CONFIG_NAME
-        if candidate.is_file():
+        if candidate.is_file() or candidate.is_symlink() or candidate.exists():
             return candidate
         if (d / ".git").exists() or d.parent == d:
             return None
@@ -161,7 +190,10 @@ def load_config(path: Path, display_name: str | None = None) -> Config:
     shown = display_name or path.name
     try:
         text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
+        raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read the kv-canary config: "
+                                                        f"{describe_unreadable(path, exc)}")]) from None
+    except UnicodeDecodeError as exc:
         raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read the kv-canary config: {exc}")]) from None
     node = load_yaml(text, shown)
     d = Diagnostics()
@@ -201,18 +233,33 @@ def load_config(path: Path, display_name: str | None = None) -> Config:
                     values[key] = _str(value, value.loc, d, key)
             if None in values.values() or len(values) != 2:
                 continue
-            out = (root / values["out"]).resolve()
+            out = resolve_path(root / values["out"])
+            problem = unusable_out(root / values["out"])
+            if problem:
+                d.error(item.get("out").loc, f"out {values['out']} cannot hold a generated tree: {problem}")
+                continue
             if out in outs:
                 d.error(item.get("out").loc, f"out {values['out']} is listed twice (first at line {outs[out].line})")
                 continue
             outs[out] = item.get("out").loc
-            trees.append(Tree((root / values["schema"]).resolve(), out, root, True))
+            trees.append(Tree(resolve_path(root / values["schema"]), out, root, True))
+        for out, loc in outs.items():
+            outer = nesting(out, outs)
+            if outer is not None:
+                d.error(loc, f"out {_relative(out, root)} lies inside out {_relative(outer, root)} (line "
+                             f"{outs[outer].line}): a generated tree holds only what kv-canary generates, so "
+                             f"another tree cannot live in it; give each tree its own folder")
     base = node.get("base_branch")
     branch = None
     if base is not None:
         branch = _str(base, base.loc, d, "base_branch")
     d.raise_if_any()
-    return Config(path.resolve(), tuple(dataclasses.replace(t, base_branch=branch) for t in trees), branch)
+    return Config(resolve_path(path), tuple(dataclasses.replace(t, base_branch=branch) for t in trees), branch)
+
+
+def nesting(out: Path, outs) -> Path | None:
+    """The first of `outs` that holds `out` inside it (not `out` itself), or None."""
+    return next((other for other in outs if other != out and other in out.parents), None)
 
 
 def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path: Path | None = None) -> list[Tree]:
@@ -220,16 +267,18 @@ def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path:
     kernels.yaml -> generated/ in `cwd` (kv-canary's own layout). One of them: the config's tree that
     matches it, else the default for the other."""
     found = config_path or find_config(cwd)
-    config = load_config(found, _relative(found.resolve(), cwd.resolve())) if found else None
+    # The config's name as the user sees it: its folder resolved, not the file (a link may dangle or loop).
+    shown = _relative(resolve_path((cwd / found).parent) / found.name, cwd.resolve()) if found else None
+    config = load_config(found, shown) if found else None
     if schema is None and out is None and config is not None:
         return list(config.trees)
-    schema_path = (cwd / schema).resolve() if schema is not None else None
-    out_path = (cwd / out).resolve() if out is not None else None
+    schema_path = resolve_path(cwd / schema) if schema is not None else None
+    out_path = resolve_path(cwd / out) if out is not None else None
     for tree in (config.trees if config else ()):
         if (schema_path in (None, tree.schema)) and (out_path in (None, tree.out)):
             return [tree]
-    schema_path = schema_path or (cwd / "kernels.yaml").resolve()
-    out_path = out_path or (cwd / "generated").resolve()
+    schema_path = schema_path or resolve_path(cwd / "kernels.yaml")
+    out_path = out_path or resolve_path(cwd / "generated")
     return [Tree(schema_path, out_path, config.root if config is not None else cwd.resolve(), False)]
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .diff import FORMATS, DiffReport, diff_schemas, format_markdown, summary_line
 from .load import load_schema_bytes
-from .project import Tree, default_base, git
+from .project import Tree, default_base, git, resolve_path
 from .render import make_environment, render_body, template_context
 from .sources import SourceUnavailable, read_source
 
@@ -38,7 +38,7 @@ class BaseError(Exception):
 
 def _shown(path: Path) -> str:
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return resolve_path(path).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return str(path)
 

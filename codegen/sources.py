@@ -5,6 +5,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from .diagnostics import describe_unreadable
+
 DEFAULT_SCHEMA = "kernels.yaml"
 
 # REV~N, REV^, REV^2~3...: a revision reached by walking back from another one.
@@ -68,7 +70,21 @@ def read_source(spec: str, root: Path, default_path: str = DEFAULT_SCHEMA) -> tu
     revision (`HEAD~1`) means that revision's `default_path`."""
     path = Path(spec) if Path(spec).is_absolute() else root / spec
     if path.is_file():
-        return spec, path.read_bytes()
+        try:
+            return spec, path.read_bytes()
+        except OSError as exc:
+            raise SourceUnavailable(f"{spec}: cannot read it: {exc.strerror or exc}") from None
+    if path.is_dir():   # an existing path is never taken for a git revision
+        raise SourceUnavailable(f"{spec} is a directory, not a schema file (give a schema file, a git revision "
+                                f"such as HEAD~1, or REV:PATH)")
+    if path.is_symlink():   # dangling or looping
+        try:
+            path.stat()
+        except OSError as exc:
+            raise SourceUnavailable(f"{spec}: cannot read it: {describe_unreadable(path, exc)}") from None
+    if path.exists():
+        raise SourceUnavailable(f"{spec} is not a regular file, so not a schema file (give a schema file, a git "
+                                f"revision such as HEAD~1, or REV:PATH)")
     rev, sep, rel = spec.partition(":")
     rel = rel if sep else default_path
     if not rev:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..engine.config import FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL, CanaryConfig
+from ..engine.metrics import MetricsPortUnavailable
 from . import faults, fleet, report
 from . import transformers as tf
 
@@ -124,7 +125,10 @@ def main(argv=None) -> int:
     backend_name = args.backend or _default_backend_name(device)
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
     with contextlib.ExitStack() as stack:
-        registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
+        try:
+            registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
+        except MetricsPortUnavailable as e:   # a busy port: a usage error, not a traceback
+            ap.error(str(e).removeprefix("kv-canary: "))
         return _single_process_demo(args, canary, device, backend_name, chosen, registry, out, t0, real_clean,
                                     real_chosen)
 
@@ -249,6 +253,8 @@ def _fleet_demo(ap, args, canary: CanaryConfig, device: str) -> int:
                            steps=args.steps, manager=canary.manager_options(), device=device, backend=args.backend)
     try:
         ok = fleet.run(demo, out_dir=args.out, metrics_port=args.metrics_port, stream=sys.stdout)
+    except MetricsPortUnavailable as e:
+        ap.error(str(e).removeprefix("kv-canary: "))
     except (RuntimeError, TimeoutError) as e:
         sys.stdout.write(f"FLEET DEMO FAILED: {e}\n")
         return 1

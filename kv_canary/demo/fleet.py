@@ -95,7 +95,11 @@ def run(demo: FleetDemo, *, out_dir: Path, stream, metrics_port: Optional[int] =
     if metrics_port is not None:
         from ..engine.metrics import serve_metrics
         metrics_dir = tempfile.mkdtemp(prefix="kv_canary_prometheus_")
-        server = serve_metrics(metrics_port, addr=HOST, multiprocess_dir=metrics_dir)
+        try:
+            server = serve_metrics(metrics_port, addr=HOST, multiprocess_dir=metrics_dir)
+        except BaseException:   # a busy port: nothing started, nothing left behind
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+            raise
         demo = FleetDemo(**{**demo.__dict__, "metrics_dir": metrics_dir})
     try:
         stream.write(f"kv-canary fleet demo: {demo.world_size} ranks (gloo on {HOST}), scenario {demo.scenario} "

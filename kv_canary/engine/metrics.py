@@ -10,6 +10,7 @@ multiprocess_dir=...)` serves them all, told apart by the rank labels.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import re
 from collections.abc import Mapping
@@ -140,6 +141,15 @@ def _families(prom, prefix: str, names: list, registry) -> tuple:
                        "running", names, registry=registry, multiprocess_mode="min"))
 
 
+class MetricsPortUnavailable(ValueError):
+    """serve_metrics could not listen on the port it was given (taken by another process, or not
+    this process's to take); the message names the address, the reason and what to do."""
+
+    def __init__(self, addr: str, port: int, reason: str, hint: str, *, busy: bool):
+        super().__init__(f"kv-canary: cannot serve /metrics on {addr}:{port}: {reason}; {hint}")
+        self.addr, self.port, self.reason, self.hint, self.busy = addr, port, reason, hint, busy
+
+
 @dataclass
 class MetricsServer:
     """A running /metrics HTTP endpoint (`close()` stops it)."""
@@ -173,7 +183,12 @@ def serve_metrics(port: int, *, addr: str = "127.0.0.1", registry=None,
 
         registry = prom.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry, path=multiprocess_dir)
-    started = prom.start_http_server(port, addr=addr, registry=prom.REGISTRY if registry is None else registry)
+    try:
+        started = prom.start_http_server(port, addr=addr, registry=prom.REGISTRY if registry is None else registry)
+    except OSError as exc:   # EADDRINUSE above all: a bare [Errno 98] named neither the port nor the fix
+        busy = exc.errno == errno.EADDRINUSE
+        hint = ("another process is listening there; " if busy else "") + "choose another port (0 picks a free one)"
+        raise MetricsPortUnavailable(addr, port, exc.strerror or str(exc), hint, busy=busy) from None
     if not isinstance(started, tuple):
         raise ImportError(f"kv-canary: serving /metrics needs prometheus_client >= 0.17: {INSTALL_HINT}")
     server, thread = started

@@ -153,16 +153,23 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
         """Zeroed uint8 [num_slots, slot_stride_bytes]; the stride must hold the record (multiple of 8)."""
-        num_slots = v.check_int("num_slots", num_slots, minimum=0)
-        slot_stride_bytes = v.check_int("slot_stride_bytes", slot_stride_bytes, minimum=1)
-        v.check_slot_stride(slot_stride_bytes, (num_slots, slot_stride_bytes))
-        v.check_extent("canary_buf", num_slots, "num_slots", slot_stride_bytes, "slot_stride_bytes")
+        num_slots, slot_stride_bytes = canary_buf_shape(num_slots, slot_stride_bytes)
         device = v.check_device("device", device)
         return allocate_or_explain(
             f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
             lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
 
+    def canary_buf_shape(num_slots: int, slot_stride_bytes: int) -> tuple[int, int]:
+        """(num_slots, slot_stride_bytes) checked as allocate_canary_buf and canary_buf_bytes take them."""
+        num_slots = v.check_int("num_slots", num_slots, minimum=0)
+        slot_stride_bytes = v.check_int("slot_stride_bytes", slot_stride_bytes, minimum=1)
+        v.check_slot_stride(slot_stride_bytes, (num_slots, slot_stride_bytes))
+        v.check_extent("canary_buf", num_slots, "num_slots", slot_stride_bytes, "slot_stride_bytes")
+        return num_slots, slot_stride_bytes
+
     def canary_buf_bytes(num_slots: int, slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> int:
+        """Bytes allocate_canary_buf takes for these sizes (checked as it checks them)."""
+        num_slots, slot_stride_bytes = canary_buf_shape(num_slots, slot_stride_bytes)
         return num_slots * slot_stride_bytes
 
     def allocate_violation_ring(ring_capacity: int, *, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,7 +182,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                      torch.zeros(1, dtype=torch.int32, device=device)))
 
     def violation_ring_bytes(ring_capacity: int) -> int:
-        return ring_capacity * layout.VIOLATION_FIELDS * 8 + 4
+        """Bytes allocate_violation_ring takes (ring and write index; ring_capacity checked as it checks it)."""
+        return v.check_ring_capacity(ring_capacity) * layout.VIOLATION_FIELDS * 8 + 4
 
     def allocate_reason_counts(*, device) -> torch.Tensor:
         """Per-reason violation totals: int64 [VIOLATION_REASON_COUNT_COLUMNS] = 0 (column i = bit
@@ -191,6 +199,10 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         """`n` run counters in one tensor, int64 [n] = 0: `counters[i:i + 1]` is one context's counter,
         and one copy reads them all."""
         n = v.check_int("n", n, minimum=1)
+        most = abi.RANGES["i64"][1] // 8  # torch counts a tensor's bytes in a signed 64-bit integer
+        if n > most:
+            raise ValueError(f"{v.prefix}n must be <= {most} (n int64 counters of 8 bytes each, counted in a "
+                             f"signed 64-bit integer), got {n}")
         device = v.check_device("device", device)
         return allocate_or_explain(f"{n} run counters", n * 8, device,
                                    lambda: torch.zeros(n, dtype=torch.int64, device=device))

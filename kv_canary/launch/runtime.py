@@ -74,8 +74,10 @@ def _device_getter(path: str):
 class PreparedLaunch:
     """One public launch validated and bound (Runtime.bind). Calling it (or `run()`) launches the
     bound kernels; it never looks at its arguments again, so it is for buffers whose shapes and
-    storage stay as they were (refilled in place). `rebind(**changed)`: the same launch with the
-    named arguments replaced, validated and bound again as a whole."""
+    storage stay as they were (refilled in place): a tensor moved after binding (`set_`, a resized
+    storage) is not seen, and must be bound again. `rebind(**changed)`: the same launch with the
+    named arguments replaced, validated and bound again as a whole (every free-function launch is
+    validated as a whole too, a context's tensors included, so there a moved tensor is refused)."""
 
     def __init__(self, runtime: "Runtime", name: str, backend, arguments: dict):
         operation, device_of = runtime.launches[name]

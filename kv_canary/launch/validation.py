@@ -206,8 +206,10 @@ class Validators:
             self.check_aligned(rule.name, t, rule.align, rule.words)
 
     def check_spans(self, spans: list) -> None:
-        """No input shares memory with an output of the same launch: a kernel reading what it writes
-        gives different results on different backends (thread order, copies), so it is refused.
+        """No input shares memory with an output of the same launch, and no two outputs share memory:
+        a kernel reading what it writes, or two of its outputs landing in one place, gives different
+        results on different backends (thread order, copies), so it is refused. Checked at every
+        validated launch, so a tensor re-pointed after its context was built (`set_`) is caught too.
         `spans`: (first byte, end, name, output?); one pass in address order, keeping the furthest
         end of the inputs and of the outputs seen so far."""
         in_end = out_end = 0
@@ -216,6 +218,9 @@ class Validators:
             if output:
                 if start < in_end:
                     self.refuse_overlap(in_name, name)
+                if start < out_end:
+                    raise ValueError(f"{self.prefix}{name} overlaps {out_name}: this launch writes both, and its "
+                                     f"outputs must not share memory (give each its own tensor)")
                 if end > out_end:
                     out_end, out_name = end, name
             else:

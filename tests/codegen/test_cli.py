@@ -84,3 +84,102 @@ def test_unwritable_output_is_a_message_not_a_traceback(tmp_path, capsys):
     assert codegen_main(["generate", "--schema", str(ROOT / "kernels.yaml"), "--out", str(blocker / "out")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("python -m codegen: error: ") and str(blocker) in err and "Traceback" not in err
+
+
+# -- paths the user names that no command can use: a located message naming the file, never a traceback --
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    """An engine repository's top (a .git folder ends kv-canary.yaml's search) with a schema."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "canary.yaml").write_bytes((ROOT / "kv_canary" / "default_schema.yaml").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("link, why", [("nowhere.yaml", "it is a symbolic link to nowhere.yaml, which does not exist"),
+                                       ("kv-canary.yaml", "it is a symbolic link that loops (kv-canary.yaml -> "
+                                                          "kv-canary.yaml)")])
+@pytest.mark.parametrize("command", ["generate", "check"])
+def test_a_config_link_that_dangles_or_loops_is_an_error_not_ignored(project, capsys, link, why, command):
+    """It was taken for no config at all: with a kernels.yaml, `generate` wrote kernels.yaml -> generated/,
+    a tree the config never named, and exited 0."""
+    (project / "kernels.yaml").write_bytes((project / "canary.yaml").read_bytes())
+    (project / "kv-canary.yaml").symlink_to(link)
+    assert kv_main([command]) == 1
+    assert capsys.readouterr().err == f"kv-canary.yaml:1:1: error: cannot read the kv-canary config: {why}\n1 error\n"
+    assert not (project / "generated").exists()
+
+
+def test_nested_outputs_are_refused_where_they_are_named(project, capsys):
+    """`check` always failed on them (advising `git rm` of the inner tree) and every `generate` deleted
+    and rewrote the inner tree."""
+    (project / "kv-canary.yaml").write_text("kv-canary: 1\ntrees:\n  - schema: canary.yaml\n    out: gen\n"
+                                            "  - schema: canary.yaml\n    out: gen/inner\n")
+    for command in ("generate", "check"):
+        assert kv_main([command]) == 1
+        assert capsys.readouterr().err == (
+            "kv-canary.yaml:6:10: error: out gen/inner lies inside out gen (line 4): a generated tree holds only what "
+            "kv-canary generates, so another tree cannot live in it; give each tree its own folder\n1 error\n")
+    assert not (project / "gen").exists()
+    (project / "kv-canary.yaml").unlink()
+    assert kv_main(["generate", "--tree", "canary.yaml=gen/a/b", "--tree", "canary.yaml=gen"]) == 2
+    assert capsys.readouterr().err == (
+        "kv-canary: error: the generated tree gen/a/b lies inside the generated tree gen: a generated tree holds only "
+        "what kv-canary generates, so another tree cannot live in it; give each tree its own folder\n")
+    assert not (project / "gen").exists()
+    assert kv_main(["generate", "--tree", "canary.yaml=gen", "--tree", "canary.yaml=gen2"]) == 0  # siblings: fine
+
+
+@pytest.mark.parametrize("command", ["generate", "check", "describe"])
+def test_a_schema_that_is_a_symlink_loop_is_a_located_error(project, capsys, command):
+    """A bare traceback: the last-resort error handler itself crashed resolving the path."""
+    (project / "loop.yaml").symlink_to("loop.yaml")
+    assert kv_main([command, "--schema", "loop.yaml"]) == 1
+    assert capsys.readouterr().err == ("loop.yaml:1:1: error: cannot read schema loop.yaml: it is a symbolic link "
+                                       "that loops (loop.yaml -> loop.yaml)\n1 error\n")
+
+
+def test_describe_reports_a_kernels_yaml_it_cannot_read(project, capsys, monkeypatch):
+    """Without --schema, describe printed the installed layer's layout when kernels.yaml was a link
+    that loops, as if there were none."""
+    from kv_canary.codegen.cli import run
+
+    (project / "kernels.yaml").symlink_to("kernels.yaml")
+    assert run(build_parser(), ["describe"]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.endswith("kernels.yaml:1:1: error: cannot read schema kernels.yaml: it is a symbolic "
+                                      "link that loops (kernels.yaml -> kernels.yaml)\n1 error\n")
+
+
+@pytest.mark.parametrize("out, why", [("loop", "it is a symbolic link that loops (loop -> loop)"),
+                                      ("loop/inner", "Too many levels of symbolic links"),
+                                      ("canary.yaml", "it is not a folder")])
+@pytest.mark.parametrize("command", ["generate", "check"])
+def test_an_output_folder_that_cannot_be_one_is_named(project, capsys, out, why, command):
+    """A loop was reported as "internal error ... this is a kv-canary bug"."""
+    (project / "loop").symlink_to("loop")
+    before = sorted(p.name for p in project.iterdir())
+    assert kv_main([command, "--schema", "canary.yaml", "--out", out]) == 1
+    assert capsys.readouterr().err == f"kv-canary: error: {out} cannot hold a generated tree: {why}\n"
+    assert sorted(p.name for p in project.iterdir()) == before
+    (project / "kv-canary.yaml").write_text(f"kv-canary: 1\ntrees:\n  - schema: canary.yaml\n    out: {out}\n")
+    assert kv_main([command]) == 1
+    assert capsys.readouterr().err == f"kv-canary.yaml:4:10: error: out {out} cannot hold a generated tree: {why}\n1 error\n"
+
+
+@pytest.mark.parametrize("old, new, why", [
+    ("somedir", "canary.yaml", "somedir is a directory, not a schema file (give a schema file, a git revision such as "
+                               "HEAD~1, or REV:PATH)"),
+    ("canary.yaml", "somedir", "somedir is a directory, not a schema file (give a schema file, a git revision such as "
+                               "HEAD~1, or REV:PATH)"),
+    ("loop.yaml", "canary.yaml", "loop.yaml: cannot read it: it is a symbolic link that loops (loop.yaml -> loop.yaml)"),
+    ("canary.yaml", "gone.yaml", "gone.yaml: cannot read it: it is a symbolic link to nowhere.yaml, which does not "
+                                 "exist"),
+])
+def test_diff_names_a_path_that_is_not_a_schema_file(project, capsys, old, new, why):
+    """`kv-canary diff <directory> ...` said "git revision does not exist"."""
+    (project / "somedir").mkdir()
+    (project / "loop.yaml").symlink_to("loop.yaml")
+    (project / "gone.yaml").symlink_to("nowhere.yaml")
+    assert kv_main(["diff", old, new]) == 1
+    assert capsys.readouterr().err == f"kv-canary diff: {why}\n"

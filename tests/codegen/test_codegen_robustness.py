@@ -67,3 +67,61 @@ def test_no_value_of_any_type_crashes_the_loader():
                     assert str(d).startswith("kernels.yaml:") and ": error: " in str(d), (path, replacement, str(d))
             # Any other exception propagates and fails the test with its (path, replacement) in the traceback.
     assert tried >= len(paths) and rejected > tried // 2
+
+
+# -- paths: every command with an unusable path in every place one goes ---------------------------------
+# name -> how it is made in the project (None: left absent)
+BAD_PATHS = {"loop": "a symlink to itself", "dangling": "symlink:nowhere", "folder": "dir", "missing": None,
+             "canary.yaml/inside": "under a file", "loop/inside": "under a symlink loop"}
+PLACES = {
+    "generate --schema": lambda p: ["generate", "--schema", p, "--out", "gen"],
+    "generate --out": lambda p: ["generate", "--schema", "canary.yaml", "--out", p],
+    "generate --tree": lambda p: ["generate", "--tree", f"canary.yaml={p}"],
+    "generate --config": lambda p: ["generate", "--config", p],
+    "check --schema": lambda p: ["check", "--schema", p, "--out", "gen"],
+    "check --out": lambda p: ["check", "--schema", "canary.yaml", "--out", p],
+    "describe --schema": lambda p: ["describe", "--schema", p],
+    "diff OLD": lambda p: ["diff", p, "canary.yaml"],
+    "diff NEW": lambda p: ["diff", "canary.yaml", p],
+    "config schema": lambda p: ["generate"],
+    "config out": lambda p: ["check"],
+}
+
+
+def _project(root: Path, bad: str, place: str) -> None:
+    (root / ".git").mkdir()   # ends kv-canary.yaml's search here
+    (root / "canary.yaml").write_bytes((ROOT / "kv_canary" / "default_schema.yaml").read_bytes())
+    (root / "loop").symlink_to("loop")
+    made = BAD_PATHS[bad]
+    if made == "symlink:nowhere":
+        (root / bad).symlink_to("nowhere")
+    elif made == "dir":
+        (root / bad).mkdir()
+    if place.startswith("config "):
+        schema, out = (bad, "gen") if place == "config schema" else ("canary.yaml", bad)
+        (root / "kv-canary.yaml").write_text(f"kv-canary: 1\ntrees:\n  - schema: {schema}\n    out: {out}\n")
+
+
+def test_no_path_of_any_kind_crashes_a_command(tmp_path, monkeypatch, capsys):
+    """A symlink loop as the schema was a bare traceback, as the output an "internal error", a folder
+    given to diff a "git revision" that does not exist: each is now an error naming the path (or, where
+    the path can be used, e.g. an output folder not there yet, a success). Full mode: every command at
+    every place with every kind of path; else each place with one kind, rotating."""
+    from kv_canary.cli import main as kv_main
+
+    cases = [(place, bad) for i, place in enumerate(PLACES)
+             for bad in (BAD_PATHS if FULL else [list(BAD_PATHS)[i % len(BAD_PATHS)]])]
+    for n, (place, bad) in enumerate(cases):
+        root = tmp_path / str(n)
+        root.mkdir()
+        _project(root, bad, place)
+        monkeypatch.chdir(root)
+        status = kv_main(PLACES[place](bad))
+        out, err = capsys.readouterr()
+        where = (place, bad, status, err)
+        assert status in (0, 1, 2), where
+        assert "Traceback" not in err and "internal error" not in err and "kv-canary bug" not in err, where
+        if status:
+            assert bad in err, where
+    if FULL:
+        print(f"path fuzz: {len(cases)} command lines, no traceback")

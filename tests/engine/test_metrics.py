@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +97,44 @@ def test_bad_arguments_are_named():
         CanaryMetrics(m, registry=CollectorRegistry())
     with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\], got 70000"):
         serve_metrics(70000)
+
+
+@pytest.fixture
+def busy_port():
+    """A port another socket is listening on."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    yield holder.getsockname()[1]
+    holder.close()
+
+
+def test_a_busy_port_is_a_clear_error(busy_port):
+    """A bare OSError [Errno 98] named neither the port nor the fix."""
+    with pytest.raises(metrics.MetricsPortUnavailable, match=(
+            rf"^kv-canary: cannot serve /metrics on 127.0.0.1:{busy_port}: Address already in use; another process "
+            rf"is listening there; choose another port \(0 picks a free one\)$")):
+        serve_metrics(busy_port, registry=CollectorRegistry())
+    assert issubclass(metrics.MetricsPortUnavailable, ValueError)
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_the_demo_on_a_busy_port_is_a_usage_error(busy_port, world_size, tmp_path, monkeypatch, capsys):
+    """It was a traceback; the demo now stops before running anything (the fleet: before any rank
+    starts, leaving no multiprocess directory behind)."""
+    made = []
+    real_mkdtemp = fleet_demo.tempfile.mkdtemp
+    monkeypatch.setattr(fleet_demo.tempfile, "mkdtemp", lambda **kw: made.append(real_mkdtemp(**kw)) or made[-1])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--steps", "12", "--out", str(tmp_path), "--world-size", world_size, "--metrics-port", str(busy_port)])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.splitlines()[-1] == (f"kv-canary demo: error: cannot serve /metrics on 127.0.0.1:{busy_port}: Address "
+                                    f"already in use; another process is listening there; choose another port (0 "
+                                    f"picks a free one)")
+    assert not any(Path(d).exists() for d in made) and not list(tmp_path.iterdir())
 
 
 def test_the_demo_serves_the_clean_runs_metrics_while_it_runs(tmp_path, monkeypatch, capsys):

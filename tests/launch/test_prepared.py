@@ -40,3 +40,17 @@ def test_rebind_checks_what_it_is_given():
         prepared.rebind(positions=case["positions"].int())
     with pytest.raises(ValueError, match=r"^kv-canary: .* has no launch named 'launch_nothing'"):
         rt.bind("launch_nothing")
+
+
+def test_a_rebind_checks_again_a_context_tensor_moved_after_binding():
+    """A prepared launch does not look at its arguments again; rebinding validates the whole launch,
+    the frozen context's tensors included: the ring moved into the canary records is refused."""
+    rt = kv_canary.runtime_for(kv_canary.generated)
+    case = scenarios.make_write_case(random.Random(7), kv_canary.generated, n_reqs=2)
+    prepared = rt.bind("launch_canary_write_kernel", **case)
+    ctx = case["context"]
+    row = ctx.violation_ring.shape[1]
+    ctx.violation_ring.set_(ctx.canary_buf.untyped_storage(), 0, (1, row), (row, 1))
+    with pytest.raises(ValueError, match=r"^kv-canary: (violation_ring|canary_buf) overlaps (canary_buf|violation_ring): "
+                                         r"this launch writes both"):
+        prepared.rebind(input_ids=case["input_ids"].clone())

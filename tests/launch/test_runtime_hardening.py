@@ -133,6 +133,40 @@ def test_huge_capacities_are_refused_before_allocating(make, text):
         make()
 
 
+@pytest.mark.parametrize("helper, args, exc, text", [
+    ("canary_buf_bytes", (-1,), ValueError, "num_slots must be >= 0, got -1"),
+    ("canary_buf_bytes", ("8",), TypeError, "num_slots must be an int, got str"),
+    ("canary_buf_bytes", (8, 12), ValueError, "canary_buf slot stride must be a multiple of 8 bytes, got 12 (shape (8, 12))"),
+    ("canary_buf_bytes", (2**62,), ValueError,
+     "canary_buf is too large: num_slots=4611686018427387904 x slot_stride_bytes=32 = 147573952589676412928 bytes, "
+     "more than a signed 64-bit integer holds (2**63-1 = 9223372036854775807); the kernels compute it in one"),
+    ("violation_ring_bytes", (None,), TypeError, "ring_capacity must be an int, got NoneType"),
+    ("violation_ring_bytes", (-3,), ValueError, "ring_capacity must be >= 0, got -3"),
+    ("violation_ring_bytes", (2**31,), ValueError,
+     "ring_capacity must be <= 2**31-1 = 2147483647 (the kernels hold it in a C int), got 2147483648"),
+])
+def test_the_size_helpers_check_their_sizes_as_the_allocators_do(helper, args, exc, text):
+    """canary_buf_bytes(-1) was -32 and canary_buf_bytes('8') a 32-character string: each helper now
+    refuses what its allocator refuses, with the allocator's text."""
+    allocators = kv_canary.runtime_for(kv_canary.generated).allocators
+    allocate = {"canary_buf_bytes": lambda n, *stride: allocators.allocate_canary_buf(
+                    n, device="cpu", **dict(zip(["slot_stride_bytes"], stride))),
+                "violation_ring_bytes": lambda *a: allocators.allocate_violation_ring(*a, device="cpu")}[helper]
+    with raises(exc, P + text):
+        getattr(allocators, helper)(*args)
+    with raises(exc, P + text):
+        allocate(*args)
+
+
+@pytest.mark.parametrize("n", [2**63 // 8, 2**70])
+def test_run_counters_past_what_torch_can_count_are_a_clear_error(n):
+    """2**70 counters reached torch.zeros, whose TypeError named none of kv-canary's arguments."""
+    counters = kv_canary.runtime_for(kv_canary.generated).allocators.allocate_counters
+    with raises(ValueError, P + f"n must be <= {2**63 // 8 - 1} (n int64 counters of 8 bytes each, counted in a "
+                                f"signed 64-bit integer), got {n}"):
+        counters(n, device="cpu")
+
+
 def test_an_allocation_the_device_cannot_hold_is_a_clear_error():
     with pytest.raises(ValueError, match=r"^kv-canary: cannot allocate canary_buf of 1125899906842624 slots "
                                          r"\(36028797018963968 bytes\) on cpu: .+"):

@@ -91,6 +91,64 @@ def test_a_context_whose_own_tensors_overlap_is_refused_when_built():
         dataclasses.replace(ctx, real_kv_sources=(src,))
 
 
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_a_context_tensor_re_pointed_after_the_context_was_built_is_refused_at_launch(backend):
+    """A frozen context checks its own tensors once, when built; `set_` moves a tensor afterwards.
+    Every launch checks again what it writes against everything it reads and writes, so the ring
+    moved into the canary records is refused on both backends before anything is written."""
+    ctx = kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
+    ctx.violation_ring.set_(ctx.canary_buf.untyped_storage(), 0, (4, 8), (8, 1))
+    before = scenarios.clone_case(write_kwargs(ctx))
+    case = write_kwargs(ctx)
+    with pytest.raises(ValueError, match=r"^kv-canary: violation_ring overlaps canary_buf: this launch writes both, "
+                                         r"and its outputs must not share memory \(give each its own tensor\)$"):
+        kv_canary.launch_canary_write_kernel(**case, backend=backend)
+    scenarios.compare_state(case, before)
+    with pytest.raises(ValueError, match=r"^kv-canary: canary_buf overlaps violation_ring, which this launch writes"):
+        kv_canary.launch_canary_verify_kernel(**verify_kwargs(ctx), backend=backend)
+    ctx = kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
+    ctx.slot_run_counter.set_(ctx.kernel_run_counter.untyped_storage(), 0, (1,), (1,))
+    for launch, kwargs in ((kv_canary.launch_canary_write_kernel, write_kwargs(ctx)),
+                           (kv_canary.launch_canary_verify_kernel, verify_kwargs(ctx))):
+        with pytest.raises(ValueError, match=r"^kv-canary: (slot|kernel)_run_counter overlaps (slot|kernel)_run_counter: "
+                                             r"this launch writes both"):
+            launch(**kwargs, backend=backend)
+    # A context built from such tensors is refused when built, as before.
+    with pytest.raises(ValueError, match=r"^kv-canary: (slot|kernel)_run_counter overlaps (slot|kernel)_run_counter"):
+        dataclasses.replace(ctx)
+
+
+@pytest.mark.parametrize("backend", HOST_BACKENDS)
+def test_outputs_sharing_memory_are_refused(backend):
+    """Two outputs of one launch in one place: each backend wrote them in its own order ([0, 3, 5]
+    on torch, [0, 1, 2] on emulated for the plan's offsets below); every pair must be disjoint."""
+    kw = plan_kwargs(swa_window_size=0, full_to_swa_index_mapping=None)
+    vplan, wplan = kw["verify_plan_out"], kw["write_plan_out"]
+    offsets = dict(req_pool_indices=kw["req_pool_indices"], prefix_lens=kw["prefix_lens"],
+                   extend_seq_lens=kw["extend_seq_lens"], req_to_token=kw["req_to_token"],
+                   full_to_swa_index_mapping=None, out_verify_offsets_scratch=wplan.write_offsets[:3],
+                   out_write_offsets=wplan.write_offsets, out_write_seed_slot_indices=wplan.write_seed_slot_indices,
+                   out_verify_num_valid=vplan.verify_num_valid, out_verify_enable=vplan.enable,
+                   out_write_num_valid_reqs=wplan.write_num_valid_reqs, swa_window_size=0, verify_capacity=16)
+    before = scenarios.clone_case(offsets)
+    with pytest.raises(ValueError, match=r"^kv-canary: out_write_offsets overlaps out_verify_offsets_scratch: this "
+                                         r"launch writes both, and its outputs must not share memory"):
+        kv_canary.launch_plan_offsets_kernel(**offsets, backend=backend)
+    scenarios.compare_state(offsets, before)
+    # The whole plan: a VerifyPlan array inside the WritePlan's seeds.
+    seeds = torch.zeros(16, dtype=torch.int64)
+    wplan = dataclasses.replace(wplan, write_seed_slot_indices=seeds[:2])
+    vplan = dataclasses.replace(vplan, verify_prev_slot_indices=seeds)
+    with pytest.raises(ValueError, match=r"^kv-canary: (verify|write)_plan_out[.]\w+ overlaps (verify|write)_plan_out[.]"
+                                         r"\w+: this launch writes both"):
+        kv_canary.launch_canary_plan_kernels(**dict(kw, verify_plan_out=vplan, write_plan_out=wplan), backend=backend)
+    # A context's outputs: the reason counts inside the ring.
+    ctx = kv_canary.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
+    with pytest.raises(ValueError, match=r"^kv-canary: violation_reason_counts overlaps violation_ring: this launch "
+                                         r"writes both"):
+        dataclasses.replace(ctx, violation_reason_counts=ctx.violation_ring.view(-1)[8:15])
+
+
 def test_views_of_one_storage_that_do_not_overlap_are_fine():
     """Disjoint slices of one allocation (the manager's per-tag kernel-run counters) are not an overlap."""
     counters = torch.zeros(4, dtype=torch.int64)

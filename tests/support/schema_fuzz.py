@@ -437,6 +437,7 @@ def build_and_run(out: Path, files, seeds: int, *, nvrtc_compile: bool = True) -
             case = getattr(scenarios, make)(random.Random(seed), layer)
             kernel_diff.compare(layer, kind, case, "emulated", ordered=ordered)
     check_partial_limit(layer, seeds)
+    check_refusals(layer)
 
 
 def check_partial_limit(layer, seeds: int) -> None:
@@ -470,7 +471,42 @@ def check_partial_limit(layer, seeds: int) -> None:
             short = dict(case, context=dataclasses.replace(case["context"], real_kv_sources=(source(partial - align),),
                                                            real_kv_hash_mode=mode))
             refusal = lay.MESSAGE_PREFIX + lay.MESSAGES["real_kv_partial"].format(i=0, n=partial - align)
-            for backend in ("torch", "emulated"):
+            for backend in ("torch", "emulated", "cpu"):
                 with pytest.raises(ValueError) as exc:
                     kv_canary.runtime_for(layer).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
                 assert str(exc.value) == refusal
+
+
+def check_refusals(layer) -> None:
+    """What every layer refuses, whatever its schema (issue 32): a size helper given a size its
+    allocator refuses, and a launch whose outputs share memory (the ring moved into the canary
+    records after its context was built), on both host backends, before anything is written."""
+    import torch
+
+    import kv_canary
+    from support import scenarios
+
+    alloc, prefix = layer.allocators, layer.layout.MESSAGE_PREFIX
+    for helper in (alloc.canary_buf_bytes, alloc.violation_ring_bytes):
+        for bad, exc in ((-1, ValueError), ("8", TypeError), (None, TypeError), (2**70, ValueError)):
+            try:
+                helper(bad)
+            except exc as e:
+                assert str(e).startswith(prefix), (helper.__name__, bad, e)
+            else:
+                raise AssertionError(f"{helper.__name__}({bad!r}) was accepted")
+    runtime = kv_canary.runtime_for(layer)
+    for backend in ("torch", "emulated", "cpu"):
+        case = scenarios.make_write_case(random.Random(0), layer, n_reqs=1)
+        ctx = case["context"]
+        row = ctx.violation_ring.shape[1]
+        ctx.violation_ring.set_(ctx.canary_buf.untyped_storage(), 0, (1, row), (row, 1))
+        before = ctx.canary_buf.clone()
+        try:
+            runtime.launch_canary_write_kernel(**case, backend=backend)
+        except ValueError as e:
+            pair = {f"{prefix}violation_ring overlaps canary_buf", f"{prefix}canary_buf overlaps violation_ring"}
+            assert str(e).partition(": this launch writes both")[0] in pair, e
+        else:
+            raise AssertionError(f"{backend}: a ring inside the canary records was accepted")
+        assert torch.equal(ctx.canary_buf, before)

@@ -3,7 +3,7 @@
 # schema-sha256: 35bec54e816df31b418859d89a61e063d82e9fb87c4a42f7da187dd01b53a25b
 # generator-sha256: not-recorded
 # generation-id: a57379c63e5f8a58
-# body-sha256: 9d13e6d9c67753fe21d44202952db3610ac84cb614650e3ff53e668de43a62c1
+# body-sha256: e42ca58689e7e1763979d09fc56d891b7a84917717483ce41090729b54dff172
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -36,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
     "cuda/kv_canary_layout.cuh": "4464284fee4a6673f610448d880d4a58654bf8b0c443d610023278d7128b3880",
     "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "1637fcab35c1cb1c5c1d8b98bd6c19daeca9235f26509c69eb3b641d9864fd25",
+    "kernel_abi.py": "08f57e5aadcd547c0612d1e9e1521cff1e2d349e7363b8174c11623ad98c401b",
     "layout.py": "d67a1e7013f1af1fbb611a1afd7e9146647210ab6c7107ab702161a31807a7be",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

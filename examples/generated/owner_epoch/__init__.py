@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 78f27eaee982d1223bbf3450b9294dd1e53257e990c043074e0b08f5e66cb703
+# body-sha256: 3e4dbf9aa72ced4d9c0e2a8c7d2e60aab278d51c00c6016f97616bf6164e86ea
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -36,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
     "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
-    "kernel_abi.py": "20cfbb20c88dc1cff2eb7edd20d58a600eaee088bd8fba487475e2043b6de599",
+    "kernel_abi.py": "f6610dd07efa15369c28b8fb35a289bc0ce1a9c53ee94dcdb2f022c19794573b",
     "layout.py": "6be70e19d2d1082453b8f1183369d8abfc31c3788cc5a3c234ffdc131f57bc93",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -618,7 +618,7 @@ class OperationRules:
     `rules[i]` = (name, dtype, dims, role, optional, contiguous, align, align_words, overlap name) of
     the tensor `tensors(arguments)[i]`. dims: per dimension an int, None (any size), a symbol that
     its first rule binds ("n") or a symbol plus one ("n+1"). Every tensor is on the device of the
-    first; no "input" may share memory with an "output".
+    first; no "input" may share memory with an "output", nor two "output"s with each other.
     """
     device_of: str
     rules: tuple

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: cfa621961336d825c36a24d3750b5bd2802c5de8427341b128393691ccfacab3
+# body-sha256: 9142a3577d1dd2f6852936b806538e0c1129206b9d0e1dd11bbd2cc7fe834ee2
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -36,7 +36,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "849ff3492c3996344a20e46d2cf3d7b7054f4c03e8d5ed6be2e9440a11f7998f",
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
     "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
-    "kernel_abi.py": "658b693b6ebb50ca26df446add5d7ea73814343dc90cfa106e219e6f1e15b41f",
+    "kernel_abi.py": "dcd2366e5c49a0ce6f8df8371d417ea0ecb3243154e30ddb40418265b5c74310",
     "layout.py": "bc2dc284cbd6badb846e32d335270e3a9c5fd94da82ce478bd20ebbd6f2fd2ed",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }

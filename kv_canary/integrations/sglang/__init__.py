@@ -51,9 +51,11 @@ def load() -> None:
         except ImportError:
             from kv_canary.engine.metrics import INSTALL_HINT
             raise ImportError(f"kv-canary: {ENV_METRICS_PORT} needs prometheus_client: {INSTALL_HINT}") from None
+    from . import exporter
+    # Every target resolved before any hook is registered: all of them replaced, or none.
+    hooks.check_targets([*hooks.TARGETS.values(), *(exporter.TARGETS if port is not None else ())])
     backend = hooks.register()
     if port is not None:
-        from . import exporter
         exporter.register(port)
     import kv_canary
 

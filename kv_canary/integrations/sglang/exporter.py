@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 _MANAGER = "sglang.srt.kv_canary.runner.canary_manager.CanaryManager"
 HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (SEMANTICS §9)
 SERVER: dict = {}
+_HEALTH = "sglang.srt.kv_canary.runner.health_checker"
+# What register() hooks and _was_health_check_step reads (checked before anything is registered).
+TARGETS = (f"{_MANAGER}.__init__", f"{_MANAGER}._post_ops_outside_graph", f"{_HEALTH}._HEALTH_CHECK_WARMUP_STEPS",
+           f"{_HEALTH}._HEALTH_CHECK_EVERY_N_STEPS")
 
 
 class SglangCanaryTotals(Listened):
@@ -86,21 +90,44 @@ def _rank() -> int:
         return 0
 
 
+def serve(port: int) -> None:
+    """The process's /metrics endpoint on 127.0.0.1:port + its rank (0: any free port), started once.
+
+    Started by the first canary manager (before SGLang builds it), not when the plugin loads: SGLang
+    loads plugins in every one of its processes (main, detokenizer, schedulers) before any knows its
+    rank, and only a scheduler's canary manager has counters to serve, on the port plus its rank."""
+    import prometheus_client
+
+    from kv_canary.engine.metrics import MetricsPortUnavailable, serve_metrics
+
+    if "server" in SERVER:
+        return
+    rank = _rank()
+    newest = _Newest()
+    served = prometheus_client.CollectorRegistry()
+    served.register(newest)
+    try:
+        server = serve_metrics(port + rank if port else 0, registry=served)
+    except MetricsPortUnavailable as exc:   # the same error, saying where the port came from
+        raise MetricsPortUnavailable(
+            exc.addr, exc.port, f"{exc.reason} (KV_CANARY_SGLANG_METRICS_PORT={port} plus this process's "
+            f"torch.distributed rank {rank})", ("another process is listening there; " if exc.busy else "")
+            + "set KV_CANARY_SGLANG_METRICS_PORT to a free port (0 picks one) or unset it to run without the endpoint",
+            busy=exc.busy) from None
+    SERVER.update(newest=newest, server=server)
+    logger.info("kv-canary: Prometheus metrics of SGLang's canary at %s", server.url)
+
+
 def attach(sglang_manager, port: int) -> SglangCanaryTotals:
     """CanaryMetrics for one SGLang CanaryManager, served at 127.0.0.1:port (+ the process's rank)."""
     import prometheus_client
 
-    from kv_canary.engine.metrics import CanaryMetrics, serve_metrics
+    from kv_canary.engine.metrics import CanaryMetrics
 
+    serve(port)
     totals = SglangCanaryTotals(sglang_manager)
     registry = prometheus_client.CollectorRegistry()
     CanaryMetrics(totals, registry=registry, tp_rank=_rank())
-    if "server" not in SERVER:
-        newest = _Newest()
-        served = prometheus_client.CollectorRegistry()
-        served.register(newest)
-        SERVER.update(newest=newest, server=serve_metrics(port + _rank() if port else 0, registry=served))
-        logger.info("kv-canary: Prometheus metrics of SGLang's canary at %s", SERVER["server"].url)
     SERVER["newest"].registry = registry
     sglang_manager._kv_canary_totals = totals
     return totals
@@ -109,6 +136,9 @@ def attach(sglang_manager, port: int) -> SglangCanaryTotals:
 def register(port: int) -> None:
     """Hooks: a new SGLang CanaryManager gets its metrics; each of its steps updates them."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    def before_init(*args, **kwargs):   # a busy port refuses the manager before SGLang allocates anything
+        serve(port)
 
     def after_init(_result, manager, *args, **kwargs):
         attach(manager, port)
@@ -128,6 +158,7 @@ def register(port: int) -> None:
             totals.monitor.healthy = True
         return result
 
+    HookRegistry.register(f"{_MANAGER}.__init__", before_init, HookType.BEFORE)
     HookRegistry.register(f"{_MANAGER}.__init__", after_init, HookType.AFTER)
     HookRegistry.register(f"{_MANAGER}._post_ops_outside_graph", around_step, HookType.AROUND)
 

@@ -110,8 +110,28 @@ def default_backend() -> str:
     return "torch" if kvc.use_torch_reference(device) else device.type  # cuda, or the native cpu backend
 
 
+def check_targets(targets) -> None:
+    """Every dotted target resolves in this SGLang, as its hook registry will resolve it. SGLang applies
+    hooks one target at a time and only logs a target it cannot find, so a fork or dev build lacking one
+    launcher would run with the others replaced: all are checked before any hook is registered, and one
+    missing refuses the plugin (SGLang's loader logs the error and keeps its own kernels everywhere)."""
+    import pkgutil
+
+    missing = []
+    for target in targets:
+        try:
+            pkgutil.resolve_name(target)
+        except (ImportError, AttributeError, ValueError) as exc:
+            missing.append(f"{target} ({type(exc).__name__}: {exc})")
+    if missing:
+        raise ValueError(f"kv-canary: this SGLang lacks what the plugin replaces or hooks: {'; '.join(missing)}; "
+                         f"nothing was replaced (SGLang keeps its own canary kernels). Install a tested SGLang "
+                         f"release as published, or unset KV_CANARY_SGLANG")
+
+
 def register() -> str:
-    """REPLACE hooks for every target (SGLang applies them after all plugins ran); returns the backend."""
+    """REPLACE hooks for every target (SGLang applies them after all plugins ran; the caller checked
+    every target first, check_targets); returns the backend."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     backend = default_backend()

@@ -531,7 +531,10 @@ class _ListHandler(logging.Handler):
         self.out = out
 
     def emit(self, record):
-        self.out.append([record.name, record.levelname, record.getMessage()])
+        message = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:   # SGLang's loader logs a plugin's error so
+            message += f"\n{type(record.exc_info[1]).__name__}: {record.exc_info[1]}"
+        self.out.append([record.name, record.levelname, message])
 
 
 BROKEN = {"on": False}
@@ -567,9 +570,56 @@ def layer_checks() -> dict:
     return out
 
 
+def probe(without: str, busy_metrics_port: bool) -> dict:
+    """The plugin loaded into an SGLang that lacks one target (`without`: a hooks.TARGETS name, removed
+    from its module first, as in a fork or dev build), or with a metrics port another socket holds;
+    then one canary manager built. Records which of the five targets are replaced, what the loader
+    and kv-canary logged, and how building the manager ended."""
+    import importlib
+    import socket
+
+    from sglang.srt.plugins import load_plugins
+
+    from kv_canary.integrations.sglang import hooks
+
+    if without:
+        module, _, attr = hooks.TARGETS[without].rpartition(".")
+        delattr(importlib.import_module(module), attr)
+    holder = None
+    if busy_metrics_port:
+        holder = socket.socket()
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        os.environ["KV_CANARY_SGLANG_METRICS_PORT"] = str(holder.getsockname()[1])
+    os.environ["KV_CANARY_SGLANG"] = "1"
+    if not has_entry_point():   # what SGLang's loader does with the entry point: run it, log a failure
+        from kv_canary.integrations.sglang import load
+        try:
+            load()
+        except Exception:
+            logging.getLogger("sglang.srt.plugins").exception("Failed to execute general plugin: kv_canary")
+    load_plugins()
+    replaced = {}
+    for name, target in hooks.TARGETS.items():
+        try:
+            replaced[name] = hasattr(_resolve(target), "__wrapped__")   # SGLang's hook wrappers carry it
+        except (ImportError, AttributeError):
+            replaced[name] = "missing"
+    try:
+        Engine(config=make_config(), perturb=make_perturb())
+        built = "built"
+    except Exception as exc:
+        built = f"{type(exc).__name__}: {exc}"
+    if holder is not None:
+        holder.close()
+    return {"replaced": replaced, "manager": built, "port": os.environ.get("KV_CANARY_SGLANG_METRICS_PORT")}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--provider", choices=("sglang", "plugin"), required=True)
+    parser.add_argument("--without", default="", help="probe(): a plugin target this SGLang lacks")
+    parser.add_argument("--busy-metrics-port", action="store_true", help="probe(): a metrics port already taken")
     parser.add_argument("--scenarios", default="all")
     parser.add_argument("--broken", default="",
                         help="scenarios to run once more with kv-canary's write launcher broken on purpose")
@@ -578,6 +628,11 @@ def main(argv=None) -> int:
     plugin_log: list = []
     logging.getLogger("kv_canary").addHandler(_ListHandler(plugin_log))
     logging.getLogger("kv_canary").setLevel(logging.INFO)
+    logging.getLogger("sglang.srt.plugins").addHandler(_ListHandler(plugin_log))
+    if args.without or args.busy_metrics_port:
+        out = {**probe(args.without, args.busy_metrics_port), "plugin_log": plugin_log}
+        Path(args.out).write_text(json.dumps(out))
+        return 0
     if args.broken:
         break_write()
     replaced = load_provider(args.provider)

@@ -158,6 +158,50 @@ def test_unset_changes_nothing_and_set_replaces_every_launcher(runs):
                            f"{kv_canary.LAYOUT_FINGERPRINT} (SGLang-compatible 32-byte records)")
 
 
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """The plugin loaded by SGLang's own loader into SGLang 0.5.23 with one launcher removed (a fork or
+    dev build that lacks it), and with its metrics port held by another socket (sglang_scenarios.probe)."""
+    tmp = tmp_path_factory.mktemp("sglang_probes")
+    started = [_worker(tmp, "without_write", "--provider", "plugin", "--without", "write"),
+               _worker(tmp, "busy_port", "--provider", "plugin", "--busy-metrics-port")]
+    results = {}
+    for name, proc, out in started:
+        log, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"the {name} probe failed:\n{log}"
+        results[name] = json.loads(out.read_text())
+    return results
+
+
+def test_an_sglang_lacking_one_launcher_gets_none_replaced(probes):
+    """SGLang applies hooks one by one and only logs a target it cannot find: the plugin used to leave
+    4 of 5 replaced while its start-up line named all five. Every target is resolved first now."""
+    probe = probes["without_write"]
+    assert probe["replaced"] == {"verify": False, "write": "missing", "plan": False, "scatter": False,
+                                 "use_torch_reference": False}
+    assert probe["manager"] == "built"   # SGLang runs on, on its own kernels
+    ours = [m for name, _, m in probe["plugin_log"] if name == "kv_canary.integrations.sglang"]
+    assert ours == []                    # no "active inside SGLang" line
+    (failed,) = [m for name, level, m in probe["plugin_log"] if level == "ERROR"]
+    assert failed == ("Failed to execute general plugin: kv_canary\nValueError: kv-canary: this SGLang lacks what the "
+                      "plugin replaces or hooks: sglang.kernels.ops.kv_canary.write.launch_canary_write_kernel "
+                      "(AttributeError: module 'sglang.kernels.ops.kv_canary.write' has no attribute "
+                      "'launch_canary_write_kernel'); nothing was replaced (SGLang keeps its own canary kernels). "
+                      "Install a tested SGLang release as published, or unset KV_CANARY_SGLANG")
+
+
+def test_a_busy_metrics_port_refuses_the_canary_manager_with_a_clear_error(probes):
+    """A bare OSError [Errno 98] came out of SGLang's CanaryManager.__init__; now kv-canary's error,
+    before SGLang builds the manager's device state."""
+    probe = probes["busy_port"]
+    port = probe["port"]
+    assert probe["manager"] == (
+        f"MetricsPortUnavailable: kv-canary: cannot serve /metrics on 127.0.0.1:{port}: Address already in use "
+        f"(KV_CANARY_SGLANG_METRICS_PORT={port} plus this process's torch.distributed rank 0); another process is "
+        f"listening there; set KV_CANARY_SGLANG_METRICS_PORT to a free port (0 picks one) or unset it to run "
+        f"without the endpoint")
+
+
 def test_a_prometheus_scrape_during_a_perturb_scenario_shows_the_violations(runs):
     from prometheus_client.parser import text_string_to_metric_families
 
