@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -103,6 +105,7 @@ def main(argv=None) -> int:
         canary = CanaryConfig.from_args(args, base=base)
     except ValueError as e:
         ap.error(str(e))
+    _check_args(ap, args)   # before anything runs: a typo must not cost a clean run and a traceback
     if args.metrics_port is not None:
         try:
             import prometheus_client  # noqa: F401
@@ -127,6 +130,41 @@ def main(argv=None) -> int:
         registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
         return _single_process_demo(args, canary, device, backend_name, chosen, registry, out, t0, real_clean,
                                     real_chosen)
+
+
+def _check_args(ap, args) -> None:
+    """--backend, --device and --out checked up front (argparse errors, exit 2)."""
+    from ..backends import KNOWN_BACKENDS
+    if args.backend is not None and args.backend not in KNOWN_BACKENDS:
+        close = difflib.get_close_matches(args.backend, KNOWN_BACKENDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        ap.error(f"--backend must be one of {', '.join(KNOWN_BACKENDS)}, got {args.backend!r}{hint}")
+    if args.backend == "cuda" and not torch.cuda.is_available():
+        ap.error("--backend cuda needs a CUDA GPU, and none is visible; use torch or emulated")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            ap.error(f"--device must be a torch device such as cpu or cuda, got {args.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            ap.error(f"--device {args.device}: {why}; use --device cpu (or leave --device out)")
+        if device.type not in ("cpu", "cuda"):
+            ap.error(f"--device must be cpu or cuda, got {args.device!r}")
+    problem = _unwritable(args.out)
+    if problem:
+        ap.error(f"--out {args.out}: cannot write the report there ({problem})")
+
+
+def _unwritable(out: Path) -> str:
+    """Why the report directory cannot be written ('' when it can): created now, probed with a file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
 
 
 def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
