@@ -152,6 +152,24 @@ def test_init_writes_schema_config_tree_and_snippets(engine):
     assert [h["id"] for h in hooks] == [h["id"] for h in manifest]
     workflow = yaml.safe_load((engine / ".github" / "workflows" / "kv-canary.yml").read_text())
     assert workflow == yaml.safe_load((ROOT / "examples" / "kv-canary-workflow.yml").read_text())
+    # The generator's lock file is ignored, so committing the package (init's advice) leaves it out.
+    assert "/myengine/_canary/.kv-canary-generate.lock" in (engine / ".gitignore").read_text().splitlines()
+    assert (engine / "myengine" / "_canary" / ".kv-canary-generate.lock").exists()
+    assert ".kv-canary-generate.lock" not in git(engine, "ls-files")   # the fixture committed with `add -A`
+
+
+def test_init_keeps_an_existing_gitignore_and_pins_the_rev_it_is_given(engine, capsys):
+    (engine / ".gitignore").write_text("*.pyc")
+    assert kv_main(["init", "--force", "--package", "myengine/_canary", "--rev", "0123abc"]) == 0
+    out = capsys.readouterr().out
+    assert (engine / ".gitignore").read_text() == ("*.pyc\n# kv-canary: the generator's lock file (kv-canary generate "
+                                                    "takes it while it writes)\n/myengine/_canary/.kv-canary-generate.lock\n")
+    assert "git ls-remote https://github.com/kv-canary/kv-canary 0123abc" in out
+    assert yaml.safe_load((engine / ".pre-commit-config.yaml").read_text())["repos"][0]["rev"] == "0123abc"
+    steps = yaml.safe_load((engine / ".github" / "workflows" / "kv-canary.yml").read_text())["jobs"]["abi"]["steps"]
+    assert steps[1]["uses"] == "kv-canary/kv-canary@0123abc"
+    assert kv_main(["init", "--force", "--package", "myengine/_canary", "--rev", "0123abc"]) == 0
+    assert (engine / ".gitignore").read_text().count(".kv-canary-generate.lock") == 1
 
 
 def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
