@@ -206,7 +206,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
     v.frozen_plans = {"VerifyPlan": VerifyPlan, "WritePlan": WritePlan}
-    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",  # = codegen ALLOCATOR_NAMES
              "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
              "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
     scope = locals()

@@ -179,7 +179,7 @@ def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
     assert "--package must be a path of Python identifiers" in capsys.readouterr().err
     assert kv_main(["init", "--force", "--from", "owner_epoch", "--package", "myengine/_canary"]) == 0
     out = capsys.readouterr().out
-    assert ".pre-commit-config.yaml" in out and "myengine/_canary: 13 files" in out
+    assert ".pre-commit-config.yaml" in out and "myengine/_canary: 14 files" in out
     assert [f.name for f in load_schema_text((engine / "canary.yaml").read_text()).canary.fields][-2:] == \
         ["request_id", "epoch"]
     # Where the pre-commit config and the workflow exist, init leaves them alone and prints what to add.
@@ -196,7 +196,7 @@ def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
 
 def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
     assert kv_main(["check"]) == 0
-    assert capsys.readouterr().out == "myengine/_canary is up to date with canary.yaml (13 files)\n"
+    assert capsys.readouterr().out == "myengine/_canary is up to date with canary.yaml (14 files)\n"
     layout = engine / "myengine" / "_canary" / "layout.py"
     layout.write_text(layout.read_text() + "# edit\n")
     (engine / "myengine" / "_canary" / "mine.py").write_text("x = 1\n")
@@ -218,7 +218,7 @@ def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
     monkeypatch_dir = engine / "myengine"
     os.chdir(monkeypatch_dir)
     assert kv_main(["generate"]) == 0
-    assert "_canary: 13 files, 1 written" in capsys.readouterr().out
+    assert "_canary: 14 files, 1 written" in capsys.readouterr().out
     assert kv_main(["check", "--format", "json"]) == 1  # mine.py is still there
     validate(json.loads(capsys.readouterr().out), CHECK_SHAPE)
 

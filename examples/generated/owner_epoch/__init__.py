@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 3cc99318858fecc547c0fb20932d6d7f89940a6d57accd98add82b9e977926fd
+# body-sha256: 60e4c0dc2f219e688db5ee21c617a461901ae7f55f91750d9a1170fac4f4c717
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -11,8 +11,8 @@ with `kv_canary.load_generated(path)` or imported as a package of its own (`impo
 either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
 first launch. The layer imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
-`api`, `reference` and `kernel_abi` load on first access, and `allocators` / `validators` are the
-runtime's for this layer.
+`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this layer, also
+`from <package>.allocators import ...`) load on first access; `validators` is the runtime's.
 """
 # This file holds the tree's generation identity (the header's schema and generator hashes, and
 # GENERATION_ID, named by them); no other generated file carries it, so a generator change that does
@@ -27,6 +27,7 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "f735e06dd3cc2524e3865e0c6ead90eccd016f70e18adab2305f58b90b66785b",
+    "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
     "api.py": "3d9a39ff634bbf56950684f8a14b552938d1bfedd6f23a1aaaf16bc6733ee015",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
@@ -60,8 +61,8 @@ import importlib as _importlib  # noqa: E402
 from .layout import *  # noqa: F401,F403
 from .layout import ABI_VERSION, LAYOUT_FINGERPRINT  # noqa: F401
 
-_SUBMODULES = ("reference", "api", "kernel_abi")
-_FROM_RUNTIME = ("allocators", "validators")
+_SUBMODULES = ("reference", "api", "kernel_abi", "allocators")
+_FROM_RUNTIME = ("validators",)
 
 _runtime_instance = None
 

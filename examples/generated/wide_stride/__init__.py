@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 5c1c6106bce27c8fca73ccb102c58522c530ca78fbf1bde620dd1c9856a8af98
+# body-sha256: 1ece04f34aa02f8c420ea3eaa3059034fd7800452e7d2db5d43d69d39b962bb7
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -11,8 +11,8 @@ with `kv_canary.load_generated(path)` or imported as a package of its own (`impo
 either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
 first launch. The layer imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
-`api`, `reference` and `kernel_abi` load on first access, and `allocators` / `validators` are the
-runtime's for this layer.
+`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this layer, also
+`from <package>.allocators import ...`) load on first access; `validators` is the runtime's.
 """
 # This file holds the tree's generation identity (the header's schema and generator hashes, and
 # GENERATION_ID, named by them); no other generated file carries it, so a generator change that does
@@ -27,6 +27,7 @@ REGENERATE_COMMAND = 'make generate'
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "3faf45f75af046f85c79ad1f2cf81c57881246459e97314e7b131e6347c108e6",
+    "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
     "api.py": "d743ac5e3ccb1bb244394b9967a74c5dcab02013dcb1bc74d10b81c36e1dc14b",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
@@ -60,8 +61,8 @@ import importlib as _importlib  # noqa: E402
 from .layout import *  # noqa: F401,F403
 from .layout import ABI_VERSION, LAYOUT_FINGERPRINT  # noqa: F401
 
-_SUBMODULES = ("reference", "api", "kernel_abi")
-_FROM_RUNTIME = ("allocators", "validators")
+_SUBMODULES = ("reference", "api", "kernel_abi", "allocators")
+_FROM_RUNTIME = ("validators",)
 
 _runtime_instance = None
 
