@@ -43,10 +43,26 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def not_a_repository(cwd: Path) -> str:
+    """Why `cwd` has no git history to compare with ('' when it is inside a git work tree)."""
+    try:
+        inside = git(cwd, "rev-parse", "--is-inside-work-tree")
+    except FileNotFoundError:
+        return "git is not installed"
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return f"{cwd} is not inside a git repository"
+    return ""
+
+
 def resolve_base(base: str | None, trees: list[Tree]) -> tuple[str | None, str]:
-    """(revision, how it was chosen); (None, why) when there is no base at all (a repository without a
-    default branch). A named base that does not exist raises BaseError."""
+    """(revision, how it was chosen); (None, why) when there is no base at all (not a git repository,
+    a repository without a default branch). A named base that does not exist raises BaseError."""
     cwd = Path.cwd()
+    outside = not_a_repository(cwd)
+    if outside:
+        if base:
+            raise BaseError(f"--base {base}: {outside}, so there is no revision to compare with")
+        return None, f"{outside} (run it in the engine's git checkout, or compare two files with `kv-canary diff OLD NEW`)"
     if base:
         return base, "given as --base"
     ref = os.environ.get("GITHUB_BASE_REF")
@@ -116,7 +132,8 @@ def abi_check(trees: list[Tree], base: str | None, fmt: str) -> int:
         print(f"kv-canary abi-check: {exc}", file=sys.stderr)
         return 1
     if rev is None:
-        print(f"kv-canary abi-check: nothing to compare: {how}. Passing (`--base REV` names one).")
+        hint = "" if not_a_repository(Path.cwd()) else " (`--base REV` names one)"
+        print(f"kv-canary abi-check: nothing to compare: {how}. Passing{hint}.")
         return 0
     status = 0
     for tree in trees:

@@ -462,3 +462,21 @@ def test_run_time_messages_about_an_engine_tree_name_its_command(engine):
     with pytest.raises(ValueError, match=r"canary_write\.cu is missing .*; run `kv-canary generate`$"):
         read_source(layer, "cuda/canary_write.cu")
     assert kv_canary.generated.REGENERATE_COMMAND == "make generate"  # kv-canary's own checkout
+
+
+def test_abi_check_and_pr_report_outside_git_say_so(tmp_path, monkeypatch, capsys):
+    """Outside a git repository there is no base to compare with: both say why (not 'no default
+    branch' or 'new schema'), and a named --base is an error."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_BASE_REF", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    (tmp_path / "kernels.yaml").write_text(BASE)
+    assert kv_main(["generate"]) == 0
+    capsys.readouterr()
+    assert kv_main(["abi-check"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path} is not inside a git repository" in out and "no default branch" not in out
+    assert kv_main(["abi-check", "--base", "HEAD~1"]) == 1
+    assert f"--base HEAD~1: {tmp_path} is not inside a git repository" in capsys.readouterr().err
+    assert kv_main(["pr-report", "--comment", str(tmp_path / "c.md")]) == 0
+    assert f"No base revision: {tmp_path} is not inside a git repository" in capsys.readouterr().out
