@@ -13,10 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from .diagnostics import SchemaError, escape_text, internal_error
+from .diagnostics import Diagnostic, Loc, SchemaError, escape_text, internal_error
 from .diff import FORMATS, FixHint, diff_schemas
 from .load import load_schema_bytes, read_schema
-from .project import Tree, resolve_trees
+from .project import CONFIG_NAME, Tree, resolve_trees
 from .render import Provenance, make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
 from .writer import Hints, compare_tree, tree_lock, write_tree
@@ -33,13 +33,27 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _load(schema_path: Path):
-    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by)."""
+def _load(schema_path: Path, tree: Tree | None = None):
+    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by).
+    A schema that does not exist says where schemas come from (kv-canary.yaml, init, --schema)."""
     shown = _display(schema_path)
+    if not Path(schema_path).exists():
+        where = "" if tree is None or not (tree.configured or tree.schema == Path.cwd().resolve() / "kernels.yaml") \
+            else f"; {_where_schemas_come_from(tree)}"
+        raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read schema {shown}: No such file or directory{where}")])
     schema, text = read_schema(Path(shown), display_name=shown)
     for note in schema.notes:  # what the schema states that the generator supplies: never an error
         print(note, file=sys.stderr)
     return schema, text
+
+
+def _where_schemas_come_from(tree: Tree) -> str:
+    if tree.configured:
+        return f"{CONFIG_NAME} in {_display(tree.root)} lists it (fix the entry, or restore the file)"
+    return (f"without --schema a command reads the trees of {CONFIG_NAME} (looked for here and in every parent "
+            f"directory up to the git top level: none found), else kernels.yaml; `kv-canary init` sets up a "
+            f"repository (schema, {CONFIG_NAME}, generated package), or name one with --schema FILE or "
+            f"--config PATH/{CONFIG_NAME}")
 
 
 def _tell_waiting(lock: Path) -> None:
@@ -93,7 +107,7 @@ def cmd_generate(args) -> int:
     for tree in trees_of(args, goldens=True):
         start = time.perf_counter()
         args.schema = tree.schema  # what an internal error is reported against
-        schema, text = _load(tree.schema)
+        schema, text = _load(tree.schema, tree)
         files = render_all(schema, text, provenance=provenance(tree))
         written, removed = write_tree(tree.out, files, on_wait=_tell_waiting)
         out = _display(tree.out)
@@ -108,7 +122,7 @@ def cmd_generate(args) -> int:
 
 def check_tree(tree: Tree) -> tuple[int, list]:
     """(number of files the schema produces, drifts of the tree on disk)."""
-    schema, text = _load(tree.schema)
+    schema, text = _load(tree.schema, tree)
     files = render_all(schema, text, provenance=provenance(tree))
     shown = _display(tree.out)
     if tree.out.is_dir():  # not while a `generate` is half-way through writing it
@@ -162,9 +176,16 @@ def _print_check(tree: Tree, n_files: int, drifts, quiet: bool) -> int:
 
 def cmd_describe(args) -> int:
     if args.schema is None:
-        args.schema = args.root / "kernels.yaml"
+        configured = [t for t in resolve_trees(None, None, Path.cwd()) if t.configured]
+        args.schema = configured[0].schema if configured else args.root / "kernels.yaml"
+        if len(configured) > 1:
+            print(f"kv-canary describe: {CONFIG_NAME} lists {len(configured)} schemas; describing the first, "
+                  f"{_display(args.schema)} (--schema FILE names another)", file=sys.stderr)
         if not args.schema.is_file() and args.installed_layout is not None:
             # Outside a checkout (an installed wheel): the layer the package was generated from.
+            print(f"kv-canary describe: no {CONFIG_NAME} and no kernels.yaml here: describing kv-canary's built-in "
+                  f"schema (the default layout it was installed with); --schema FILE describes yours",
+                  file=sys.stderr)
             sys.stdout.write(args.installed_layout())
             return 0
     schema, _ = _load(args.schema)

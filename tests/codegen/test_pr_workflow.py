@@ -247,8 +247,35 @@ def test_config_errors_have_their_line_and_column(engine, capsys):
     assert err == ["kv-canary.yaml:1:12: error: kv-canary: config format must be 1, got '2' (written by a newer "
                    "kv-canary?)",
                    "kv-canary.yaml:3:5: error: a tree needs 'out'",
-                   "kv-canary.yaml:4:5: error: unknown key 'ot' in a tree; allowed: schema, out",
+                   "kv-canary.yaml:4:5: error: unknown key 'ot' in a tree (did you mean 'out'?); allowed: schema, out",
                    "3 errors"]
+
+
+def test_a_misspelled_config_key_gets_a_did_you_mean(engine, capsys):
+    (engine / "kv-canary.yaml").write_text("kv-canary: 1\nbase-branch: main\ntrees:\n"
+                                           "  - {schema: canary.yaml, out: myengine/_canary}\n")
+    assert kv_main(["check"]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "kv-canary.yaml:2:1: error: unknown key 'base-branch' in the kv-canary config (did you mean 'base_branch'?); "
+        "allowed: kv-canary, trees, base_branch")
+
+
+def test_check_and_describe_where_there_is_no_schema_say_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert kv_main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kernels.yaml:1:1: error: cannot read schema kernels.yaml: No such file or directory; without --schema")
+    assert "`kv-canary init` sets up a repository" in err and "--config" in err
+    assert kv_main(["describe"]) == 0
+    captured = capsys.readouterr()
+    assert "describing kv-canary's built-in schema" in captured.err and "# Canary ABI layout" in captured.out
+
+
+def test_describe_in_a_configured_repository_describes_its_schema(engine, capsys):
+    (engine / "canary.yaml").write_text((engine / "canary.yaml").read_text().replace("abi_version: 1", "abi_version: 7"))
+    assert kv_main(["describe"]) == 0
+    assert "abi_version **7**" in capsys.readouterr().out
 
 
 # -- abi-check (the pre-commit hook) and pr-report (the action) against the merge base ------------

@@ -210,6 +210,13 @@ CASES = (
           ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch, "
            "verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")],
          ("26:104: error: field 'epoch' verify fail_reason 'VERIFY_EPOCH_MISMATCH' is not a FailReason member",)),
+    Case("input_misspelled_fail_reason", "A verified input field misspells a declared FailReason bit.",
+         [("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
+          ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch, "
+           "verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMACH}}\n"),
+          ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")],
+         ("26:104: error: field 'epoch' verify fail_reason 'VERIFY_EPOCH_MISMACH' is not a FailReason member "
+          "(did you mean 'VERIFY_EPOCH_MISMATCH'?)",)),
     Case("verify_on_non_input", "Only input fields can be verified.",
          [("{name: token, role: token}", "{name: token, role: token, verify: {expected: per_slot, fail_reason: "
            "VERIFY_TOKEN_MISMATCH}}")],
