@@ -151,3 +151,12 @@ def test_a_persistent_manager_is_guarded_across_sessions_and_detach_removes_ever
     assert "_create_batch_processor" not in vars(cbm) and "_generation_step" not in vars(cbm.batch_processor)
     m.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb)   # unguarded now
     assert canary.steps == steps
+
+
+def test_the_attach_guides_snippet_runs_as_written(capsys):
+    """docs/attach-your-engine.md's transformers block is complete: it runs as it stands."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "attach-your-engine.md").read_text(encoding="utf-8")
+    start = doc.index("```python\n", doc.index("## HF transformers: one call")) + len("```python\n")
+    exec(compile(doc[start:doc.index("```", start)], "attach-your-engine.md", "exec"), {})
+    assert capsys.readouterr().out == "3 requests, 0 violations\n"
