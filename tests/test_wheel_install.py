@@ -20,7 +20,7 @@ def installed(tmp_path_factory):
 
 
 PROBE = """
-import importlib.util as u, json
+import importlib.resources as r, importlib.util as u, json
 import kv_canary, kv_canary.codegen
 from kv_canary.layer import csrc, emulation_build
 print(json.dumps({
@@ -32,6 +32,7 @@ print(json.dumps({
                                                       "kv_canary.integrations.transformers.engine")],
     "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
     "csrc": str(csrc.CSRC_DIR), "csrc_headers": sorted(csrc.csrc_headers()),
+    "semantics": str(r.files("kv_canary") / "docs" / "semantics.md"),
 }))
 """
 
@@ -59,6 +60,14 @@ def test_the_device_headers_ship_in_the_wheel(probe):
     """Every kernel includes the hand-written kv_canary/csrc/ headers: the wheel carries them all."""
     assert "site-packages" in probe["csrc"] and str(ROOT) not in probe["csrc"]
     assert probe["csrc_headers"] == sorted(p.name for p in (ROOT / "kv_canary" / "csrc").iterdir())
+
+
+def test_the_behaviour_contract_ships_in_the_wheel(probe):
+    """docs/semantics.md, which code, generated files and error texts cite, is readable from the wheel."""
+    from pathlib import Path
+    installed = Path(probe["semantics"])
+    assert "site-packages" in str(installed) and str(ROOT) not in str(installed)
+    assert installed.read_text(encoding="utf-8") == (ROOT / "docs" / "semantics.md").read_text(encoding="utf-8")
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):

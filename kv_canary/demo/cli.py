@@ -251,7 +251,7 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
             sc, backend=args.backend, metrics_registry=registry))
         first = next((r for r in section["results"] if r.first is not None), None)
-        if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
+        if first is not None:   # what an engine's log shows for it (docs/semantics.md §9, logger kv_canary)
             from .. import generated
             from ..engine.reporting import ViolationReporter
             text = ViolationReporter(generated.layout).message(

@@ -10,7 +10,7 @@ Every launch is bound once, at attach, over buffers the manager owns at fixed ca
 stages the batch into them (device copies), so a CUDA graph can capture `launch_head(batch)` and
 `tail(batch)` once `prepare(batch)` (host side) ran outside it. What it launches comes from the
 schema: each launch tag's phase, K/V half and pool group, each input field's value source
-(SEMANTICS.md §8). SGLang's runtime surface (modes, stats line, health check: SEMANTICS.md §9) is
+(docs/semantics.md §8). SGLang's runtime surface (modes, stats line, health check: docs/semantics.md §9) is
 `from_config(CanaryConfig)`; metrics and the fleet decision attach as listeners (engine.listeners).
 """
 from __future__ import annotations

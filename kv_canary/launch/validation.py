@@ -1,4 +1,4 @@
-"""Host-side validation of every launch (SEMANTICS.md §7), for one generated layer.
+"""Host-side validation of every launch (docs/semantics.md §7), for one generated layer.
 
 Every tensor of an operation is checked against its rule in the layer's generated kernel ABI
 (generated/kernel_abi.py OPERATIONS, rendered from the operation table codegen/operations.py):
@@ -381,7 +381,7 @@ class Validators:
             raise TypeError(f"{self.prefix}{name} must be a bool, got {type(value).__name__}")
         return value
 
-    # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
+    # -- real-KV sources (docs/semantics.md §4) --------------------------------------------------------------
     def check_real_kv_params(self, *, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
         """A source's integers (fixed once a RealKvSource is built), in SGLang's order (§4): checked
         before its tensor (check_real_kv_tensor)."""
@@ -621,7 +621,7 @@ class Validators:
     def check_plan_scalars(self, a: dict) -> None:
         """The window, the offset, the expected-token pool's pairing and the input-field mappings."""
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
-        # or without a window (SEMANTICS.md §5.3); only a window needs one.
+        # or without a window (docs/semantics.md §5.3); only a window needs one.
         window = self.check_fits("swa_window_size", self.check_int("swa_window_size", a["swa_window_size"]))
         if window > 0 and a["full_to_swa_index_mapping"] is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")

@@ -50,7 +50,7 @@ def test_raise_mode_names_the_first_violation():
     err = info.value
     first = err.violations[0]
     assert first.launch_tag == "HEAD_K_FULL" and first.reasons == ("SLOT_OUT_OF_RANGE",)
-    # One report of 7 lines per row (SEMANTICS.md §9), in ring order, drained at the damage step.
+    # One report of 7 lines per row (docs/semantics.md §9), in ring order, drained at the damage step.
     lines = str(err).split("\n")
     assert len(lines) == 7 * len(err.violations)
     assert lines[0::7] == [v.log_line() for v in err.violations]

@@ -1,4 +1,4 @@
-"""Validators: every SEMANTICS.md §7 text exactly, and clear errors for wrong dtype/rank/device/length."""
+"""Validators: every docs/semantics.md §7 text exactly, and clear errors for wrong dtype/rank/device/length."""
 from __future__ import annotations
 
 import dataclasses
@@ -153,7 +153,7 @@ def test_wrong_device_is_named():
 
 
 def test_extra_keywords_rejected_for_default_schema():
-    # The public functions of the default schema have no such keyword (SEMANTICS.md §8); the Runtime
+    # The public functions of the default schema have no such keyword (docs/semantics.md §8); the Runtime
     # behind them (what the manager calls) accepts the mappings and validates them.
     with pytest.raises(TypeError, match="unexpected keyword argument 'extra_inputs'"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(extra_inputs={}))

@@ -16,7 +16,7 @@ from kv_canary.engine.listeners import Listened
 
 logger = logging.getLogger(__name__)
 _MANAGER = "sglang.srt.kv_canary.runner.canary_manager.CanaryManager"
-HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (SEMANTICS §9)
+HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (docs/semantics.md §9)
 SERVER: dict = {}
 
 

@@ -207,7 +207,7 @@ def test_the_plugin_refuses_a_layer_that_is_not_sglangs_bytes(runs):
     for name in ("wide_stride", "owner_epoch"):
         assert checks[name].startswith("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte "
                                        "canary records, so SGLang's runtime cannot run on it: record bytes"), name
-    assert "input fields (SEMANTICS.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
+    assert "input fields (docs/semantics.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
 
 
 def test_the_plugin_refuses_sglang_data_classes_without_kv_canarys_fields():

@@ -110,7 +110,7 @@ def test_demo_shows_the_transformers_section(tmp_path, capsys):
     assert "violations: 0, output tokens unchanged: yes" in out
     stats = [line.split()[1] for line in out.splitlines() if line.strip().startswith("[canary] step=")]
     assert stats[:2] == ["step=10", "step=20"]   # the stats line on the real engine, every 10 of its steps
-    # The first detection's report, as SGLang's runtime logs it (SEMANTICS.md §9).
+    # The first detection's report, as SGLang's runtime logs it (docs/semantics.md §9).
     assert "    kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_real_kv_hash" in out
     assert "    canary_kind:       per_forward_head_k_full" in out
     lines = out.splitlines()
