@@ -19,10 +19,11 @@ from .load import load_schema_bytes, read_schema
 from .project import CONFIG_NAME, Tree, resolve_trees
 from .render import Provenance, make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
+from .version import add_version_option, kv_canary_version
 from .writer import Hints, compare_tree, tree_lock, write_tree
 
 CHECK_JSON_FORMAT = "kv-canary-check"
-CHECK_JSON_VERSION = 1
+CHECK_JSON_VERSION = 2   # 2: kv_canary_version added
 
 
 def _display(path: Path) -> str:
@@ -152,7 +153,8 @@ def check_json(results) -> dict:
         trees.append({"schema": _display(tree.schema), "out": _display(tree.out), "files": n_files,
                       "up_to_date": not drifts, "regenerate": tree.regenerate(Path.cwd()),
                       "drifts": [{"path": d.path, "kind": d.kind, "detail": d.detail, "fix": d.fix} for d in drifts]})
-    return {"format": CHECK_JSON_FORMAT, "version": CHECK_JSON_VERSION, "up_to_date": all(t["up_to_date"] for t in trees),
+    return {"format": CHECK_JSON_FORMAT, "version": CHECK_JSON_VERSION, "kv_canary_version": kv_canary_version(),
+            "up_to_date": all(t["up_to_date"] for t in trees),
             "exit_status": 0 if all(t["up_to_date"] for t in trees) else 1, "trees": trees}
 
 
@@ -232,7 +234,7 @@ def cmd_abi_check(args) -> int:
 def cmd_pr_report(args) -> int:
     from .report import pr_report
     return pr_report(trees_of(args), base=args.base, summary=args.summary, comment=args.comment,
-                     output=args.github_output)
+                     output=args.github_output, fmt=args.format)
 
 
 def _tree_options(p, root: Path, schema_default=None) -> None:
@@ -285,8 +287,9 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     _tree_options(p, root)
     p.add_argument("--base", default=None,
                    help="base git revision (default: the merge base of HEAD with the default branch)")
-    p.add_argument("--format", choices=("text", "markdown"), default="text",
-                   help="per schema (machine-readable: `kv-canary diff REV:SCHEMA SCHEMA --format json`)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                   help="text or markdown: per schema; json: one object for every schema (versioned: "
+                        "codegen/report.schema.json)")
     p.set_defaults(func=cmd_abi_check)
     p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
                                          "write the ABI report to the job summary and a comment file")
@@ -297,6 +300,9 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     p.add_argument("--comment", type=Path, default=None,
                    help="write the report here for a comment step (default: $RUNNER_TEMP/kv-canary-report.md)")
     p.add_argument("--github-output", type=Path, default=None, help="step outputs file (default: $GITHUB_OUTPUT)")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                   help="what stdout gets: the Markdown report, or one JSON object (codegen/report.schema.json); "
+                        "the summary and comment files are Markdown either way")
     p.set_defaults(func=cmd_pr_report)
     for p in sub.choices.values():
         p.set_defaults(root=root)
@@ -328,6 +334,7 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_option(parser, "python -m codegen (kv-canary)")
     sub = parser.add_subparsers(metavar="COMMAND")
     add_codegen_commands(sub, Path.cwd())
     return run(parser, argv)

@@ -25,11 +25,8 @@ def _schema_sources() -> dict[str, Path]:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("kv-canary")
-    except Exception:  # not installed as a distribution (a bare checkout on sys.path)
-        return "0.1.0"
+    from .codegen.version import kv_canary_version
+    return kv_canary_version()
 
 
 def cmd_init(args) -> int:
@@ -88,6 +85,8 @@ def cmd_init(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-canary",
                                      description="KV-cache integrity canaries generated from kernels.yaml.")
+    from .codegen.version import add_version_option
+    add_version_option(parser)
     sub = parser.add_subparsers(metavar="COMMAND")
     add_codegen_commands(sub, Path.cwd(), installed_layout=installed_layout)
     p = sub.add_parser("init", help="set up an engine repository: schema, kv-canary.yaml, generated package, "

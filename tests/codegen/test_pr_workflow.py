@@ -25,6 +25,7 @@ from kv_canary.cli import main as kv_main
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_SHAPE = json.loads((ROOT / "codegen" / "diff.schema.json").read_text(encoding="utf-8"))
 CHECK_SHAPE = json.loads((ROOT / "codegen" / "check.schema.json").read_text(encoding="utf-8"))
+REPORT_SHAPE = json.loads((ROOT / "codegen" / "report.schema.json").read_text(encoding="utf-8"))
 
 
 def validate(doc: dict, shape: dict) -> None:
@@ -309,6 +310,52 @@ def test_abi_check_compares_with_the_merge_base_of_the_default_branch(engine, ca
     capsys.readouterr()
     assert kv_main(["abi-check", "--base", "mian"]) == 1
     assert "git revision 'mian' does not exist" in capsys.readouterr().err
+
+
+def test_abi_check_and_pr_report_speak_json(engine, capsys, tmp_path, monkeypatch):
+    """--format json: one versioned object (codegen/report.schema.json) with the version that ran,
+    the base, each tree's verdict and its diff in the diff's own JSON shape."""
+    from kv_canary.codegen.version import kv_canary_version
+    _break(engine)
+    capsys.readouterr()
+    assert kv_main(["abi-check", "--format", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert (doc["command"], doc["verdict"], doc["exit_status"], doc["error"]) == \
+        ("abi-check", "breaking-without-bump", 2, None)
+    assert doc["kv_canary_version"] == kv_canary_version()
+    assert doc["base"]["revision"] == git(engine, "merge-base", "HEAD", "main").strip()
+    [tree] = doc["trees"]
+    assert (tree["schema"], tree["out"], tree["up_to_date"]) == ("canary.yaml", "myengine/_canary", None)
+    validate(tree["diff"], DIFF_SHAPE)
+    assert tree["diff"]["changes"][0]["path"] == "violation.stored_token"
+    assert kv_main(["abi-check", "--format", "json", "--base", "mian"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert doc["verdict"] == "error" and "'mian' does not exist" in doc["error"] and doc["trees"] == []
+    for key, value in pr_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    assert kv_main(["pr-report", "--format", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert (doc["command"], doc["verdict"], doc["trees"][0]["up_to_date"]) == ("pr-report", "breaking-without-bump", True)
+    assert (tmp_path / "runner" / "kv-canary-report.md").read_text().startswith("## kv-canary ABI report")
+
+
+def test_version_is_printed_and_recorded(engine, capsys):
+    from kv_canary.codegen.render import generator_sha256
+    from kv_canary.codegen.version import CHECKOUT_VERSION, kv_canary_version
+    with pytest.raises(SystemExit) as exc:
+        kv_main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"kv-canary {kv_canary_version()} (generator {generator_sha256()[:12]})\n"
+    assert CHECKOUT_VERSION == yaml.safe_load("\n".join(
+        line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("version = ")
+    ).replace(" = ", ": "))["version"]
+    assert kv_main(["check", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, CHECK_SHAPE)
+    assert (doc["version"], doc["kv_canary_version"]) == (2, kv_canary_version())
 
 
 def test_abi_check_without_a_default_branch_passes_with_a_note(tmp_path, monkeypatch, capsys):
