@@ -38,3 +38,9 @@ def test_the_golden_vectors_live_in_the_repository():
     vectors = load_vectors()
     assert set(vectors) == {"splitmix64", "chain_example", "link_negative", "real_kv_fold"}
     assert vectors["chain_example"]["head_hash"] == "0xde7fae23a9a1b716"
+
+
+def test_the_docs_index_lists_every_page():
+    index = (ROOT / "docs" / "README.md").read_text(encoding="utf-8")
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert [p for p in pages if f"]({p})" not in index] == []

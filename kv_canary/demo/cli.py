@@ -90,6 +90,9 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                     help="serve Prometheus /metrics on 127.0.0.1:PORT while the demo runs (0: a free port; "
                          "needs prometheus_client)")
+    ap.add_argument("--violations-jsonl", type=Path, default=None, metavar="PATH",
+                    help="append every run's violations to PATH as JSON lines (docs/violations-jsonl.md; label "
+                         "scenario), beside the log and the report")
     argv = sys.argv[1:] if argv is None else list(argv)
     sglang_flags = any(a.split("=", 1)[0] in (FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL) for a in argv)
     base = CanaryConfig() if sglang_flags else DEMO_CANARY   # SGLang's flags given: SGLang's defaults
@@ -128,6 +131,8 @@ def main(argv=None) -> int:
     out.write(f"kv-canary demo on {device}, backend: {backend_name}\n")
     with contextlib.ExitStack() as stack:
         registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
+        args.jsonl = None if args.violations_jsonl is None else \
+            stack.enter_context(args.violations_jsonl.open("a", encoding="utf-8"))
         return _single_process_demo(args, canary, device, backend_name, chosen, registry, out, t0, real_clean,
                                     real_chosen)
 
@@ -154,6 +159,13 @@ def _check_args(ap, args) -> None:
     problem = _unwritable(args.out)
     if problem:
         ap.error(f"--out {args.out}: cannot write the report there ({problem})")
+    if args.violations_jsonl is not None:
+        if args.world_size > 1:
+            ap.error("--violations-jsonl is for the single-process demo (each rank of --world-size runs its own "
+                     "process; attach kv_canary.engine.jsonl.ViolationJsonl on each rank)")
+        problem = _unwritable(args.violations_jsonl.parent)
+        if problem or args.violations_jsonl.is_dir():
+            ap.error(f"--violations-jsonl {args.violations_jsonl}: cannot write there ({problem or 'a directory'})")
 
 
 def _unwritable(out: Path) -> str:
@@ -188,7 +200,7 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
                                            progress=_progress("clean run", out), metrics_registry=registry,
-                                           **canary.manager_options())
+                                           violations_jsonl=args.jsonl, **canary.manager_options())
     clean = {"steps": args.steps, "finished": len(engine.finished),
              "shared": sum(r.matched > 0 for r in engine.finished), "swa_window": engine.cfg.swa_window,
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}
@@ -196,11 +208,13 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
               f"{clean['kernel_runs']} canary launches, violations: {clean['violations']}\n")
     out.write(report.SCENARIO_CANARY + "\n")
     results = _run_scenarios(chosen, 45, out, lambda sc: faults.run_scenario(
-        sc, backend=args.backend, device=device, metrics_registry=registry))
+        sc, backend=args.backend, device=device, metrics_registry=registry, violations_jsonl=args.jsonl))
     real = _real_engine_section(args, canary, device, registry, out, real_clean, real_chosen)
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
     ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
     out.write(f"report: {md}  " + (f"chart: {chart}\n" if chart else f"no chart: {no_chart}\n"))
+    if args.jsonl is not None:
+        out.write(f"violations as JSON lines: {args.violations_jsonl}\n")
     out.write(f"{'all scenarios behaved as documented' if ok else 'SOME SCENARIOS FAILED'} "
               f"({time.perf_counter() - t0:.1f}s)\n")
     return 0 if ok else 1
@@ -234,7 +248,8 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
         options["stats_print_every_n_steps"] = options["stats_print_every_n_steps"] or tf.STATS_EVERY
         with _canary_log_shown(out):
-            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **options)
+            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry,
+                                           violations_jsonl=args.jsonl, **options)
         m = handle.manager
         plain = tf.generate(tf.model())
         unchanged = all(list(plain[k].generated_tokens) == list(v.generated_tokens) for k, v in outputs.items())
@@ -249,7 +264,7 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
                   f"{'yes' if unchanged else 'NO'}\n")
     if chosen:
         section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
-            sc, backend=args.backend, metrics_registry=registry))
+            sc, backend=args.backend, metrics_registry=registry, violations_jsonl=args.jsonl))
         first = next((r for r in section["results"] if r.first is not None), None)
         if first is not None:   # what an engine's log shows for it (docs/semantics.md §9, logger kv_canary)
             from .. import generated

@@ -513,13 +513,22 @@ class CanaryManager(Listened):
         # ring_overflow: some row was ever dropped for lack of room.
         reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
                                          step_when_pumped=self.last_step) for v in found]
-        self.notify_drain()
+        self.notify_drain(found)
         if self.mode == "log":
             for text in reports:
                 logger.warning(text)
         elif self.mode == "raise":
             self.raise_or_defer(CanaryViolationError("\n".join(reports), found))
         return found
+
+    def flush(self) -> list[Violation]:
+        """The end of a run: drain, then every listener brings itself up to date (metrics read the
+        device counters, a JSON-lines sink flushes its file)."""
+        try:
+            return self.drain()
+        finally:   # mode raise: the listeners are brought up to date before the error leaves
+            if self.enabled and self.ring_drain is not None:
+                self.notify_flush()
 
     # -- reporting helpers ------------------------------------------------------------------
     def link_of(self, v: Violation) -> Optional[int]:

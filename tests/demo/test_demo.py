@@ -198,3 +198,23 @@ def test_the_chart_has_one_row_per_scenario_controls_last(tmp_path):
     png = report.write_chart(runs, tmp_path / "chart.png")
     width, height = Image.open(png).size
     assert width > height   # one panel, rows stacked, not a grid of small panels
+
+
+def test_demo_writes_every_violation_as_a_json_line(tmp_path, capsys):
+    import json
+    target = tmp_path / "v.jsonl"
+    rc = demo.main(["--steps", "12", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "stale_transfer/default_schema", "--violations-jsonl", str(target)])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"violations as JSON lines: {target}" in out
+    objs = [json.loads(line) for line in target.read_text().splitlines()]
+    by_scenario = {}
+    for o in objs:
+        by_scenario.setdefault(o["labels"]["scenario"], []).append(o)
+    assert set(by_scenario) == {"out_of_range_slot"}   # the clean run and the control are silent
+    row = next(line for line in out.splitlines() if line.startswith("[ok] out_of_range_slot"))
+    assert len(by_scenario["out_of_range_slot"]) == int(row.split()[3])
+    assert "slot_out_of_range" in {o["fail_reason"] for o in objs}
+    with pytest.raises(SystemExit):
+        demo.main(["--out", str(tmp_path), "--violations-jsonl", str(tmp_path), "--steps", "1"])
+    assert "--violations-jsonl" in capsys.readouterr().err

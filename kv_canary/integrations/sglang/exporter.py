@@ -60,12 +60,12 @@ class SglangCanaryTotals(Listened):
         if write_index <= self.stats.total:
             return
         end = min(write_index, capacity)
-        for row in ring[self._decoded:end].tolist():      # cold path: only when rows were appended
-            v = self._decoder.decode_row(row)
+        found = [self._decoder.decode_row(row) for row in ring[self._decoded:end].tolist()]  # cold path: rows appended
+        for v in found:
             self.stats.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
         self._decoded = end
         self.stats.total, self.stats.lost = write_index, max(0, write_index - capacity)
-        self.notify_drain()
+        self.notify_drain(found)   # listeners with on_violations (kv_canary.engine.jsonl) get the rows
 
 
 class _Newest:

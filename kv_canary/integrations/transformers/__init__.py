@@ -210,7 +210,7 @@ class TransformersCanary:
                 original()
             finally:
                 try:
-                    self.manager.drain()   # the last steps' rows, before the thread ends
+                    self.manager.flush()   # the last steps' rows and totals (listeners), before the thread ends
                 except BaseException as e:
                     self.errors.append(e)
         return _run_generation_loop

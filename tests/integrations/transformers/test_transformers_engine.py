@@ -160,3 +160,36 @@ def test_the_attach_guides_snippet_runs_as_written(capsys):
     start = doc.index("```python\n", doc.index("## HF transformers: one call")) + len("```python\n")
     exec(compile(doc[start:doc.index("```", start)], "attach-your-engine.md", "exec"), {})
     assert capsys.readouterr().out == "3 requests, 0 violations\n"
+
+
+def test_metrics_and_the_jsonl_sink_attach_before_the_run(tmp_path):
+    """CanaryMetrics and ViolationJsonl made before generate_batch (the adapter attaches the manager
+    when the run starts) follow the run; after it the counters equal the manager's totals, no refresh()."""
+    import json
+
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from kv_canary.engine.jsonl import ViolationJsonl
+    from kv_canary.engine.metrics import CanaryMetrics
+
+    manager = CanaryManager(mode="log", sweep_interval=tf.SWEEP)
+    registry = CollectorRegistry()
+    CanaryMetrics(manager, registry=registry)
+    sink = ViolationJsonl(manager, tmp_path / "v.jsonl", labels={"engine": "transformers"})
+    fault = tf.KvBytesChanged()
+    canary, _ = tf.run(manager, hooks=[fault])
+    canary.check()
+    sink.close()
+    assert fault.fired and manager.stats.total > 0
+    value = registry.get_sample_value
+    runs = manager.kernel_run_counters.tolist()
+    for tag, n in zip(manager.tags, runs):
+        assert value("kv_canary_kernel_runs_total", {"tp_rank": "0", "pp_rank": "0", "dp_rank": "0",
+                                                     "launch_tag": tag.name}) == n
+    assert sum(runs) > 0
+    assert value("kv_canary_violation_rows_total", {"tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}) == \
+        manager.stats.total
+    objs = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert len(objs) == len(manager.violations) and {o["labels"]["engine"] for o in objs} == {"transformers"}
+    assert [(o["launch_tag"], o["slot_idx"]) for o in objs] == [(v.launch_tag, v.slot) for v in manager.violations]
