@@ -21,10 +21,11 @@ setup: $(STAMP)
 # whole of torch up front (a third of a fresh install's time); imported modules compile on first use
 # (cached: see unexport above). scripts/setup_venv.py unpacks torch and the other packages in two
 # parallel pip runs, then `pip install -e '.[dev]'` checks and completes the whole set.
+# It prints one line per phase (scripts/setup_venv.py say) while pip runs quietly.
 $(STAMP): pyproject.toml scripts/setup_venv.py
-	test -x $(PY) || $(PYTHON) scripts/setup_venv.py --create $(VENV)
-	$(PY) scripts/setup_venv.py
-	touch $(STAMP)
+	@test -x $(PY) || $(PYTHON) scripts/setup_venv.py --create $(VENV)
+	@$(PY) scripts/setup_venv.py
+	@touch $(STAMP)
 
 # Both write or check kernels.yaml's tree (generated/) and each example schema's golden tree
 # (kv_canary/schemas/NAME.yaml -> examples/generated/NAME/, codegen/project.py own_trees).
