@@ -83,7 +83,8 @@ gpu-check:
 
 # Reference vs scalar oracle (issue 3 §4), the host cost of launches and of the manager's steps on
 # this CPU (issue 14), the fleet step's cost on 2 gloo ranks (issue 10), the canary's host time per
-# step on HF transformers' continuous batching (issue 22), then the GPU benchmarks
+# step on HF transformers' continuous batching (issue 22) and, at one batch, as the cache grows 1x -> 64x
+# (flat within 1.5x, else exit 1: issue 33), then the GPU benchmarks
 # where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py

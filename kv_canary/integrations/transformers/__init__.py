@@ -244,8 +244,11 @@ def attach(model, manager: Optional[CanaryManager] = None, *, max_requests: Opti
 
     manager: the CanaryManager (default: `CanaryManager()`, every check on; `CanaryManager.from_config`
     for SGLang's flags and defaults). It is attached to each run's paged cache when the run starts.
-    max_requests: requests that may hold KV cache at once (default: twice max_requests_per_batch);
-    max_context: tokens one request may hold (default: the whole cache). Both fix the canary's tables.
+    max_requests: requests that may hold KV cache at once (default: twice max_requests_per_batch): the
+    rows of the canary's per-request tables;
+    max_context: tokens one request may hold (default: the whole cache): an upper bound only, the
+    tables' columns grow on demand to the longest request (docs/attach-your-engine.md, "What the
+    canary costs").
     """
     if getattr(model, _MARK, None) is not None:
         raise ValueError("kv-canary: this model already has a canary attached; detach() it first")

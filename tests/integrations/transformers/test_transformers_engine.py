@@ -193,3 +193,22 @@ def test_metrics_and_the_jsonl_sink_attach_before_the_run(tmp_path):
     objs = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
     assert len(objs) == len(manager.violations) and {o["labels"]["engine"] for o in objs} == {"transformers"}
     assert [(o["launch_tag"], o["slot_idx"]) for o in objs] == [(v.launch_tag, v.slot) for v in manager.violations]
+
+
+def test_the_canarys_tables_follow_the_requests_not_the_cache(unguarded_tokens):
+    """A cache 64 times the workload's: the manager's and the adapter's per-request and per-token
+    tables are sized by the requests (columns by the longest context, grown on demand), not by the
+    cache; the output tokens are unchanged and the run is silent."""
+    import dataclasses
+    workload = dataclasses.replace(tf.WORKLOAD, num_blocks=64 * tf.WORKLOAD.num_blocks)
+    manager = CanaryManager(mode="raise", sweep_interval=tf.SWEEP, initial_context=8)
+    canary, outputs = tf.run(manager, workload)
+    canary.check()
+    engine = canary.engine
+    longest = max(len(p) for p in workload.prompts()) + workload.max_new_tokens
+    assert manager.max_ctx == workload.num_blocks * tf.PAGE_SIZE            # what the cache would allow
+    assert manager.resizes > 0 and longest <= manager.ctx_cols < 4 * longest
+    assert manager.req_pool.shape[1] == manager.ctx_cols and manager.token_capacity == 4 * manager.ctx_cols
+    assert engine.req_to_block.shape[1] * tf.PAGE_SIZE < 4 * longest + 16 * tf.PAGE_SIZE
+    assert manager.stats.total == 0
+    assert {k: list(v.generated_tokens) for k, v in outputs.items()} == unguarded_tokens
