@@ -84,8 +84,8 @@ def cache_scaling(tf, tengine, CanaryManager, repeats: int) -> int:
     print(f"\ncanary time per step (torch backend), the same {tf.WORKLOAD.num_requests} requests x "
           f"{tf.WORKLOAD.max_new_tokens} new tokens, cache {SCALES[0]}x..{SCALES[-1]}x ({BASE_BLOCKS} blocks "
           f"of {tf.PAGE_SIZE} tokens at 1x)")
-    print(f"{'cache':>6} {'tokens':>8} {'grown on demand':>16} {'vs 1x':>6} {'resizes':>8}   "
-          f"{'sized to the cache':>18} {'vs 1x':>6}")
+    print(f"{'cache':>6} {'tokens':>8} {'grown on demand':>16} {'vs 1x':>6} {'resizes':>8} {'tables':>9}   "
+          f"{'sized to the cache':>18} {'vs 1x':>6} {'tables':>9}")
     base, worst = {}, 1.0
     for scale in SCALES:
         workload = dataclasses.replace(tf.WORKLOAD, num_blocks=BASE_BLOCKS * scale)
@@ -107,17 +107,32 @@ def cache_scaling(tf, tengine, CanaryManager, repeats: int) -> int:
                 canary.check()
                 per_step = spent["canary"] / canary.steps
                 if best is None or per_step < best[0]:
-                    best = (per_step, manager.resizes, manager.max_ctx)
+                    best = (per_step, manager.resizes, manager.max_ctx, table_bytes(manager, canary.engine))
             cells.append(best)
-        (grown, resizes, max_ctx), (sized_cost, _, _) = cells
+        (grown, resizes, max_ctx, grown_bytes), (sized_cost, _, _, sized_bytes) = cells
         base.setdefault("grown", grown)
         base.setdefault("sized", sized_cost)
         worst = max(worst, grown / base["grown"])
-        print(f"{scale:>5}x {max_ctx:>8} {grown * 1e6:>14.0f}us {grown / base['grown']:>5.2f}x {resizes:>8}   "
-              f"{sized_cost * 1e6:>16.0f}us {sized_cost / base['sized']:>5.2f}x")
+        print(f"{scale:>5}x {max_ctx:>8} {grown * 1e6:>14.0f}us {grown / base['grown']:>5.2f}x {resizes:>8} "
+              f"{grown_bytes / 2**20:>6.2f}MiB   {sized_cost * 1e6:>16.0f}us {sized_cost / base['sized']:>5.2f}x "
+              f"{sized_bytes / 2**20:>6.2f}MiB")
     flat = worst <= FLAT
     print(f"grown on demand: at most {worst:.2f}x the 1x cost ({'flat' if flat else 'NOT flat'}: limit {FLAT}x)")
     return 0 if flat else 1
+
+
+def table_bytes(manager, engine) -> int:
+    """Bytes of the per-request and per-token tables the manager and the adapter keep (what follows the
+    work; the per-slot records and the sweep's room follow the cache by design)."""
+    tensors = [manager.req_pool, manager._input_ids, manager._positions, *manager._expected.values(),
+               engine.req_to_block]
+    if manager._block_table:
+        tensors += [manager._slot_table, manager._block_col, manager._block_off]
+    for g in manager.groups:
+        tensors += [g.out_cache_loc, *g.token_inputs.values(),
+                    *(getattr(g.verify_plan, f) for f in ("verify_slot_indices", "verify_expected_tokens",
+                                                          "verify_expected_positions", "verify_prev_slot_indices"))]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _timed(fn, spent: dict, name: str):
