@@ -96,7 +96,7 @@ def write_chart(results, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
-    from matplotlib.colors import LogNorm
+    from matplotlib.colors import ListedColormap, LogNorm
 
     rows = chart_rows(results)
     width = max(len(r.counts) for r in rows)
@@ -108,7 +108,9 @@ def write_chart(results, path: Path) -> Path:
     ax.set_facecolor("#f2f2f2")
     for i, r in enumerate(rows):   # the steps a scenario ran (a shorter one stops early)
         ax.add_patch(plt.Rectangle((-0.5, i - 0.5), len(r.counts), 1, color="white", zorder=0))
-    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="Reds",
+    # Reds from a third of the way in: one violation in a step is a visible colour, not near-white.
+    cmap = ListedColormap(plt.get_cmap("Reds")(np.linspace(0.35, 1.0, 256)))
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap,
                       norm=LogNorm(vmin=1, vmax=max(top, 2)), extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
                       zorder=1)
     for i, r in enumerate(rows):
@@ -125,7 +127,7 @@ def write_chart(results, path: Path) -> Path:
     ax.set_xlabel("engine step")
     ax.set_title("kv-canary demo: violations per step per scenario (▼ the step the fault did its damage; "
                  "controls, last, must stay silent)", fontsize=10)
-    fig.colorbar(image, ax=ax, label="violations in the step", pad=0.16, fraction=0.03)
+    fig.colorbar(image, ax=ax, label="violations in the step", pad=0.2, fraction=0.025)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
