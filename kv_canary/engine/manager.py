@@ -69,7 +69,9 @@ class _Group:
 class CanaryManager(Listened):
     """The canary of one engine. The plain constructor's defaults check everything (mode log, real-KV
     fingerprint ALL, expected tokens, V buffers, a sweep every 8 steps); `from_config` starts from
-    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface)."""
+    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface). `initial_context`: the
+    context columns its per-request and per-token buffers start with (default INITIAL_CONTEXT, at most
+    the engine's max_ctx); they grow on demand (docs/attach-your-engine.md, "What the canary costs")."""
 
     def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
