@@ -21,10 +21,11 @@ setup: $(STAMP)
 # whole of torch up front (a third of a fresh install's time); imported modules compile on first use
 # (cached: see unexport above). scripts/setup_venv.py unpacks torch and the other packages in two
 # parallel pip runs, then `pip install -e '.[dev]'` checks and completes the whole set.
+# It prints one line per phase (scripts/setup_venv.py say) while pip runs quietly.
 $(STAMP): pyproject.toml scripts/setup_venv.py
-	test -x $(PY) || $(PYTHON) scripts/setup_venv.py --create $(VENV)
-	$(PY) scripts/setup_venv.py
-	touch $(STAMP)
+	@test -x $(PY) || $(PYTHON) scripts/setup_venv.py --create $(VENV)
+	@$(PY) scripts/setup_venv.py
+	@touch $(STAMP)
 
 # Both write or check kernels.yaml's tree (generated/) and each example schema's golden tree
 # (kv_canary/schemas/NAME.yaml -> examples/generated/NAME/, codegen/project.py own_trees).
@@ -83,8 +84,9 @@ gpu-check:
 # Reference vs scalar oracle (issue 3 §4), the cpu backend's bytes per second against the same run's
 # copy bandwidth (issue 31), the host cost of launches and of the manager's steps on this CPU
 # (issue 14) and isolation.yaml's against kernels.yaml's on the same steps (issue 29), the fleet
-# step's cost on 2 gloo ranks (issue 10), the canary's host time per
-# step on HF transformers' continuous batching (issue 22), then the GPU benchmarks
+# step's cost on 2 gloo ranks (issue 10), the canary's host time per step on HF transformers'
+# continuous batching (issue 22) and, at one batch, as the cache grows 1x -> 64x (flat within 1.5x,
+# else exit 1: issue 33), then the GPU benchmarks
 # where bench/bench_gpu.py exists (skipped without a GPU).
 bench: $(STAMP)
 	$(PY) bench/bench_reference.py

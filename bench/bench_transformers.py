@@ -7,6 +7,11 @@ Per engine step: the engine's own step (prepare, forward, sample, update: the un
 time per step) and the canary's work inside it, timed around each hook (reading the batch from the
 engine's objects, HEAD, TAIL, after_step with sweep and drain, release bookkeeping). Best of
 `--repeats` runs (a shared machine: the least disturbed run). Skips with a note without transformers.
+
+Then the canary's cost against the engine's cache size: the same batch (the workload above) on a
+paged cache 1x, 4x, 16x and 64x as large (num_blocks), the canary's time per step with its tables
+grown on demand (the default) and sized to the whole cache (`initial_context` = the cache: what the
+canary did before its tables followed the work). The first must stay flat (within 1.5x of 1x).
 """
 from __future__ import annotations
 
@@ -66,7 +71,69 @@ def main() -> int:
         per = {k: v / steps * 1e6 for k, v in spent.items()}
         print(f"{backend:<10} {steps:>5} {step_us:>10.0f}us {total / steps * 1e6:>10.0f}us "
               f"{total / steps * 1e6 / step_us:>6.0%}   " + " / ".join(f"{per[k]:.0f}" for k in spent) + " us")
-    return 0
+    return cache_scaling(tf, tengine, CanaryManager, args.repeats)
+
+
+SCALES = (1, 4, 16, 64)
+BASE_BLOCKS = 1024   # the 1x cache: 4096 tokens at page size 4; 64x: 262144 tokens (~270 MB of K/V here)
+FLAT = 1.5   # the most the per-step cost may grow from 1x to 64x the cache
+
+
+def cache_scaling(tf, tengine, CanaryManager, repeats: int) -> int:
+    """Canary time per step at a fixed batch as the cache grows (torch backend); exit 1 unless flat."""
+    import dataclasses
+    print(f"\ncanary time per step (torch backend), the same {tf.WORKLOAD.num_requests} requests x "
+          f"{tf.WORKLOAD.max_new_tokens} new tokens, cache {SCALES[0]}x..{SCALES[-1]}x ({BASE_BLOCKS} blocks "
+          f"of {tf.PAGE_SIZE} tokens at 1x)")
+    print(f"{'cache':>6} {'tokens':>8} {'grown on demand':>16} {'vs 1x':>6} {'resizes':>8} {'tables':>9}   "
+          f"{'sized to the cache':>18} {'vs 1x':>6} {'tables':>9}")
+    base, worst = {}, 1.0
+    for scale in SCALES:
+        workload = dataclasses.replace(tf.WORKLOAD, num_blocks=BASE_BLOCKS * scale)
+        cells = []
+        for sized in (False, True):
+            best = None
+            for _ in range(repeats):
+                manager = CanaryManager(backend="torch", sweep_interval=tf.SWEEP,
+                                        initial_context=(1 << 40) if sized else None)
+                spent = {"canary": 0.0}
+                for name in ("head", "tail", "after_step"):
+                    setattr(manager, name, _timed(getattr(manager, name), spent, "canary"))
+                original = tengine.TransformersEngine.batch
+                tengine.TransformersEngine.batch = _timed(original, spent, "canary")
+                try:
+                    canary, _ = tf.run(manager, workload)
+                finally:
+                    tengine.TransformersEngine.batch = original
+                canary.check()
+                per_step = spent["canary"] / canary.steps
+                if best is None or per_step < best[0]:
+                    best = (per_step, manager.resizes, manager.max_ctx, table_bytes(manager, canary.engine))
+            cells.append(best)
+        (grown, resizes, max_ctx, grown_bytes), (sized_cost, _, _, sized_bytes) = cells
+        base.setdefault("grown", grown)
+        base.setdefault("sized", sized_cost)
+        worst = max(worst, grown / base["grown"])
+        print(f"{scale:>5}x {max_ctx:>8} {grown * 1e6:>14.0f}us {grown / base['grown']:>5.2f}x {resizes:>8} "
+              f"{grown_bytes / 2**20:>6.2f}MiB   {sized_cost * 1e6:>16.0f}us {sized_cost / base['sized']:>5.2f}x "
+              f"{sized_bytes / 2**20:>6.2f}MiB")
+    flat = worst <= FLAT
+    print(f"grown on demand: at most {worst:.2f}x the 1x cost ({'flat' if flat else 'NOT flat'}: limit {FLAT}x)")
+    return 0 if flat else 1
+
+
+def table_bytes(manager, engine) -> int:
+    """Bytes of the per-request and per-token tables the manager and the adapter keep (what follows the
+    work; the per-slot records and the sweep's room follow the cache by design)."""
+    tensors = [manager.req_pool, manager._input_ids, manager._positions, *manager._expected.values(),
+               engine.req_to_block]
+    if manager._block_table:
+        tensors += [manager._slot_table, manager._block_col, manager._block_off]
+    for g in manager.groups:
+        tensors += [g.out_cache_loc, *g.token_inputs.values(),
+                    *(getattr(g.verify_plan, f) for f in ("verify_slot_indices", "verify_expected_tokens",
+                                                          "verify_expected_positions", "verify_prev_slot_indices"))]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _timed(fn, spent: dict, name: str):

@@ -258,7 +258,7 @@ def _check_canary(schema: Schema, d: Diagnostics) -> None:
     for f in rec.fields:
         if f.verify is not None and f.verify.fail_reason not in flags:
             d.error(f.verify.loc, f"field '{f.name}' verify fail_reason '{f.verify.fail_reason}' is not a "
-                                  f"FailReason member")
+                                  f"FailReason member{closest_hint(f.verify.fail_reason, sorted(flags), 0.9)}")
     builtin_bits = set(REQUIRED_FLAGS["FailReason"])
     used = {}
     for f in rec.fields:

@@ -14,16 +14,17 @@ import sys
 import time
 from pathlib import Path
 
-from .diagnostics import SchemaError, escape_text, internal_error
+from .diagnostics import Diagnostic, Loc, SchemaError, escape_text, internal_error
 from .diff import FORMATS, FixHint, diff_schemas
 from .load import load_schema_bytes, read_schema
-from .project import Tree, nesting, resolve_path, resolve_trees, unusable_out
+from .project import CONFIG_NAME, Tree, nesting, resolve_path, resolve_trees, unusable_out
 from .render import Provenance, make_environment, render_all, render_body, template_context
 from .sources import SourceUnavailable, read_source
+from .version import add_version_option, kv_canary_version
 from .writer import Hints, compare_tree, tree_lock, write_tree
 
 CHECK_JSON_FORMAT = "kv-canary-check"
-CHECK_JSON_VERSION = 1
+CHECK_JSON_VERSION = 2   # 2: kv_canary_version added
 
 
 class UsageError(Exception):
@@ -44,13 +45,27 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _load(schema_path: Path):
-    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by)."""
+def _load(schema_path: Path, tree: Tree | None = None):
+    """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by).
+    A schema that does not exist says where schemas come from (kv-canary.yaml, init, --schema)."""
     shown = _display(schema_path)
+    if not Path(schema_path).exists():
+        where = "" if tree is None or not (tree.configured or tree.schema == Path.cwd().resolve() / "kernels.yaml") \
+            else f"; {_where_schemas_come_from(tree)}"
+        raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read schema {shown}: No such file or directory{where}")])
     schema, text = read_schema(Path(shown), display_name=shown)
     for note in schema.notes:  # what the schema states that the generator supplies: never an error
         print(note, file=sys.stderr)
     return schema, text
+
+
+def _where_schemas_come_from(tree: Tree) -> str:
+    if tree.configured:
+        return f"{CONFIG_NAME} in {_display(tree.root)} lists it (fix the entry, or restore the file)"
+    return (f"without --schema a command reads the trees of {CONFIG_NAME} (looked for here and in every parent "
+            f"directory up to the git top level: none found), else kernels.yaml; `kv-canary init` sets up a "
+            f"repository (schema, {CONFIG_NAME}, generated package), or name one with --schema FILE or "
+            f"--config PATH/{CONFIG_NAME}")
 
 
 def _tell_waiting(lock: Path) -> None:
@@ -116,7 +131,7 @@ def cmd_generate(args) -> int:
     for tree in trees_of(args, goldens=True):
         start = time.perf_counter()
         args.schema = tree.schema  # what an internal error is reported against
-        schema, text = _load(tree.schema)
+        schema, text = _load(tree.schema, tree)
         files = render_all(schema, text, provenance=provenance(tree))
         written, removed = write_tree(tree.out, files, on_wait=_tell_waiting)
         out = _display(tree.out)
@@ -131,7 +146,7 @@ def cmd_generate(args) -> int:
 
 def check_tree(tree: Tree) -> tuple[int, list]:
     """(number of files the schema produces, drifts of the tree on disk)."""
-    schema, text = _load(tree.schema)
+    schema, text = _load(tree.schema, tree)
     files = render_all(schema, text, provenance=provenance(tree))
     shown = _display(tree.out)
     if tree.out.is_dir():  # not while a `generate` is half-way through writing it
@@ -161,7 +176,8 @@ def check_json(results) -> dict:
         trees.append({"schema": _display(tree.schema), "out": _display(tree.out), "files": n_files,
                       "up_to_date": not drifts, "regenerate": tree.regenerate(Path.cwd()),
                       "drifts": [{"path": d.path, "kind": d.kind, "detail": d.detail, "fix": d.fix} for d in drifts]})
-    return {"format": CHECK_JSON_FORMAT, "version": CHECK_JSON_VERSION, "up_to_date": all(t["up_to_date"] for t in trees),
+    return {"format": CHECK_JSON_FORMAT, "version": CHECK_JSON_VERSION, "kv_canary_version": kv_canary_version(),
+            "up_to_date": all(t["up_to_date"] for t in trees),
             "exit_status": 0 if all(t["up_to_date"] for t in trees) else 1, "trees": trees}
 
 
@@ -185,11 +201,18 @@ def _print_check(tree: Tree, n_files: int, drifts, quiet: bool) -> int:
 
 def cmd_describe(args) -> int:
     if args.schema is None:
-        args.schema = args.root / "kernels.yaml"
-        # Only where there is no kernels.yaml at all: one that cannot be read (a link that dangles or
+        configured = [t for t in resolve_trees(None, None, Path.cwd()) if t.configured]
+        args.schema = configured[0].schema if configured else args.root / "kernels.yaml"
+        if len(configured) > 1:
+            print(f"kv-canary describe: {CONFIG_NAME} lists {len(configured)} schemas; describing the first, "
+                  f"{_display(args.schema)} (--schema FILE names another)", file=sys.stderr)
+        # Only where there is no schema file at all: one that cannot be read (a link that dangles or
         # loops) is an error naming it, not a silent switch to another layout.
         if not os.path.lexists(args.schema) and args.installed_layout is not None:
             # Outside a checkout (an installed wheel): the layer the package was generated from.
+            print(f"kv-canary describe: no {CONFIG_NAME} and no kernels.yaml here: describing kv-canary's built-in "
+                  f"schema (the default layout it was installed with); --schema FILE describes yours",
+                  file=sys.stderr)
             sys.stdout.write(args.installed_layout())
             return 0
     schema, _ = _load(args.schema)
@@ -236,7 +259,7 @@ def cmd_abi_check(args) -> int:
 def cmd_pr_report(args) -> int:
     from .report import pr_report
     return pr_report(trees_of(args), base=args.base, summary=args.summary, comment=args.comment,
-                     output=args.github_output)
+                     output=args.github_output, fmt=args.format)
 
 
 def _tree_options(p, root: Path, schema_default=None) -> None:
@@ -289,8 +312,9 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     _tree_options(p, root)
     p.add_argument("--base", default=None,
                    help="base git revision (default: the merge base of HEAD with the default branch)")
-    p.add_argument("--format", choices=("text", "markdown"), default="text",
-                   help="per schema (machine-readable: `kv-canary diff REV:SCHEMA SCHEMA --format json`)")
+    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
+                   help="text or markdown: per schema; json: one object for every schema (versioned: "
+                        "codegen/report.schema.json)")
     p.set_defaults(func=cmd_abi_check)
     p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
                                          "write the ABI report to the job summary and a comment file")
@@ -301,6 +325,9 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     p.add_argument("--comment", type=Path, default=None,
                    help="write the report here for a comment step (default: $RUNNER_TEMP/kv-canary-report.md)")
     p.add_argument("--github-output", type=Path, default=None, help="step outputs file (default: $GITHUB_OUTPUT)")
+    p.add_argument("--format", choices=("markdown", "json"), default="markdown",
+                   help="what stdout gets: the Markdown report, or one JSON object (codegen/report.schema.json); "
+                        "the summary and comment files are Markdown either way")
     p.set_defaults(func=cmd_pr_report)
     for p in sub.choices.values():
         p.set_defaults(root=root)
@@ -335,6 +362,7 @@ def run(parser: argparse.ArgumentParser, argv=None) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m codegen", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_option(parser, "python -m codegen (kv-canary)")
     sub = parser.add_subparsers(metavar="COMMAND")
     add_codegen_commands(sub, Path.cwd())
     return run(parser, argv)

@@ -120,15 +120,16 @@ class Diagnostics:
             raise SchemaError(self._items)
 
 
-def closest_name(word: str, choices) -> str | None:
+def closest_name(word: str, choices, cutoff: float = 0.7) -> str | None:
     """The choice that `word` is most likely a misspelling of, if any is close."""
-    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=0.7)
+    match = difflib.get_close_matches(str(word), [str(c) for c in choices], n=1, cutoff=cutoff)
     return match[0] if match else None
 
 
-def closest_hint(word: str, choices) -> str:
-    """` (did you mean 'x'?)`, or '' when nothing is close."""
-    match = closest_name(word, choices)
+def closest_hint(word: str, choices, cutoff: float = 0.7) -> str:
+    """` (did you mean 'x'?)`, or '' when nothing is close (`cutoff`: higher for names that share
+    long prefixes and suffixes, such as VERIFY_*_MISMATCH)."""
+    match = closest_name(word, choices, cutoff)
     return f" (did you mean '{match}'?)" if match else ""
 
 

@@ -13,11 +13,12 @@ import json
 from dataclasses import dataclass
 
 from .model import Record, Schema, ValueSet
+from .version import kv_canary_version
 
 BREAKING = "BREAKING"
 COMPATIBLE = "compatible"
 JSON_FORMAT = "kv-canary-diff"
-JSON_VERSION = 1
+JSON_VERSION = 2   # 2: kv_canary_version added
 
 # Every kind of change the diff reports, with why it is (or is not) breaking: the `why` of each JSON row.
 KINDS: dict[str, str] = {
@@ -371,7 +372,7 @@ def format_text(report: DiffReport, hint: FixHint = FixHint()) -> str:
 def report_json(report: DiffReport, hint: FixHint = FixHint()) -> dict:
     """The versioned JSON shape (codegen/diff-format.schema.json)."""
     return {
-        "format": JSON_FORMAT, "version": JSON_VERSION,
+        "format": JSON_FORMAT, "version": JSON_VERSION, "kv_canary_version": kv_canary_version(),
         "old": {"name": report.old_name, "abi_version": report.old_abi},
         "new": {"name": report.new_name, "abi_version": report.new_abi},
         "abi_version_bumped": report.abi_bumped,

@@ -1,6 +1,6 @@
 """The annotated hex dump of one golden record that LAYOUT.md shows.
 
-The record is the first one of SEMANTICS.md's chain example (vectors.json `chain_example`): token
+The record is the first one of docs/semantics.md's chain example (tests/spec/vectors.json `chain_example`): token
 11 at position 0, linked to HEAD, real-KV fingerprint 0 (mode NONE); input and reserved fields
 are 0. It is laid out from the model, so a stride, order or anchor change shows in the diff.
 """

@@ -6,7 +6,7 @@ arguments)`, then the backend's `<operation>`). A public launch is a row naming 
 keywords it takes (docs/adding-a-kernel.md).
 
 Signatures are SGLang's: keyword-only, in SGLang's order, with its defaults. Keywords for the input
-fields a schema declares (SEMANTICS.md §8) appear only when the schema has such fields; the argument
+fields a schema declares (docs/semantics.md §8) appear only when the schema has such fields; the argument
 whose device chooses the backend is the operation's first tensor. The rows
 follow sgl-project/sglang python/sglang/kernels/ops/kv_canary (the version whose
 launch_canary_plan_kernels takes verify_plan_out, write_plan_out, req_pool_indices, ...; see
@@ -33,25 +33,31 @@ class PublicLaunch:
 # Public functions of every layer's api that are not launches (rendered by templates/python/api.py.j2).
 HELPERS = ("compute_slot_hash", "use_torch_reference")
 
+# What a layer's `allocators` module exports (templates/python/allocators.py.j2): the runtime's
+# allocators for the layer (kv_canary/launch/allocation.py allocators_for builds the same names).
+ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+                   "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
+                   "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
+
 # (public name, operation, doc, with a `_torch_reference` variant), in `__all__` order.
 ROWS = (
-    ("launch_canary_write_kernel", "write", "Write the records of a WritePlan's chains (SEMANTICS.md §5.1).", True),
+    ("launch_canary_write_kernel", "write", "Write the records of a WritePlan's chains (docs/semantics.md §5.1).", True),
     ("launch_canary_verify_kernel", "verify",
-     "Check the entries of a VerifyPlan and append mismatches to the ring (SEMANTICS.md §5.2).", True),
-    ("launch_canary_plan_kernels", "plan", "Derive the verify and write plans of a batch (SEMANTICS.md §5.3).", True),
+     "Check the entries of a VerifyPlan and append mismatches to the ring (docs/semantics.md §5.2).", True),
+    ("launch_canary_plan_kernels", "plan", "Derive the verify and write plans of a batch (docs/semantics.md §5.3).", True),
     ("scatter_req_token_ids", "scatter",
-     "Copy each request's token ids into its row of the expected-token pool (SEMANTICS.md §5.4).", True),
+     "Copy each request's token ids into its row of the expected-token pool (docs/semantics.md §5.4).", True),
     # The plan's two stages, callable one by one (SGLang's test harnesses do): offsets then entries
     # with one scratch array equals one launch_canary_plan_kernels call, byte for byte.
     ("launch_plan_offsets_kernel", "plan_offsets",
      "The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the overflow "
-     "decision (SEMANTICS.md §5.3).", False),
+     "decision (docs/semantics.md §5.3).", False),
     ("launch_plan_entries_kernel", "plan_entries",
-     "The plan's second stage: the verify entries, from the offsets the first stage wrote (SEMANTICS.md §5.3).",
+     "The plan's second stage: the verify entries, from the offsets the first stage wrote (docs/semantics.md §5.3).",
      False),
     # SGLang's launcher name for scatter_req_token_ids (its reference keeps the shorter name).
     ("launch_scatter_req_token_ids_kernel", "scatter",
-     "scatter_req_token_ids under SGLang's launcher name (SEMANTICS.md §5.4).", False),
+     "scatter_req_token_ids under SGLang's launcher name (docs/semantics.md §5.4).", False),
 )
 
 

@@ -1,4 +1,4 @@
-"""Run-time error messages (SEMANTICS.md §7) declared in the schema.
+"""Run-time error messages (docs/semantics.md §7) declared in the schema.
 
 A message may quote schema values as ``{schema.NAME}`` (substituted at generation time, so the
 numbers always match the layout) and run-time values as ``{name}`` (filled by the validator).

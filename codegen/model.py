@@ -26,7 +26,7 @@ MASK64 = (1 << 64) - 1
 
 
 def splitmix64(x: int) -> int:
-    """SEMANTICS.md §2, on Python ints (used for derived constants such as the chain head)."""
+    """docs/semantics.md §2, on Python ints (used for derived constants such as the chain head)."""
     x &= MASK64
     x ^= x >> 30
     x = (x * 0xBF58476D1CE4E5B9) & MASK64
@@ -57,13 +57,13 @@ CANARY_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_CHAIN_LINK, ROLE_KV_FINGERPRINT,
 REQUIRED_CANARY_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_CHAIN_LINK, ROLE_KV_FINGERPRINT)
 CHAINABLE_ROLES = (ROLE_TOKEN, ROLE_POSITION, ROLE_INPUT)
 
-# What each violation-row column carries (SEMANTICS.md §3, §5).
+# What each violation-row column carries (docs/semantics.md §3, §5).
 VIOLATION_CARRIES = (
     "launch_tag", "slot", "stored_position", "stored_token", "expected_token",
     "stored_chain_hash", "expected_aux", "fail_reason",
 )
 
-# Where the expected value of a verified input field comes from (SEMANTICS.md §8).
+# Where the expected value of a verified input field comes from (docs/semantics.md §8).
 INPUT_EXPECTED_SOURCES = ("per_request", "per_slot")
 
 # What the runtime (CanaryManager) writes into an input field, and the `expected` each can be
@@ -87,7 +87,7 @@ REQUIRED_LAUNCH_GROUP = "full"
 # The built-in FailReason members, fixed by the kernels and supplied by the generator (a schema
 # names them, nothing more): which launches raise each (the report and the decoder tell verify rows
 # from write rows by it), and whether its check compares a token id with an expected one (a report
-# then prints the expected token id, SEMANTICS.md §9).
+# then prints the expected token id, docs/semantics.md §9).
 FAIL_REASON_KINDS = ("verify", "write", "both")
 BUILTIN_FAIL_REASONS = (
     # (member, kind, compares a token id)
@@ -285,7 +285,7 @@ class Record:
         return tuple(f for f in self.fields if f.role == ROLE_INPUT)
 
     def verified_inputs(self, expected: str) -> tuple[Field, ...]:
-        """Input fields verified against a per_request value or a per_slot table (SEMANTICS.md §8)."""
+        """Input fields verified against a per_request value or a per_slot table (docs/semantics.md §8)."""
         return tuple(f for f in self.input_fields if f.verify is not None and f.verify.expected == expected)
 
     @property
@@ -455,5 +455,5 @@ class Schema:
 
     @property
     def chain_head(self) -> int:
-        """HEAD = splitmix64(anchor), SEMANTICS.md §2."""
+        """HEAD = splitmix64(anchor), docs/semantics.md §2."""
         return splitmix64(self.constant(self.canary.chain.anchor).value)

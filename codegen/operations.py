@@ -43,7 +43,7 @@ from .kernel_abi import (
 from .model import Kernel, Schema
 
 # The value of an expected entry (a plan's expected tokens and fields) that is not checked, and of
-# a write seed that is the chain head: SEMANTICS.md §5 calls it "unknown".
+# a write seed that is the chain head: docs/semantics.md §5 calls it "unknown".
 UNKNOWN = -1
 
 ROLES = ("input", "output")

@@ -10,6 +10,7 @@ STATIC_OUTPUTS = (
     ("python/layout.py.j2", "layout.py"),
     ("python/reference.py.j2", "reference.py"),
     ("python/api.py.j2", "api.py"),
+    ("python/allocators.py.j2", "allocators.py"),
     ("docs/LAYOUT.md.j2", "LAYOUT.md"),
     ("cuda/kv_canary_layout.cuh.j2", "cuda/kv_canary_layout.cuh"),
     ("python/kernel_abi.py.j2", "kernel_abi.py"),

@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, describe_unreadable
+from .diagnostics import Diagnostic, Diagnostics, Loc, SchemaError, closest_hint, describe_unreadable
 from .yaml_loader import YMap, YScalar, YSeq, load_yaml
 
 CONFIG_NAME = "kv-canary.yaml"
@@ -202,7 +202,8 @@ def load_config(path: Path, display_name: str | None = None) -> Config:
         d.raise_if_any()
     for key, _ in node.entries:
         if key.value not in _CONFIG_KEYS:
-            d.error(key.loc, f"unknown key '{key.value}' in the kv-canary config; allowed: {', '.join(_CONFIG_KEYS)}")
+            d.error(key.loc, f"unknown key '{key.value}' in the kv-canary config{closest_hint(key.value, _CONFIG_KEYS)}; "
+                             f"allowed: {', '.join(_CONFIG_KEYS)}")
     version = node.get("kv-canary")
     if version is None:
         d.error(node.loc, f"missing key 'kv-canary' (the config format, {CONFIG_FORMAT})")
@@ -223,7 +224,8 @@ def load_config(path: Path, display_name: str | None = None) -> Config:
                 continue
             for key, _ in item.entries:
                 if key.value not in _TREE_KEYS:
-                    d.error(key.loc, f"unknown key '{key.value}' in a tree; allowed: schema, out")
+                    d.error(key.loc, f"unknown key '{key.value}' in a tree{closest_hint(key.value, _TREE_KEYS)}; "
+                                     f"allowed: schema, out")
             values = {}
             for key in _TREE_KEYS:
                 value = item.get(key)

@@ -18,7 +18,7 @@ from .cuda_context import cuda_context
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
 from .kernel_abi import ENTRY_POINT_PREFIX, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS, entry_points
-from .launches import launches, public_names
+from .launches import ALLOCATOR_NAMES, launches, public_names
 from .load import layout_fingerprint
 from .model import (
     LAUNCH_HALVES,
@@ -265,6 +265,7 @@ def template_context(schema: Schema) -> dict:
         "operation_args": {name: op.binding_args for name, op in OPERATIONS.items()},
         "launches": launches(schema),
         "public_names": public_names(schema),
+        "allocator_names": ALLOCATOR_NAMES,
         "field_keywords": FIELD_KEYWORDS,
         "real_kv_source_params": REAL_KV_SOURCE_PARAMS,
         "real_kv_tail_params": REAL_KV_TAIL_PARAMS,

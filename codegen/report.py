@@ -14,11 +14,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diff import FORMATS, DiffReport, diff_schemas, format_markdown, summary_line
+from .diff import FORMATS, DiffReport, diff_schemas, format_markdown, report_json, summary_line
 from .load import load_schema_bytes
 from .project import Tree, default_base, git, resolve_path
 from .render import make_environment, render_body, template_context
 from .sources import SourceUnavailable, read_source
+from .version import kv_canary_version
+
+# `abi-check --format json` and `pr-report --format json`: one object (codegen/report.schema.json).
+REPORT_JSON_FORMAT = "kv-canary-abi-report"
+REPORT_JSON_VERSION = 1
 
 VERDICT_TEXT = {
     "unchanged": "no ABI change",
@@ -43,10 +48,26 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
+def not_a_repository(cwd: Path) -> str:
+    """Why `cwd` has no git history to compare with ('' when it is inside a git work tree)."""
+    try:
+        inside = git(cwd, "rev-parse", "--is-inside-work-tree")
+    except FileNotFoundError:
+        return "git is not installed"
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        return f"{cwd} is not inside a git repository"
+    return ""
+
+
 def resolve_base(base: str | None, trees: list[Tree]) -> tuple[str | None, str]:
-    """(revision, how it was chosen); (None, why) when there is no base at all (a repository without a
-    default branch). A named base that does not exist raises BaseError."""
+    """(revision, how it was chosen); (None, why) when there is no base at all (not a git repository,
+    a repository without a default branch). A named base that does not exist raises BaseError."""
     cwd = Path.cwd()
+    outside = not_a_repository(cwd)
+    if outside:
+        if base:
+            raise BaseError(f"--base {base}: {outside}, so there is no revision to compare with")
+        return None, f"{outside} (run it in the engine's git checkout, or compare two files with `kv-canary diff OLD NEW`)"
     if base:
         return base, "given as --base"
     ref = os.environ.get("GITHUB_BASE_REF")
@@ -105,18 +126,60 @@ def _diff_tree(tree: Tree, base: str, result: TreeResult, want_layout: bool) -> 
                                                           tofile=f"{new_spec} LAYOUT.md", n=1))
 
 
+def report_doc(command: str, results: list, rev: str | None, how: str, status: int, error: str | None = None) -> dict:
+    """The versioned JSON shape of both commands' reports (codegen/report.schema.json)."""
+    from .cli import fix_hint
+    verdict = "error" if error else max((r.verdict for r in results), key=VERDICTS.index, default="unchanged")
+    return {"format": REPORT_JSON_FORMAT, "version": REPORT_JSON_VERSION, "kv_canary_version": kv_canary_version(),
+            "command": command, "base": {"revision": rev, "how": how}, "verdict": verdict, "exit_status": status,
+            "error": error,
+            "trees": [{"schema": _shown(r.tree.schema), "out": _shown(r.tree.out), "verdict": r.verdict,
+                       "up_to_date": None if command == "abi-check" else not r.drifts,
+                       "drifts": [{"path": d.path, "kind": d.kind, "detail": d.detail, "fix": d.fix} for d in r.drifts],
+                       "note": r.note or None,
+                       "diff": report_json(r.report, fix_hint(r.tree)) if r.report is not None else None}
+                      for r in results]}
+
+
+def _print_json(doc: dict) -> int:
+    import json
+    sys.stdout.write(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    return doc["exit_status"]
+
+
+def _abi_check_json(trees: list[Tree], base: str | None) -> int:
+    """abi-check's verdicts as one JSON object on stdout (errors too: `error`, exit status 1)."""
+    try:
+        rev, how = resolve_base(base, trees)
+        results = []
+        for tree in trees:
+            r = TreeResult(tree)
+            if rev is None:
+                r.note = f"nothing to compare: {how}"
+            else:
+                _diff_tree(tree, rev, r, want_layout=False)
+            results.append(r)
+    except BaseError as exc:
+        return _print_json(report_doc("abi-check", [], None, "", 1, error=str(exc)))
+    status = max((r.report.exit_status for r in results if r.report is not None), default=0)
+    return _print_json(report_doc("abi-check", results, rev, how, status))
+
+
 def abi_check(trees: list[Tree], base: str | None, fmt: str) -> int:
     """Each tree's schema against `base` (default: the merge base with the default branch). Exit 2 on a
     breaking change without a bump; a schema the base does not have, or no base at all, passes with a
     note; a base that does not exist is an error (1)."""
     from .cli import fix_hint
+    if fmt == "json":
+        return _abi_check_json(trees, base)
     try:
         rev, how = resolve_base(base, trees)
     except BaseError as exc:
         print(f"kv-canary abi-check: {exc}", file=sys.stderr)
         return 1
     if rev is None:
-        print(f"kv-canary abi-check: nothing to compare: {how}. Passing (`--base REV` names one).")
+        hint = "" if not_a_repository(Path.cwd()) else " (`--base REV` names one)"
+        print(f"kv-canary abi-check: nothing to compare: {how}. Passing{hint}.")
         return 0
     status = 0
     for tree in trees:
@@ -178,7 +241,9 @@ def render_report(results: list[TreeResult], base_how: str, rev: str | None) -> 
 
 
 def pr_report(trees: list[Tree], *, base: str | None, summary: Path | None, comment: Path | None,
-              output: Path | None) -> int:
+              output: Path | None, fmt: str = "markdown") -> int:
+    """Check the trees, diff them against the base, write the Markdown report to the job summary,
+    the comment file and the step outputs; on stdout the report (fmt markdown) or its JSON (fmt json)."""
     from .cli import check_tree, fix_hint
     summary = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
     output = output or (Path(os.environ["GITHUB_OUTPUT"]) if os.environ.get("GITHUB_OUTPUT") else None)
@@ -187,6 +252,8 @@ def pr_report(trees: list[Tree], *, base: str | None, summary: Path | None, comm
     try:
         rev, how = resolve_base(base, trees)
     except BaseError as exc:
+        if fmt == "json":
+            return _print_json(report_doc("pr-report", [], None, "", 1, error=str(exc)))
         print(f"kv-canary pr-report: {exc}", file=sys.stderr)
         return 1
     results = []
@@ -200,12 +267,17 @@ def pr_report(trees: list[Tree], *, base: str | None, summary: Path | None, comm
             try:
                 _diff_tree(tree, rev, r, want_layout=True)
             except BaseError as exc:
+                if fmt == "json":
+                    return _print_json(report_doc("pr-report", [], None, "", 1, error=str(exc)))
                 print(f"kv-canary pr-report: {exc}", file=sys.stderr)
                 return 1
         results.append(r)
     text, verdict = render_report(results, how, rev)
     status = 1 if verdict == "stale" else 2 if verdict == "breaking-without-bump" else 0
-    sys.stdout.write(text)
+    if fmt == "json":
+        _print_json(report_doc("pr-report", results, rev, how, status))
+    else:
+        sys.stdout.write(text)
     if summary is not None:
         with summary.open("a", encoding="utf-8") as fh:
             fh.write(text + "\n")

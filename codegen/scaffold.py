@@ -18,13 +18,16 @@ REPOSITORY = "kv-canary/kv-canary"
 REPOSITORY_URL = f"https://github.com/{REPOSITORY}"
 WORKFLOW_PATH = ".github/workflows/kv-canary.yml"
 PRECOMMIT_PATH = ".pre-commit-config.yaml"
+GITIGNORE_PATH = ".gitignore"
+# How to check that the pinned revision exists (a tag that was never pushed fails every CI run).
+REV_CHECK = f"git ls-remote {REPOSITORY_URL} <rev>"
 
 
 @dataclass(frozen=True)
 class Scaffold:
     schema: str      # e.g. canary.yaml (relative to the repository root)
     package: str     # e.g. myengine/_canary
-    rev: str         # the kv-canary tag the hooks and the action pin, e.g. v0.1.0
+    rev: str         # the kv-canary tag or commit the hooks and the action pin, e.g. v0.1.0
 
 
 def schema_text(source_text: str, s: Scaffold) -> str:
@@ -51,8 +54,9 @@ def config_text(s: Scaffold) -> str:
 
 def precommit_snippet(s: Scaffold) -> str:
     return (f"  # kv-canary: the generated package is up to date; a breaking schema change bumps abi_version.\n"
-            f"  # `rev` must be the kv-canary version this repository pins (the generator's version is in the\n"
-            f"  # generated files' headers).\n"
+            f"  # `rev` must be a tag or commit of kv-canary that exists (`{REV_CHECK}` prints it;\n"
+            f"  # where no release tag is published, pin a commit sha: `kv-canary init --rev SHA`), the one whose\n"
+            f"  # generator made this repository's tree.\n"
             f"  - repo: {REPOSITORY_URL}\n"
             f"    rev: {s.rev}\n"
             f"    hooks:\n"
@@ -82,6 +86,8 @@ jobs:
       - uses: actions/checkout@v4
         with:
           fetch-depth: 0  # the base branch's history: the report diffs against the merge base
+      # The revision must be a tag or commit of kv-canary that exists (`{REV_CHECK}` prints it;
+      # where no release tag is published, pin a commit sha: `kv-canary init --rev SHA`).
       - id: kv-canary
         uses: {REPOSITORY}@{s.rev}
       - name: Comment the ABI report on the pull request
@@ -113,6 +119,21 @@ def check_package(package: str) -> str | None:
         return (f"--package must be a path of Python identifiers separated by '/', such as myengine/_canary, "
                 f"got {package!r}")
     return None
+
+
+def gitignore_entry(s: Scaffold) -> str:
+    """The .gitignore line for the generator's lock file in the generated package (never committed)."""
+    from .writer import LOCK_NAME
+    return f"/{s.package}/{LOCK_NAME}"
+
+
+def gitignore_text(existing: str, s: Scaffold) -> str | None:
+    """`existing` .gitignore text with the lock file's entry added (None: it is there already)."""
+    entry = gitignore_entry(s)
+    if entry in existing.splitlines():
+        return None
+    head = existing if not existing or existing.endswith("\n") else existing + "\n"
+    return head + "# kv-canary: the generator's lock file (kv-canary generate takes it while it writes)\n" + entry + "\n"
 
 
 def plan(root: Path, s: Scaffold, source_text: str) -> list[tuple[Path, str, bool]]:

@@ -8,7 +8,7 @@ the torch reference and take no `backend=`. SGLang's helpers compute_slot_hash a
 use_torch_reference close the module (docs/sglang-compat.md, "Names"). Validation and dispatch live in the runtime this layer
 is loaded with (kv_canary.load_generated hands it over; this module imports nothing from it).
 
-This schema declares no input fields, so no launch takes extra keywords (SEMANTICS.md §8).
+This schema declares no input fields, so no launch takes extra keywords (docs/semantics.md §8).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ LAUNCHES = {
 
 def launch_canary_write_kernel(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
                                expected_input_tokens=None, expected_input_positions=None, backend=None) -> None:
-    """Write the records of a WritePlan's chains (SEMANTICS.md §5.1)."""
+    """Write the records of a WritePlan's chains (docs/semantics.md §5.1)."""
     _runtime().launch('write', 'context.canary_buf', backend, context=context, plan=plan, input_ids=input_ids,
                       positions=positions, out_cache_loc=out_cache_loc,
                       enable_write_input_assert=enable_write_input_assert,
@@ -48,7 +48,7 @@ def launch_canary_write_kernel(*, context, plan, input_ids, positions, out_cache
 
 
 def launch_canary_verify_kernel(*, context, plan, check_verify_expected_token, backend=None) -> None:
-    """Check the entries of a VerifyPlan and append mismatches to the ring (SEMANTICS.md §5.2)."""
+    """Check the entries of a VerifyPlan and append mismatches to the ring (docs/semantics.md §5.2)."""
     _runtime().launch('verify', 'context.canary_buf', backend, context=context, plan=plan,
                       check_verify_expected_token=check_verify_expected_token)
 
@@ -57,7 +57,7 @@ def launch_canary_plan_kernels(*, verify_plan_out, write_plan_out, req_pool_indi
                                req_to_token, swa_window_size, full_to_swa_index_mapping, verify_capacity,
                                req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
                                kv_token_id_vs_position_offset=0, backend=None) -> None:
-    """Derive the verify and write plans of a batch (SEMANTICS.md §5.3)."""
+    """Derive the verify and write plans of a batch (docs/semantics.md §5.3)."""
     _runtime().launch('plan', 'req_to_token', backend, verify_plan_out=verify_plan_out,
                       write_plan_out=write_plan_out, req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
                       extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
@@ -69,7 +69,7 @@ def launch_canary_plan_kernels(*, verify_plan_out, write_plan_out, req_pool_indi
 
 
 def scatter_req_token_ids(*, flat_in, offsets, req_pool_indices, pool_out, backend=None) -> None:
-    """Copy each request's token ids into its row of the expected-token pool (SEMANTICS.md §5.4)."""
+    """Copy each request's token ids into its row of the expected-token pool (docs/semantics.md §5.4)."""
     _runtime().launch('scatter', 'pool_out', backend, flat_in=flat_in, offsets=offsets,
                       req_pool_indices=req_pool_indices, pool_out=pool_out)
 
@@ -78,7 +78,7 @@ def launch_plan_offsets_kernel(*, req_pool_indices, prefix_lens, extend_seq_lens
                                full_to_swa_index_mapping, out_verify_offsets_scratch, out_write_offsets,
                                out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
                                out_write_num_valid_reqs, swa_window_size, verify_capacity, backend=None) -> None:
-    """The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the overflow decision (SEMANTICS.md §5.3)."""
+    """The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the overflow decision (docs/semantics.md §5.3)."""
     _runtime().launch('plan_offsets', 'req_to_token', backend, req_pool_indices=req_pool_indices,
                       prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
                       full_to_swa_index_mapping=full_to_swa_index_mapping,
@@ -96,7 +96,7 @@ def launch_plan_entries_kernel(*, req_pool_indices, prefix_lens, req_to_token, f
                                out_verify_expected_tokens, out_verify_expected_positions,
                                out_verify_prev_slot_indices, kv_token_id_vs_position_offset, swa_window_size,
                                backend=None) -> None:
-    """The plan's second stage: the verify entries, from the offsets the first stage wrote (SEMANTICS.md §5.3)."""
+    """The plan's second stage: the verify entries, from the offsets the first stage wrote (docs/semantics.md §5.3)."""
     _runtime().launch('plan_entries', 'req_to_token', backend, req_pool_indices=req_pool_indices,
                       prefix_lens=prefix_lens, req_to_token=req_to_token,
                       full_to_swa_index_mapping=full_to_swa_index_mapping,
@@ -112,7 +112,7 @@ def launch_plan_entries_kernel(*, req_pool_indices, prefix_lens, req_to_token, f
 
 
 def launch_scatter_req_token_ids_kernel(*, flat_in, offsets, req_pool_indices, pool_out, backend=None) -> None:
-    """scatter_req_token_ids under SGLang's launcher name (SEMANTICS.md §5.4)."""
+    """scatter_req_token_ids under SGLang's launcher name (docs/semantics.md §5.4)."""
     _runtime().launch('scatter', 'pool_out', backend, flat_in=flat_in, offsets=offsets,
                       req_pool_indices=req_pool_indices, pool_out=pool_out)
 
@@ -159,7 +159,7 @@ def scatter_req_token_ids_torch_reference(*, flat_in, offsets, req_pool_indices,
 
 # -- SGLang's helpers that are not launches ----------------------------------------------------------
 def compute_slot_hash(buf_i64, source_slot_idx) -> int:
-    """The chain link of one slot as an unsigned 64-bit int (SEMANTICS.md §2 slot_hash): HEAD for a
+    """The chain link of one slot as an unsigned 64-bit int (docs/semantics.md §2 slot_hash): HEAD for a
     negative slot, else fold(prev_hash, [token, position]) of the slot's record.
 
     `buf_i64` is the canary buffer viewed as int64 [num_slots, words] (SGLang's form) or the uint8

@@ -572,7 +572,7 @@ KERNELS = {
 
 
 # -- the operations: what every launch's validation checks (codegen/operations.py) -----------------
-# An expected value that is not checked, and a write seed that is the chain head (SEMANTICS.md §5).
+# An expected value that is not checked, and a write seed that is the chain head (docs/semantics.md §5).
 UNKNOWN = -1
 # The plan data classes' tensor fields: (name, dtype, dims over the capacity "cap", allocation fill).
 VERIFY_PLAN_FIELDS = (

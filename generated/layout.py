@@ -36,7 +36,7 @@ REAL_KV_PARTIAL_READ_BYTES = 16  # bytes read per source in PARTIAL mode
 REAL_KV_LOAD_ALIGN_BYTES = 16  # vector load width; read sizes and row strides are multiples of it
 # HEAD = splitmix64(CANARY_CHAIN_ANCHOR): the expected chain link of a chain's first slot.
 CANARY_CHAIN_HEAD = 0xDE7FAE23A9A1B716
-# SEMANTICS.md §5's "unknown": an expected token or input value that is not checked, and a prev
+# docs/semantics.md §5's "unknown": an expected token or input value that is not checked, and a prev
 # slot or write seed that is the chain head.
 UNKNOWN = -1
 
@@ -63,7 +63,7 @@ CANARY_CHAIN_FOLD_NAMES = ("token", "position", )
 
 @dataclass(frozen=True)
 class InputField:
-    """A schema-declared record field with role `input` (SEMANTICS.md §8)."""
+    """A schema-declared record field with role `input` (docs/semantics.md §8)."""
     name: str
     word: int
     chained: bool
@@ -191,7 +191,7 @@ WRITE_REASON_BITS = 24  # raised only by write launches
 TOKEN_REASON_BITS = 40  # checks of a token id against an expected one (reports print the expected token)
 
 
-# -- run-time error texts (SEMANTICS.md §7), the schema's values already in them --------------
+# -- run-time error texts (docs/semantics.md §7), the schema's values already in them --------------
 MESSAGE_PREFIX = 'kv-canary: '
 MESSAGES = {
     'real_kv_page_size': 'RealKvSource.page_size must be >= 1, got {page_size}',
@@ -223,7 +223,7 @@ def fail(key: str, **values) -> ValueError:
     return ValueError(message(key, **values))
 
 
-# -- hashing (SEMANTICS.md §2), on Python ints ----------------------------------------------
+# -- hashing (docs/semantics.md §2), on Python ints ----------------------------------------------
 MASK64 = (1 << 64) - 1
 
 

@@ -25,11 +25,8 @@ def _schema_sources() -> dict[str, Path]:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
-        return version("kv-canary")
-    except Exception:  # not installed as a distribution (a bare checkout on sys.path)
-        return "0.1.0"
+    from .codegen.version import kv_canary_version
+    return kv_canary_version()
 
 
 def cmd_init(args) -> int:
@@ -47,7 +44,7 @@ def cmd_init(args) -> int:
     if problem:
         print(f"kv-canary init: error: {problem}", file=sys.stderr)
         return 2
-    s = scaffold.Scaffold(schema=args.schema, package=package, rev=f"v{_version()}")
+    s = scaffold.Scaffold(schema=args.schema, package=package, rev=args.rev or f"v{_version()}")
     files = scaffold.plan(root, s, _schema_sources()[args.source].read_text(encoding="utf-8"))
     clash = [p for p, _, required in files if required and p.exists()]
     if clash and not args.force:
@@ -67,6 +64,11 @@ def cmd_init(args) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         print(f"wrote {shown}")
+    ignore = root / scaffold.GITIGNORE_PATH
+    text = scaffold.gitignore_text(ignore.read_text(encoding="utf-8") if ignore.is_file() else "", s)
+    if text is not None:
+        ignore.write_text(text, encoding="utf-8")
+        print(f"added {scaffold.gitignore_entry(s)} to {scaffold.GITIGNORE_PATH}")
     parent = (root / package).parent
     if parent != root and not (parent / "__init__.py").exists():
         print(f"note: {parent.relative_to(root).as_posix()}/ has no __init__.py; the generated package is "
@@ -74,13 +76,17 @@ def cmd_init(args) -> int:
     args.schema, args.out, args.tree, args.config = None, None, None, None
     status = cmd_generate(args)
     print(f"next: import {package.replace('/', '.')} in your engine, commit {s.schema}, {CONFIG_NAME}, "
-          f"{s.package}/, .pre-commit-config.yaml and .github/workflows/kv-canary.yml, and run `pre-commit install`")
+          f"{s.package}/, .gitignore, .pre-commit-config.yaml and .github/workflows/kv-canary.yml, and run "
+          f"`pre-commit install`; they pin kv-canary {s.rev}: check it exists with `{scaffold.REV_CHECK.replace('<rev>', s.rev)}` "
+          f"(else `kv-canary init --force --rev SHA`)")
     return status
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kv-canary",
                                      description="KV-cache integrity canaries generated from kernels.yaml.")
+    from .codegen.version import add_version_option
+    add_version_option(parser)
     sub = parser.add_subparsers(metavar="COMMAND")
     add_codegen_commands(sub, Path.cwd(), installed_layout=installed_layout)
     p = sub.add_parser("init", help="set up an engine repository: schema, kv-canary.yaml, generated package, "
@@ -92,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the generated package goes, e.g. myengine/_canary (imported as myengine._canary; "
                         "default: <your one top-level package>/_canary)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.add_argument("--rev", default=None, metavar="REV",
+                   help="the kv-canary tag or commit the pre-commit hooks and the workflow pin (default: "
+                        "v<this version>; a commit sha where no release tag is published)")
     p.set_defaults(func=cmd_init)
     # Listed for --help only: main hands `demo` and its arguments to the demo's own parser.
     sub.add_parser("demo", help="run the end-to-end demo (`kv-canary demo --help` for its options)", add_help=False)

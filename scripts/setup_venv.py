@@ -19,8 +19,10 @@ Usage (the Makefile's setup target):
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,8 +52,18 @@ def no_deps_requirements() -> list[str]:
     return list(tool.get("kv-canary", {}).get("setup", {}).get("no-deps", []))
 
 
+def say(text: str) -> None:
+    """One progress line per phase (pip itself runs quietly): what runs now."""
+    print(f"make setup: {text}", flush=True)
+
+
+def _took(start: float) -> str:
+    return f"{time.monotonic() - start:.0f}s"
+
+
 def create(venv: Path) -> int:
     import shutil
+    say(f"creating the virtual environment {venv} (pip and setuptools only)")
     python = venv / "bin" / "python"
     made = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)]).returncode == 0
     if made and subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile",
@@ -64,7 +76,12 @@ def create(venv: Path) -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--create"] and len(argv) == 2:
         return create(Path(argv[1]))
-    runs = [subprocess.Popen(PIP + group) for group in parallel_groups() if group]
+    start = time.monotonic()
+    groups = [group for group in parallel_groups() if group]
+    if groups:
+        say(f"1/3 unpacking {', '.join(groups[0])} and {len(groups[1]) if len(groups) > 1 else 0} other packages "
+            f"in two parallel pip runs (torch is the long one)")
+    runs = [subprocess.Popen(PIP + group) for group in groups]
     for run in runs:
         run.wait()  # not checked: the install below is the one that must succeed
     try:  # kv-canary's own build needs only setuptools, which the venv has: no isolated build env
@@ -72,11 +89,20 @@ def main(argv: list[str]) -> int:
         isolation = ["--no-build-isolation"]
     except ImportError:
         isolation = []
-    code = subprocess.run(PIP + isolation + ["-e", ".[dev]"], cwd=ROOT).returncode
+    say(f"2/3 installing kv-canary (editable, .[dev]) and checking every pin ({_took(start)} so far)")
+    # setuptools cautions every editable install with a package_dir mapping (generated/, codegen/ and
+    # docs/ ship as kv_canary.*) about same-named folders: deliberate here, and not actionable.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"}
+    code = subprocess.run(PIP + isolation + ["-e", ".[dev]"], cwd=ROOT, env=env).returncode
     no_deps = no_deps_requirements()
-    if code or not no_deps:
+    if code:
+        say(f"FAILED: pip install -e '.[dev]' exited {code} (its messages are above)")
         return code
-    return subprocess.run(PIP + ["--no-deps"] + no_deps, cwd=ROOT).returncode
+    if no_deps:
+        say(f"3/3 installing {', '.join(no_deps)} without its dependencies (the SGLang plugin's tests)")
+        code = subprocess.run(PIP + ["--no-deps"] + no_deps, cwd=ROOT).returncode
+    say(f"done in {_took(start)}" if not code else f"FAILED: pip exited {code} (its messages are above)")
+    return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ def installed(tmp_path_factory):
 
 
 PROBE = """
-import importlib.util as u, json
+import importlib.resources as r, importlib.util as u, json
 import kv_canary, kv_canary.codegen
 from kv_canary.layer import csrc, emulation_build, sources
 print(json.dumps({
@@ -33,6 +33,7 @@ print(json.dumps({
     "shim": str(emulation_build.SHIM_HEADER), "shim_ships": emulation_build.SHIM_HEADER.is_file(),
     "csrc": str(csrc.CSRC_DIR), "csrc_headers": sorted(csrc.csrc_headers()),
     "cpu_source": str(sources.tree_dir(kv_canary.generated) / sources.kernel_abi(kv_canary.generated).CPU_SOURCE),
+    "semantics": str(r.files("kv_canary") / "docs" / "semantics.md"),
 }))
 """
 
@@ -66,6 +67,14 @@ def test_the_cpu_backends_source_ships_in_the_wheel(probe):
     """The cpu backend builds the installed tree's cpu/kv_canary_cpu.cpp against the shipped headers."""
     import os
     assert "site-packages" in probe["cpu_source"] and os.path.isfile(probe["cpu_source"])
+
+
+def test_the_behaviour_contract_ships_in_the_wheel(probe):
+    """docs/semantics.md, which code, generated files and error texts cite, is readable from the wheel."""
+    from pathlib import Path
+    installed = Path(probe["semantics"])
+    assert "site-packages" in str(installed) and str(ROOT) not in str(installed)
+    assert installed.read_text(encoding="utf-8") == (ROOT / "docs" / "semantics.md").read_text(encoding="utf-8")
 
 
 def test_the_fleet_and_metrics_modules_ship_in_the_wheel(probe):

@@ -94,7 +94,7 @@ constexpr int VIOLATION_COL_FAIL_REASON = 7;  // column fail_reason_bits
 // it is >= every slot count, so verify (as slot or prev) and write (as seed) report it as
 // SLOT_OUT_OF_RANGE instead of dereferencing anything.
 constexpr kvc_i64 PLAN_UNREADABLE_INDEX = 0x7FFFFFFFFFFFFFFFLL;
-// SEMANTICS.md §5's "unknown": an expected token or input value that is not checked, and a prev
+// docs/semantics.md §5's "unknown": an expected token or input value that is not checked, and a prev
 // slot or write seed that is the chain head (codegen/operations.py UNKNOWN).
 constexpr kvc_i64 UNKNOWN = -1LL;
 

@@ -2,7 +2,7 @@
 
 A request row outside req_to_token (or outside the scatter's pool) and an SWA index outside the
 LUT are engine bugs that a bug detector must not hide, so host backends raise a ValueError naming
-the argument, the index and the bound before anything is written (SEMANTICS.md §5.3, §7). The
+the argument, the index and the bound before anything is written (docs/semantics.md §5.3, §7). The
 CUDA kernels cannot raise without synchronising the host: there such a request row is inactive
 (plan) or skipped (scatter), and an unreadable SWA index becomes kvc::PLAN_UNREADABLE_INDEX,
 which verify and write then report as SLOT_OUT_OF_RANGE (kv_canary/csrc/kvc_plan.cuh).
@@ -62,7 +62,7 @@ class HostChecks:
         self.request_rows(req_pool_indices, rows=int(pool_out.shape[0]), table="pool_out")
 
     def _verify_ranges(self, req_pool_indices, prefix_lens, req_to_token, swa_window_size):
-        """(request rows, window start, verify count) per request, as the plan derives them (SEMANTICS.md §5.3)."""
+        """(request rows, window start, verify count) per request, as the plan derives them (docs/semantics.md §5.3)."""
         rp, pre = _host(req_pool_indices), _host(prefix_lens)
         window, max_ctx = int(swa_window_size), int(req_to_token.shape[1])
         active = rp != self.padding  # request_rows ran first: every other row is inside the table
@@ -78,7 +78,7 @@ class HostChecks:
     def swa_indices(self, *, verify_capacity, **plan) -> None:
         """Every req_to_token value the whole plan translates lies inside the LUT (negatives pass through).
 
-        A given LUT translates with or without a window (SEMANTICS.md §5.3). Same values and order
+        A given LUT translates with or without a window (docs/semantics.md §5.3). Same values and order
         as the torch reference: the write seeds, then (when the verify plan does not overflow) the
         entries' slots, then their predecessors, so both raise the same text.
         """

@@ -1,4 +1,4 @@
-"""What the `cuda` and `emulated` backends share: SEMANTICS.md's operations (write, verify, plan and
+"""What the `cuda` and `emulated` backends share: docs/semantics.md's operations (write, verify, plan and
 its two stages, scatter) as launches of the generated kernels.
 
 Which kernel, which variant, every argument value: decided here, from the layer's generated kernel

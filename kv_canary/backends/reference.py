@@ -1,5 +1,5 @@
 """Torch reference of every canary kernel (write, verify, plan and its two stages, scatter) and of
-SGLang's compute_slot_hash, SEMANTICS.md §2–§8, over one generated layer's layout tables.
+SGLang's compute_slot_hash, docs/semantics.md §2–§8, over one generated layer's layout tables.
 
 `Reference(layout)` binds these functions to a generated package's `layout` module (word indices,
 fail-reason bits, violation columns, input fields, the chain fold); each generated package's
@@ -45,7 +45,7 @@ Plan = Any
 MASK64 = (1 << 64) - 1
 U64 = np.uint64
 
-# -- hashing (SEMANTICS.md §2) -----------------------------------------------------------------------
+# -- hashing (docs/semantics.md §2) -----------------------------------------------------------------------
 # Vector work runs on numpy arrays (zero-copy views of CPU tensors). Hashes are uint64 there: numpy
 # shifts are logical and products wrap mod 2^64; stored words stay int64 and `.view()` switches
 # between the two without copying. The write's serial chain runs on Python ints instead (see
@@ -132,7 +132,7 @@ def _table(req_to_token: torch.Tensor, r: np.ndarray, c: np.ndarray) -> np.ndarr
     return _take(req_to_token.view(-1), r * int(req_to_token.shape[1]) + c).astype(np.int64)
 
 
-# -- real-KV fingerprint (SEMANTICS.md §4) ------------------------------------------------------------
+# -- real-KV fingerprint (docs/semantics.md §4) ------------------------------------------------------------
 def _storage_words(t: torch.Tensor) -> torch.Tensor:
     """The whole storage of `t` as int64 words (16-byte alignment is validated)."""
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
@@ -325,7 +325,7 @@ def _store_offsets_stage(*, offsets: np.ndarray, seeds: np.ndarray, verify_offse
 
 def scatter(*, flat_in: torch.Tensor, offsets: torch.Tensor, req_pool_indices: torch.Tensor,
             pool_out: torch.Tensor) -> None:
-    """scatter_req_token_ids (SEMANTICS.md §5.4): each request's ids into its row of pool_out."""
+    """scatter_req_token_ids (docs/semantics.md §5.4): each request's ids into its row of pool_out."""
     total = int(flat_in.shape[0])
     rows, cols = int(pool_out.shape[0]), int(pool_out.shape[1])
     offs = _np(offsets)
@@ -387,7 +387,7 @@ class Reference:
         self._col_expected_token = L.VIOLATION_COL_EXPECTED_TOKEN
         self._col_chain, self._col_aux = L.VIOLATION_COL_STORED_CHAIN_HASH, L.VIOLATION_COL_EXPECTED_AUX
         self._col_bits = L.VIOLATION_COL_FAIL_REASON
-        # Input fields (SEMANTICS.md §8): (name, word); the verified ones with their FailReason bit.
+        # Input fields (docs/semantics.md §8): (name, word); the verified ones with their FailReason bit.
         self._input_words = tuple((f.name, f.word) for f in L.INPUT_FIELDS)
         self._per_request = tuple((f.name, f.word, int(reason[f.fail_reason]))
                                   for f in L.INPUT_FIELDS if f.verify_expected == "per_request")
@@ -405,7 +405,7 @@ class Reference:
         return torch.from_numpy(self._link_records(np.ascontiguousarray(_np(rec)))).to(rec.device)
 
     def compute_slot_hash(self, *, buf_i64: torch.Tensor, source_slot_idx: int) -> int:
-        """slot_hash(buf, s) (SEMANTICS.md §2) as an unsigned int: HEAD for s < 0, else link(buf[s]).
+        """slot_hash(buf, s) (docs/semantics.md §2) as an unsigned int: HEAD for s < 0, else link(buf[s]).
         `buf_i64`: the canary buffer as int64 [num_slots, words], any device and strides."""
         if source_slot_idx < 0:
             return self._head_u64
@@ -447,7 +447,7 @@ class Reference:
             per_reason = ((rows[:, self._col_bits, None] & self._reason_count_bits[None, :]) != 0).sum(axis=0)
             counts.add_(torch.from_numpy(per_reason.astype(np.int64)).to(counts.device))
 
-    # -- real-KV fingerprint (SEMANTICS.md §4) --------------------------------------------------------
+    # -- real-KV fingerprint (docs/semantics.md §4) --------------------------------------------------------
     def _fingerprint(self, slots: np.ndarray, sources: Sequence[Any], mode: int) -> tuple[np.ndarray, np.ndarray]:
         """(fingerprint int64 [n], row-out-of-range bool [n]) of in-range canary `slots` (int64)."""
         n = slots.size
@@ -480,7 +480,7 @@ class Reference:
         fp, oor = self._fingerprint(_np(slots), sources, mode)
         return torch.from_numpy(fp), torch.from_numpy(oor)
 
-    # -- verify (SEMANTICS.md §5.2) -----------------------------------------------------------------------
+    # -- verify (docs/semantics.md §5.2) -----------------------------------------------------------------------
     def verify(self, *, context: Context, plan: Plan, check_verify_expected_token: bool,
                extra_slot_tables: dict[str, torch.Tensor]) -> None:
         context.kernel_run_counter.add_(1)
@@ -548,7 +548,7 @@ class Reference:
         rows[h:, self._col_bits] = self._bit_oor
         self._append_rows(context, rows, np.concatenate([e_hit, e_oor]))
 
-    # -- write (SEMANTICS.md §5.1) ------------------------------------------------------------------------
+    # -- write (docs/semantics.md §5.1) ------------------------------------------------------------------------
     def write(self, *, context: Context, plan: Plan, input_ids: torch.Tensor, positions: torch.Tensor,
               out_cache_loc: torch.Tensor, enable_write_input_assert: bool,
               expected_input_tokens: Optional[torch.Tensor], expected_input_positions: Optional[torch.Tensor],
@@ -673,7 +673,7 @@ class Reference:
         rows[:, self._col_bits] = bits
         return rows
 
-    # -- plan (SEMANTICS.md §5.3) -------------------------------------------------------------------------
+    # -- plan (docs/semantics.md §5.3) -------------------------------------------------------------------------
     # Two stages, as the kernels run it: offsets (the write plan, the per-request verify entry offsets
     # and the overflow decision), then entries (from those offsets). `plan` computes both before it
     # stores anything, so an error leaves every output untouched; the stages alone store what they compute.

@@ -13,7 +13,7 @@
 // than Team::grain items each (a small launch runs on the calling thread alone). Threads are started
 // per launch: nothing spins between launches and a forked process inherits no pool.
 //
-// Order: SEMANTICS.md §5.2 wants a host backend's verify rows in entry order, and the reference's
+// Order: docs/semantics.md §5.2 wants a host backend's verify rows in entry order, and the reference's
 // write semantics are sequential (a seed written by an earlier request of the launch is read with
 // its values; of two entries storing one slot the later wins). So verify threads append to private
 // rings that are appended to the launch's ring in range order afterwards, and the write walks its
@@ -245,7 +245,7 @@ inline void fingerprints(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc
 // Entries a loop classifies, hashes and finishes together.
 constexpr kvc_i64 kBlock = 64;
 
-// -- verify (SEMANTICS.md §5.2) ------------------------------------------------------------------
+// -- verify (docs/semantics.md §5.2) ------------------------------------------------------------------
 // Entries [lo, hi) in blocks: kvc_verify::prepare_entry sorts each block's entries (rows it would
 // append go to a ring that keeps none), the checked ones' fingerprints are hashed kLanes at a time,
 // then every entry is finished in order: check_entry, or prepare_entry again on the launch's ring
@@ -325,7 +325,7 @@ void verify(const Team& threads, const kvc_verify::Args& a, const kvc::RealKvSou
   atomicAdd(a.slot_run_counter, static_cast<unsigned long long>(active));  // every visited entry
 }
 
-// -- write (SEMANTICS.md §5.1) -------------------------------------------------------------------
+// -- write (docs/semantics.md §5.1) -------------------------------------------------------------------
 // The fingerprints of tokens [lo, hi) where the walk would store them (a slot in the buffer and in
 // every source), into fp (the others are never read).
 inline void token_fingerprints(const kvc_write::Inputs& in, const kvc::RealKvSources& kv, kvc_i64 lo, kvc_i64 hi,
@@ -380,7 +380,7 @@ inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write
   if (stored != 0) atomicAdd(a.slot_run_counter, stored);
 }
 
-// -- plan (SEMANTICS.md §5.3) --------------------------------------------------------------------
+// -- plan (docs/semantics.md §5.3) --------------------------------------------------------------------
 inline void plan_offsets(const Team& /*threads*/, const kvc_plan::OffsetsArgs& a) {
   const kvc_i64 batch_size = a.batch.batch_size;
   kvc_u64 verify_total = 0, write_total = 0;  // wrap modulo 2^64, as the kernel's scan
@@ -402,7 +402,7 @@ inline void plan_entries(const Team& threads, const kvc_plan::EntriesArgs& a) {
   });
 }
 
-// -- scatter (SEMANTICS.md §5.4): in request order (of two requests with one row, the later wins) --
+// -- scatter (docs/semantics.md §5.4): in request order (of two requests with one row, the later wins) --
 inline void scatter(const Team& /*threads*/, const kvc_scatter::Args& a) {
   for (kvc_i64 r = 0; r < a.batch_size; ++r) kvc_scatter::copy_request(a, r);
 }

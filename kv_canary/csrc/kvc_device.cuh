@@ -1,5 +1,5 @@
-// kv-canary device code shared by every kernel: integer arithmetic, hashing (SEMANTICS.md §2), the
-// chain fold, record access, the violation ring and the real-KV fingerprint (SEMANTICS.md §4).
+// kv-canary device code shared by every kernel: integer arithmetic, hashing (docs/semantics.md §2), the
+// chain fold, record access, the violation ring and the real-KV fingerprint (docs/semantics.md §4).
 //
 // Hand-written and schema-independent: the generated layout header (kv_canary_layout.cuh) includes
 // this after it has defined, in namespace kvc, the schema's record constants (CANARY_FIELDS, the
@@ -41,7 +41,7 @@ __device__ __forceinline__ kvc_i64 wrapping_add(kvc_i64 a, kvc_i64 b) {
   return static_cast<kvc_i64>(static_cast<kvc_u64>(a) + static_cast<kvc_u64>(b));
 }
 
-// -- hashing (SEMANTICS.md §2) --------------------------------------------------------------
+// -- hashing (docs/semantics.md §2) --------------------------------------------------------------
 // The mixer on any type of 64-bit unsigned lanes: kvc_u64, or the cpu backend's vectors of them
 // (kvc_cpu.h hashes several slots at once).
 template <class T>
@@ -139,7 +139,7 @@ __device__ __forceinline__ void count_reasons(kvc_u64* counts, kvc_i64 bits) {
 }
 
 #if defined(KV_CANARY_HOST_EMULATION)
-// Host emulation only. SEMANTICS.md §5.2 wants a host backend's verify rows in entry order, but
+// Host emulation only. docs/semantics.md §5.2 wants a host backend's verify rows in entry order, but
 // emulated threads append in the order the fibers happen to run. While a launcher keeps a log
 // (EntryOrderLog, emulation/kv_canary_launchers.cpp), every appended row is also recorded with its
 // entry index; after the launch the launcher stores the rows again, sorted by entry, into exactly
@@ -216,7 +216,7 @@ struct Ring {
   }
 };
 
-// -- real-KV fingerprint (SEMANTICS.md §4) --------------------------------------------------
+// -- real-KV fingerprint (docs/semantics.md §4) --------------------------------------------------
 // 16 bytes as two little-endian words. The PTX variant is a non-coherent 128-bit load (the K/V
 // bytes are read-only while a canary kernel runs); the host variant (emulation and the native cpu
 // backend, kv_canary/csrc/kvc_cpu.h) is plain C++.

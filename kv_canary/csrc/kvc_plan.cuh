@@ -1,4 +1,4 @@
-// plan (SEMANTICS.md §5.3): two kernels turn a batch's requests into verify entries and a write
+// plan (docs/semantics.md §5.3): two kernels turn a batch's requests into verify entries and a write
 // plan. kvc_plan::offsets (one block) scans the requests in chunks of blockDim (so any batch size
 // works) and writes the verify entry offsets (scratch for entries), the write plan and the overflow
 // decision: total > capacity -> enable = 0, num_valid = capacity, and entries leaves the entry

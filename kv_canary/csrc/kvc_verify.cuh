@@ -1,4 +1,4 @@
-// verify (SEMANTICS.md §5.2, §8): entries are independent. A persistent grid-stride loop over the
+// verify (docs/semantics.md §5.2, §8): entries are independent. A persistent grid-stride loop over the
 // active entries, walked by whole warps (the real-KV fingerprints of a warp's 32 entries are
 // loaded cooperatively, kvc::warp_real_kv_fingerprint); visited entries are counted per thread,
 // reduced per warp (one atomicAdd per warp) and violations are appended to the ring through

@@ -1,4 +1,4 @@
-// write (SEMANTICS.md §5.1, §8): each request's chain is walked in entry order by one thread that
+// write (docs/semantics.md §5.1, §8): each request's chain is walked in entry order by one thread that
 // keeps it in registers; the slot counter gets one atomicAdd per request. Only the chain is
 // inherently serial (each link mixes the previous one); the fingerprints, the checks, the violation
 // rows and the record stores are not, so the launch shape decides who does them:

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,6 +91,9 @@ def main(argv=None) -> int:
     ap.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                     help="serve Prometheus /metrics on 127.0.0.1:PORT while the demo runs (0: a free port; "
                          "needs prometheus_client)")
+    ap.add_argument("--violations-jsonl", type=Path, default=None, metavar="PATH",
+                    help="append every run's violations to PATH as JSON lines (docs/violations-jsonl.md; label "
+                         "scenario), beside the log and the report")
     argv = sys.argv[1:] if argv is None else list(argv)
     sglang_flags = any(a.split("=", 1)[0] in (FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL) for a in argv)
     base = CanaryConfig() if sglang_flags else DEMO_CANARY   # SGLang's flags given: SGLang's defaults
@@ -104,6 +109,7 @@ def main(argv=None) -> int:
         canary = CanaryConfig.from_args(args, base=base)
     except ValueError as e:
         ap.error(str(e))
+    _check_args(ap, args)   # before anything runs: a typo must not cost a clean run and a traceback
     if args.metrics_port is not None:
         try:
             import prometheus_client  # noqa: F401
@@ -129,8 +135,52 @@ def main(argv=None) -> int:
             registry = _serve_metrics(stack, args.metrics_port, out) if args.metrics_port is not None else None
         except MetricsPortUnavailable as e:   # a busy port: a usage error, not a traceback
             ap.error(str(e).removeprefix("kv-canary: "))
+        args.jsonl = None if args.violations_jsonl is None else \
+            stack.enter_context(args.violations_jsonl.open("a", encoding="utf-8"))
         return _single_process_demo(args, canary, device, backend_name, chosen, registry, out, t0, real_clean,
                                     real_chosen)
+
+
+def _check_args(ap, args) -> None:
+    """--backend, --device and --out checked up front (argparse errors, exit 2)."""
+    from ..backends import KNOWN_BACKENDS
+    if args.backend is not None and args.backend not in KNOWN_BACKENDS:
+        close = difflib.get_close_matches(args.backend, KNOWN_BACKENDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        ap.error(f"--backend must be one of {', '.join(KNOWN_BACKENDS)}, got {args.backend!r}{hint}")
+    if args.backend == "cuda" and not torch.cuda.is_available():
+        ap.error("--backend cuda needs a CUDA GPU, and none is visible; use torch or emulated")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            ap.error(f"--device must be a torch device such as cpu or cuda, got {args.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            ap.error(f"--device {args.device}: {why}; use --device cpu (or leave --device out)")
+        if device.type not in ("cpu", "cuda"):
+            ap.error(f"--device must be cpu or cuda, got {args.device!r}")
+    problem = _unwritable(args.out)
+    if problem:
+        ap.error(f"--out {args.out}: cannot write the report there ({problem})")
+    if args.violations_jsonl is not None:
+        if args.world_size > 1:
+            ap.error("--violations-jsonl is for the single-process demo (each rank of --world-size runs its own "
+                     "process; attach kv_canary.engine.jsonl.ViolationJsonl on each rank)")
+        problem = _unwritable(args.violations_jsonl.parent)
+        if problem or args.violations_jsonl.is_dir():
+            ap.error(f"--violations-jsonl {args.violations_jsonl}: cannot write there ({problem or 'a directory'})")
+
+
+def _unwritable(out: Path) -> str:
+    """Why the report directory cannot be written ('' when it can): created now, probed with a file."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return ""
 
 
 def _serve_metrics(stack: contextlib.ExitStack, port: int, out):
@@ -165,7 +215,7 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
     with _canary_log_shown(out):
         engine, manager = faults.run_clean(args.steps, backend=args.backend, device=device,
                                            progress=_progress("clean run", out), metrics_registry=registry,
-                                           **canary.manager_options())
+                                           violations_jsonl=args.jsonl, **canary.manager_options())
     clean = {"steps": args.steps, "finished": len(engine.finished),
              "shared": sum(r.matched > 0 for r in engine.finished), "swa_window": engine.cfg.swa_window,
              "backend": backend_name, "kernel_runs": manager.kernel_runs, "violations": manager.stats.total}
@@ -173,7 +223,7 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
               f"{clean['kernel_runs']} canary launches, violations: {clean['violations']}\n")
     out.write(report.SCENARIO_CANARY + "\n")
     results = _run_scenarios(chosen, 45, out, lambda sc: faults.run_scenario(
-        sc, backend=args.backend, device=device, metrics_registry=registry))
+        sc, backend=args.backend, device=device, metrics_registry=registry, violations_jsonl=args.jsonl))
     isolation = report.isolation_summary(results)
     if isolation is not None:
         out.write(isolation + "\n\n")
@@ -181,6 +231,8 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
     ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
     out.write(f"report: {md}  " + (f"chart: {chart}\n" if chart else f"no chart: {no_chart}\n"))
+    if args.jsonl is not None:
+        out.write(f"violations as JSON lines: {args.violations_jsonl}\n")
     out.write(f"{'all scenarios behaved as documented' if ok else 'SOME SCENARIOS FAILED'} "
               f"({time.perf_counter() - t0:.1f}s)\n")
     return 0 if ok else 1
@@ -214,7 +266,8 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
         # Its run is ~30 engine steps: the stats line every 10 unless the flags or environment chose a cadence.
         options["stats_print_every_n_steps"] = options["stats_print_every_n_steps"] or tf.STATS_EVERY
         with _canary_log_shown(out):
-            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry, **options)
+            handle, outputs = tf.run_clean(backend=args.backend, metrics_registry=registry,
+                                           violations_jsonl=args.jsonl, **options)
         m = handle.manager
         plain = tf.generate(tf.model())
         unchanged = all(list(plain[k].generated_tokens) == list(v.generated_tokens) for k, v in outputs.items())
@@ -229,9 +282,9 @@ def _real_engine_section(args, canary: CanaryConfig, device: str, registry, out,
                   f"{'yes' if unchanged else 'NO'}\n")
     if chosen:
         section["results"] = _run_scenarios(chosen, 55, out, lambda sc: tf.run_scenario(
-            sc, backend=args.backend, metrics_registry=registry))
+            sc, backend=args.backend, metrics_registry=registry, violations_jsonl=args.jsonl))
         first = next((r for r in section["results"] if r.first is not None), None)
-        if first is not None:   # what an engine's log shows for it (SEMANTICS.md §9, logger kv_canary)
+        if first is not None:   # what an engine's log shows for it (docs/semantics.md §9, logger kv_canary)
             from .. import generated
             from ..engine.reporting import ViolationReporter
             text = ViolationReporter(generated.layout).message(

@@ -480,17 +480,19 @@ def scenarios() -> list[Scenario]:
 
 
 def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
-                 stop_after_detection: bool = False, metrics_registry=None, **manager_kwargs) -> ScenarioResult:
+                 stop_after_detection: bool = False, metrics_registry=None, violations_jsonl=None,
+                 **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
     `stop_after_detection`: end two steps after the first violation (the judgement is the same, the
-    totals cover the steps run); controls always run every step."""
+    totals cover the steps run); controls always run every step. `violations_jsonl`: a text stream
+    that gets each violation as a JSON line (label scenario)."""
     if layer is None:
         layer = example_layer(sc.layer)
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(layer=layer, backend=backend, **kwargs)
+    listeners = scenario_listeners(manager, sc.name, metrics_registry, violations_jsonl)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
-    metrics = _scenario_metrics(manager, metrics_registry, sc.name)
     stop_early = stop_after_detection and sc.expect.launch is not None
     seen_at = None
     for step in range(sc.steps):
@@ -499,9 +501,9 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
             seen_at = step
         if seen_at is not None and step >= seen_at + 2:
             break
-    manager.drain()
-    if metrics is not None:
-        metrics.refresh()
+    manager.flush()
+    for x in listeners:
+        x.close()
     return judge(sc, manager, fault)
 
 
@@ -534,25 +536,32 @@ def judge(sc, manager: CanaryManager, fault) -> ScenarioResult:
                           e.describe(manager.L), want_tag)
 
 
-def _scenario_metrics(manager, registry, scenario: str):
-    """The manager's Prometheus metrics in `registry`, labelled with the scenario (None: no registry)."""
-    if registry is None:
-        return None
-    from ..engine.metrics import CanaryMetrics
-    return CanaryMetrics(manager, registry=registry, labels={"scenario": scenario})
+def scenario_listeners(manager, scenario: str, registry=None, violations_jsonl=None) -> list:
+    """What follows a demo run's manager, labelled with the scenario: its Prometheus metrics in
+    `registry` and its violations as JSON lines on `violations_jsonl` (each only when given); added
+    before the run, as any engine integration may (the manager attaches when the run starts)."""
+    out = []
+    if registry is not None:
+        from ..engine.metrics import CanaryMetrics
+        out.append(CanaryMetrics(manager, registry=registry, labels={"scenario": scenario}))
+    if violations_jsonl is not None:
+        from ..engine.jsonl import ViolationJsonl
+        out.append(ViolationJsonl(manager, violations_jsonl, labels={"scenario": scenario}))
+    return out
 
 
 def run_clean(steps: int = 200, *, backend: Optional[str] = None, device="cpu", progress=None,
-              metrics_registry=None, **manager_kwargs):
+              metrics_registry=None, violations_jsonl=None, **manager_kwargs):
     """A fault-free run with prefix sharing, chunked prefill and SWA; returns (engine, manager).
     `manager_kwargs` override the demo's manager settings (mode log, a sweep every SWEEP steps);
-    with a `metrics_registry` (prometheus_client), the manager's CanaryMetrics export into it."""
+    with a `metrics_registry` (prometheus_client), the manager's CanaryMetrics export into it; with
+    `violations_jsonl` (a text stream), its violations as JSON lines."""
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
     manager = CanaryManager(backend=backend, **kwargs)
+    listeners = scenario_listeners(manager, "clean", metrics_registry, violations_jsonl)
     engine = Engine(BASE, canary=manager, device=device)
-    metrics = _scenario_metrics(manager, metrics_registry, "clean")
     engine.run(steps, progress=progress)
-    manager.drain()
-    if metrics is not None:
-        metrics.refresh()
+    manager.flush()
+    for x in listeners:
+        x.close()
     return engine, manager

@@ -1,6 +1,7 @@
 """The demo's outputs: a plain-text results table, a Markdown report and a PNG chart."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -73,30 +74,78 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
+@dataclass(frozen=True)
+class ChartRow:
+    """One scenario's row of the chart: violations per step, the fault's step, what is written beside it."""
+    label: str
+    counts: tuple           # violations at step 0 .. steps-1
+    damage_step: Optional[int]
+    first_step: Optional[int]
+    note: str               # the detection latency, or what a control did
+    control: bool           # the canary must stay silent
+    ok: bool
+
+
+def chart_rows(results) -> list[ChartRow]:
+    """The chart's rows: the scenarios the canary must detect, in run order, then the controls."""
+    rows = []
+    for r in results:
+        control = r.expected_tag is None
+        first = None if r.first is None else r.first.step
+        if control:
+            note = "silent" if r.violations == 0 else f"{r.violations} violation(s)"
+        elif first is None:
+            note = "not detected"
+        elif r.damage_step is None:
+            note = f"detected at step {first}"
+        else:
+            late = first - r.damage_step
+            note = f"detected, latency {late} step{'s' if late != 1 else ''}"
+        counts = tuple(int(r.per_step.get(s, 0)) for s in range(r.scenario.steps))
+        rows.append(ChartRow(r.scenario.name, counts, r.damage_step, first, note, control, r.ok))
+    return [x for x in rows if not x.control] + [x for x in rows if x.control]
+
+
 def write_chart(results, path: Path) -> Path:
+    """One row per scenario, steps across, violations per step as colour (log scale), the fault's
+    step marked; the detection latency beside each row; the controls grouped last, under a rule."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap, LogNorm
 
-    n = len(results)
-    cols = 3
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 2.6 * rows), squeeze=False)
-    for ax, r in zip(axes.flat, results):
-        steps = range(r.scenario.steps)
-        ax.bar(list(steps), [r.per_step.get(s, 0) for s in steps], color="tab:red" if r.violations else "tab:gray")
-        ax.set_ylim(0, max(1, max(r.per_step.values(), default=0)) * 1.1)
+    rows = chart_rows(results)
+    width = max(len(r.counts) for r in rows)
+    grid = np.full((len(rows), width), np.nan)
+    for i, r in enumerate(rows):
+        grid[i, :len(r.counts)] = [c if c else np.nan for c in r.counts]   # no violation: the background
+    top = max(1, int(np.nanmax(grid)) if np.isfinite(grid).any() else 1)
+    fig, ax = plt.subplots(figsize=(12, 1.2 + 0.32 * len(rows)), layout="constrained")
+    ax.set_facecolor("#f2f2f2")
+    for i, r in enumerate(rows):   # the steps a scenario ran (a shorter one stops early)
+        ax.add_patch(plt.Rectangle((-0.5, i - 0.5), len(r.counts), 1, color="white", zorder=0))
+    # Reds from a third of the way in: one violation in a step is a visible colour, not near-white.
+    cmap = ListedColormap(plt.get_cmap("Reds")(np.linspace(0.35, 1.0, 256)))
+    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap=cmap,
+                      norm=LogNorm(vmin=1, vmax=max(top, 2)), extent=(-0.5, width - 0.5, len(rows) - 0.5, -0.5),
+                      zorder=1)
+    for i, r in enumerate(rows):
         if r.damage_step is not None:
-            ax.axvline(r.damage_step, color="black", linestyle="--", linewidth=1, label="damage")
-        ax.set_title(f"{r.scenario.name} [{'ok' if r.ok else 'FAIL'}]", fontsize=9)
-        ax.set_xlabel("step", fontsize=8)
-        ax.set_ylabel("violations", fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    fig.suptitle("kv-canary: violations per step (dashed: the step the fault did its damage)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+            ax.plot([r.damage_step], [i], marker="v", color="black", markersize=6, zorder=3)
+        colour = "tab:green" if r.ok else "tab:red"
+        ax.text(width + 0.5, i, ("ok  " if r.ok else "FAIL  ") + r.note, va="center", fontsize=8, color=colour,
+                clip_on=False)
+    controls = sum(r.control for r in rows)
+    if controls and controls < len(rows):
+        ax.axhline(len(rows) - controls - 0.5, color="black", linewidth=1)
+    ax.set_yticks(range(len(rows)), [("control: " if r.control else "") + r.label for r in rows], fontsize=8)
+    ax.set_xlim(-0.5, width - 0.5)
+    ax.set_xlabel("engine step")
+    ax.set_title("kv-canary demo: violations per step per scenario (▼ the step the fault did its damage; "
+                 "controls, last, must stay silent)", fontsize=10)
+    fig.colorbar(image, ax=ax, label="violations in the step", pad=0.2, fraction=0.025)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 

@@ -349,40 +349,29 @@ def scenarios() -> list[TransformersScenario]:
     ]
 
 
-class _Metrics:
-    """Starts a CanaryMetrics for the manager once the run attached it (the first step's hook)."""
-
-    def __init__(self, manager, registry, scenario: str):
-        self.args, self.metrics = (manager, registry, scenario), None
-
-    def before_step(self, engine) -> None:
-        if self.metrics is None and self.args[1] is not None:
-            from .faults import _scenario_metrics
-            self.metrics = _scenario_metrics(*self.args)
-
-    def close(self) -> None:
-        if self.metrics is not None:
-            self.metrics.refresh()
-
-
 def run_scenario(sc: TransformersScenario, *, backend: Optional[str] = None, metrics_registry=None,
-                 **manager_kwargs) -> ScenarioResult:
+                 violations_jsonl=None, **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation."""
+    from .faults import scenario_listeners
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
     manager = CanaryManager(backend=backend, **kwargs)
+    # Before the run: the adapter attaches the manager when the run starts, and the listeners follow.
+    listeners = scenario_listeners(manager, sc.name, metrics_registry, violations_jsonl)
     fault = sc.make_fault()
-    metrics = _Metrics(manager, metrics_registry, sc.name)
-    canary, _ = run(manager, sc.workload, hooks=[metrics, fault])
-    metrics.close()
+    canary, _ = run(manager, sc.workload, hooks=[fault])
+    for x in listeners:
+        x.close()
     canary.check()
     return judge(sc, manager, fault)
 
 
-def run_clean(*, backend: Optional[str] = None, metrics_registry=None, **manager_kwargs):
+def run_clean(*, backend: Optional[str] = None, metrics_registry=None, violations_jsonl=None, **manager_kwargs):
     """A fault-free guarded run; returns (canary handle, outputs)."""
+    from .faults import scenario_listeners
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **manager_kwargs}
     manager = CanaryManager(backend=backend, **kwargs)
-    metrics = _Metrics(manager, metrics_registry, PREFIX + "clean")
-    canary, outputs = run(manager, hooks=[metrics])
-    metrics.close()
+    listeners = scenario_listeners(manager, PREFIX + "clean", metrics_registry, violations_jsonl)
+    canary, outputs = run(manager)
+    for x in listeners:
+        x.close()
     return canary, outputs

@@ -1,4 +1,4 @@
-"""CanaryConfig: SGLang's canary options, from its CLI flags and environment variables (SEMANTICS.md §9).
+"""CanaryConfig: SGLang's canary options, from its CLI flags and environment variables (docs/semantics.md §9).
 
 The names, values and defaults are SGLang's; every bad value is a ValueError naming the flag,
 variable or field. The environment is read once; `CanaryManager.from_config` maps a config onto a manager.
@@ -42,7 +42,7 @@ FALSE_WORDS = ("0", "false", "no", "n", "off")
 
 @dataclass(frozen=True)
 class CanaryConfig:
-    """The canary options of one engine, SGLang's defaults (SEMANTICS.md §9)."""
+    """The canary options of one engine, SGLang's defaults (docs/semantics.md §9)."""
     mode: str = "none"                      # --kv-canary: none (no canary), log or raise; "off" = "none"
     real_kv_data: str = "none"              # --kv-canary-real-data: none, partial or all
     sweep_interval: int = 0                 # --kv-canary-sweep-interval: steps between sweeps, 0 = no sweep

@@ -21,7 +21,7 @@ SNAPSHOT_DEPTH = 8  # write-index snapshots in flight before a drain waits for t
 
 
 class CanaryViolationError(RuntimeError):
-    """Raised in mode 'raise' by a drain that found rows: the text is every new row's report (SEMANTICS.md
+    """Raised in mode 'raise' by a drain that found rows: the text is every new row's report (docs/semantics.md
     §9) joined by newlines; `violations` holds those rows."""
 
     def __init__(self, message: str, violations: list[Violation]):

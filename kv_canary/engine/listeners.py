@@ -1,6 +1,9 @@
-"""What follows a canary's steps and drains: listeners (Prometheus metrics, the fleet decision).
-A listener has `after_step(step)` and `on_drain()`; one whose `takes_errors` is true also takes the
-raises of what it listens to (`defer(error)`) and runs after the others.
+"""What follows a canary's steps and drains: listeners (Prometheus metrics, the fleet decision, the
+JSON-lines violation sink). A listener has `after_step(step)` and `on_drain()`; optionally
+`on_violations(violations)` (the rows a drain decoded, in ring order) and `flush()` (a run ended:
+bring everything up to date now). One whose `takes_errors` is true also takes the raises of what it
+listens to (`defer(error)`) and runs after the others. A listener may be added before its canary is
+attached to an engine: it hears nothing until the engine runs.
 """
 from __future__ import annotations
 
@@ -32,9 +35,16 @@ class Listened:
             if getattr(x, "takes_errors", False):
                 x.after_step(step)
 
-    def notify_drain(self) -> None:
+    def notify_drain(self, violations=()) -> None:
         for x in self.listeners:
+            if violations and hasattr(x, "on_violations"):
+                x.on_violations(violations)
             x.on_drain()
+
+    def notify_flush(self) -> None:
+        for x in self.listeners:
+            if hasattr(x, "flush"):
+                x.flush()
 
     def raise_or_defer(self, error: Exception) -> None:
         decider = next((x for x in self.listeners if getattr(x, "takes_errors", False)), None)

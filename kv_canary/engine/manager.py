@@ -6,11 +6,15 @@ the forward (no fingerprint: the K/V bytes are not written yet), so a request th
 someone else just claimed fails its TAIL verify in the same step; TAIL writes store the real K/V
 fingerprint. What it needs from an engine is kv_canary.engine.contract (checked at attach).
 
-Every launch is bound once, at attach, over buffers the manager owns at fixed capacity; a step
-stages the batch into them (device copies), so a CUDA graph can capture `launch_head(batch)` and
-`tail(batch)` once `prepare(batch)` (host side) ran outside it. What it launches comes from the
+Every launch is bound at attach over buffers the manager owns; a step stages the batch into them
+(device copies), so a CUDA graph can capture `launch_head(batch)` and `tail(batch)` once
+`prepare(batch)` (host side) ran outside it. The per-request and per-token buffers follow the work,
+not the cache: their columns start at the context the engine has admitted so far (`initial_context`,
+at most the engine's max_ctx) and double on demand, in `on_tokens` and `prepare` (host side, outside
+any graph: a growth rebinds the launches, `resizes` counts them); per-step work is proportional to
+the batch and its contexts. What it launches comes from the
 schema: each launch tag's phase, K/V half and pool group, each input field's value source
-(SEMANTICS.md §8). SGLang's runtime surface (modes, stats line, health check: SEMANTICS.md §9) is
+(docs/semantics.md §8). SGLang's runtime surface (modes, stats line, health check: docs/semantics.md §9) is
 `from_config(CanaryConfig)`; metrics and the fleet decision attach as listeners (engine.listeners).
 """
 from __future__ import annotations
@@ -39,6 +43,8 @@ from .violations import Violation, ViolationGroup, group_cascades
 logger = logging.getLogger("kv_canary")
 
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
+# Context columns the per-request and per-token buffers start with (CanaryManager initial_context).
+INITIAL_CONTEXT = 256
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
            "KvLayout", "CanaryStats")
 
@@ -65,14 +71,17 @@ class _Group:
 class CanaryManager(Listened):
     """The canary of one engine. The plain constructor's defaults check everything (mode log, real-KV
     fingerprint ALL, expected tokens, V buffers, a sweep every 8 steps); `from_config` starts from
-    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface)."""
+    SGLang's defaults instead (docs/sglang-compat.md, Runtime surface). `initial_context`: the
+    context columns its per-request and per-token buffers start with (default INITIAL_CONTEXT, at most
+    the engine's max_ctx); they grow on demand (docs/attach-your-engine.md, "What the canary costs")."""
 
     def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
                  chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
                  fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
                  enable_write_input_assert: bool = False, enable_mha_v: bool = True,
-                 stats_print_every_n_steps: int = 0, request_inputs: Optional[Callable] = None):
+                 stats_print_every_n_steps: int = 0, request_inputs: Optional[Callable] = None,
+                 initial_context: Optional[int] = None):
         self.mode = parse_mode(mode, "mode")
         self.layer = layer if layer is not None else default_layer()
         self.L = self.layer.layout
@@ -81,6 +90,13 @@ class CanaryManager(Listened):
                                  ("keep_violations", keep_violations, 0),
                                  ("stats_print_every_n_steps", stats_print_every_n_steps, 0)):
             check_count(name, value, low)
+        if initial_context is not None:
+            check_count("initial_context", initial_context, 1)
+        # Context columns the per-request / per-token buffers start with (None: INITIAL_CONTEXT); they
+        # grow on demand up to the engine's max_ctx. An engine that captures CUDA graphs passes its
+        # max_ctx here, so that no growth moves a captured buffer.
+        self.initial_context = initial_context
+        self.resizes = 0
         self.check_verify_expected_token = bool(check_verify_expected_token)
         self.ring_capacity = ring_capacity
         self.sweep_interval = sweep_interval
@@ -214,15 +230,18 @@ class CanaryManager(Listened):
         self.chain_flag = A.allocate_chain_position_flag(device=dev, enabled=self.chain_position_assert)
         cfg = engine.cfg
         self.write_capacity = 1 << max(0, (cfg.max_running - 1).bit_length())  # padded batch size
-        self.req_pool = torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=dev)
+        self.max_ctx = int(cfg.max_ctx)
+        self.ctx_cols = min(self.max_ctx, self.initial_context or INITIAL_CONTEXT)
+        self.req_pool = torch.zeros((engine.req_rows, self.ctx_cols), dtype=torch.int32, device=dev)
         self._valid_len = [0] * engine.req_rows
+        self._unreported = False    # warned once: a batch row whose tokens the engine never reported
         self._block_table = slot_table_kind(engine) == "blocks"
-        self._slot_table = self._allocate_slot_table(engine, cfg)
+        self._slot_table = self._allocate_slot_table(engine, self.ctx_cols)
         pools = self._pools(engine)
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
         self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer (what the drain reads records from)
-        self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
+        self.groups = [self._make_group(name, pool, self._verify_capacity()) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
         self.ring_drain = RingDrain(self.L, ring=self.ring, write_index=self.write_index,
@@ -241,21 +260,24 @@ class CanaryManager(Listened):
             raise ValueError(f"kv-canary: request_inputs must be a function request -> {{field: int}}, got "
                              f"{self.request_inputs!r}")
 
-    def _allocate_slot_table(self, engine, cfg) -> torch.Tensor:
-        """The engine's slot table, or (block-table engine) the manager's own, refilled per batch."""
+    def _allocate_slot_table(self, engine, cols: int) -> torch.Tensor:
+        """The engine's slot table, or (block-table engine) the manager's own of `cols` positions,
+        refilled per batch."""
         if not self._block_table:
             return engine.req_to_token
-        cols = torch.arange(cfg.max_ctx, dtype=torch.int64, device=self.device)
-        self._block_col = cols // engine.block_size   # the block-table column of each position
-        self._block_off = cols % engine.block_size    # the position's offset in its block
-        return torch.zeros((engine.req_rows, cfg.max_ctx), dtype=torch.int32, device=self.device)
+        positions = torch.arange(cols, dtype=torch.int64, device=self.device)
+        self._block_col = positions // engine.block_size   # the block-table column of each position
+        self._block_off = positions % engine.block_size    # the position's offset in its block
+        return torch.zeros((engine.req_rows, cols), dtype=torch.int32, device=self.device)
 
     def _expand_block_table(self, batch) -> None:
-        """Slots of the batch's rows from the engine's block table, on the device (capturable)."""
+        """Slots of the batch's rows from the engine's block table, on the device (capturable); as
+        many positions as the engine's table holds blocks for (it may grow on demand too)."""
         e = self.engine
-        blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col]
-        slots = blocks * e.block_size + self._block_off
-        self._slot_table.index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
+        width = min(self.ctx_cols, int(e.req_to_block.shape[1]) * e.block_size)
+        blocks = e.req_to_block.index_select(0, batch.req_pool_indices).to(torch.int64)[:, self._block_col[:width]]
+        slots = blocks * e.block_size + self._block_off[:width]
+        self._slot_table[:, :width].index_copy_(0, batch.req_pool_indices, slots.to(torch.int32))
 
     def _make_group(self, name: str, pool: KvPoolView, verify_capacity: int) -> _Group:
         """The group's canary buffers and plans, and every launch it makes, validated and bound once
@@ -324,28 +346,37 @@ class CanaryManager(Listened):
     def _fixed(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.int64, device=self.device)
 
-    def _allocate_inputs(self, cfg, pools: dict) -> None:
-        """Every device input the manager itself passes to a launch, allocated once: steps refill
-        these in place (HostStaging), so a captured CUDA graph keeps reading the right addresses."""
+    def _verify_capacity(self) -> int:
+        """Verify entries of one step: no batch row reads more than ctx_cols prefix positions."""
+        return self.engine.cfg.max_running * self.ctx_cols
+
+    def _allocate_token_inputs(self) -> None:
+        """The per-token buffers (and the scatter's input): ctx_cols tokens per batch row."""
         fixed = self._fixed
-        # No request extends by more than max_ctx tokens in one step; padding rows add one each.
-        self.token_capacity = self.write_capacity * cfg.max_ctx
+        # No request extends by more than ctx_cols tokens in one step (prepare grows it first).
+        self.token_capacity = self.write_capacity * self.ctx_cols
+        # The write's input assert: what each batch token should be (no inputs when the assert is off).
+        names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
+        self._expected = {name: fixed(self.token_capacity) for name in names}
+        self._input_ids = fixed(self.token_capacity)
+        self._positions = fixed(self.token_capacity)
+        self._scatter_flat = fixed(self.ctx_cols)
+
+    def _allocate_inputs(self, cfg, pools: dict) -> None:
+        """Every device input the manager itself passes to a launch: steps refill these in place
+        (HostStaging), so a captured CUDA graph keeps reading the right addresses until a growth."""
+        fixed = self._fixed
         self._valid_lens = fixed(self.write_capacity)   # per batch row: valid expected tokens
         # Per batch row, per input field with a per-request value: what per_request verifies expect and
         # what request_input fields write.
         per_row = dict.fromkeys(self._per_request + list(self._request_fields))
         self._row_values = {name: fixed(self.write_capacity) for name in per_row}
-        # The write's input assert: what each batch token should be (no inputs when the assert is off).
-        names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
-        self._expected = {name: fixed(self.token_capacity) for name in names}
         # The batch, staged at every step: request rows beyond the batch are padding (row
         # REQ_POOL_IDX_PADDING, no prefix, no extend), tokens beyond it are never read.
         self._req_pool_indices = fixed(self.write_capacity)
         self._prefix_lens = fixed(self.write_capacity)
         self._extend_seq_lens = fixed(self.write_capacity)
-        self._input_ids = fixed(self.token_capacity)
-        self._positions = fixed(self.token_capacity)
-        self._scatter_flat = fixed(cfg.max_ctx)
+        self._allocate_token_inputs()
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
         sweep_cap = max(p.storage.num_slots for p in pools.values())
@@ -357,10 +388,12 @@ class CanaryManager(Listened):
         """Record a request's known token ids (prompt at admission, then sampled tokens)."""
         if not self.enabled or not tokens:
             return
-        n, cols = len(tokens), self.req_pool.shape[1]
-        if start < 0 or start + n > cols:
-            raise ValueError(f"kv-canary: on_tokens needs 0 <= start and start + len(tokens) <= max_ctx={cols}, "
-                             f"got start={start} len(tokens)={n}")
+        n = len(tokens)
+        if start < 0 or start + n > self.max_ctx:
+            raise ValueError(f"kv-canary: on_tokens needs 0 <= start and start + len(tokens) <= max_ctx="
+                             f"{self.max_ctx}, got start={start} len(tokens)={n}")
+        if start + n > self.ctx_cols:
+            self._grow(start + n)
         if start == 0:
             self._stage.upload([(tokens, self._scatter_flat), ([0, n], self._scatter_offsets),
                                 ([row], self._scatter_row)])
@@ -369,6 +402,35 @@ class CanaryManager(Listened):
             self._stage.upload([(tokens, self._scatter_flat)])
             self.req_pool[row, start:start + n].copy_(self._scatter_flat[:n])
         self._valid_len[row] = start + n
+
+    def _grow(self, needed: int) -> None:
+        """Columns for `needed` context positions (doubled, at most max_ctx): the per-request and
+        per-token buffers reallocated (the expected-token pool keeps its contents) and every launch
+        that reads them bound again. Host side only; runs on the cold path of a longer context."""
+        cols = min(self.max_ctx, max(needed, 2 * self.ctx_cols))
+        old = self.req_pool
+        self.ctx_cols = cols
+        self.req_pool = torch.zeros((old.shape[0], cols), dtype=old.dtype, device=self.device)
+        self.req_pool[:, :old.shape[1]].copy_(old)
+        if self._block_table:
+            self._slot_table = self._allocate_slot_table(self.engine, cols)
+        self._allocate_token_inputs()
+        A = self.alloc
+        for g in self.groups:
+            g.verify_plan = A.VerifyPlan.allocate(verify_capacity=self._verify_capacity(), device=self.device)
+            g.out_cache_loc = self._fixed(self.token_capacity)
+            g.token_inputs = {f.name: self._fixed(self.token_capacity) for f in self.L.INPUT_FIELDS}
+            g.launches["plan"] = g.launches["plan"].rebind(
+                verify_plan_out=g.verify_plan, req_to_token=self._slot_table, req_to_verify_expected_tokens=self.req_pool,
+                verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]))
+            for key, launch in list(g.launches.items()):
+                if key == "plan" or key[0] == SWEEP_PHASE:
+                    continue
+                g.launches[key] = launch.rebind(plan=g.verify_plan) if key[2] == "verify" else launch.rebind(
+                    input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
+                    extra_inputs=g.token_inputs, **self._expected)
+        self._scatter = self._scatter.rebind(flat_in=self._scatter_flat, pool_out=self.req_pool)
+        self.resizes += 1
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
@@ -381,10 +443,22 @@ class CanaryManager(Listened):
         if not self.enabled:
             return
         bs, n = batch.bs, int(batch.input_ids.shape[0])
-        if bs > self.write_capacity or n > self.token_capacity:
+        if bs > self.write_capacity or n > self.write_capacity * self.max_ctx:
             raise ValueError(f"kv-canary: a batch may hold at most {self.write_capacity} rows and "
-                             f"{self.token_capacity} tokens (fixed at attach), got {bs} rows and {n} tokens")
+                             f"{self.write_capacity * self.max_ctx} tokens (the engine's max_running and max_ctx), "
+                             f"got {bs} rows and {n} tokens")
         valid = [self._valid_len[r.row] if r is not None else 0 for r in batch.requests]
+        # A row's prefix and extend lie within its reported tokens plus this step's (drafts); a row whose
+        # tokens were never reported (on_tokens) could read anywhere: the engine's whole context.
+        unreported = any(r is not None and not self._valid_len[r.row] for r in batch.requests)
+        if unreported and not self._unreported:
+            self._unreported = True
+            warnings.warn("kv-canary: a batch row's tokens were never reported (manager.on_tokens at admission): "
+                          "the canary's tables are sized to the engine's whole max_ctx for it",
+                          CanaryCoverageWarning, stacklevel=2)
+        needed = self.max_ctx if unreported else max(valid, default=0) + n
+        if needed > self.ctx_cols:
+            self._grow(needed)
         self._stage.upload([(valid, self._valid_lens)] + [(values, self._row_values[name])
                                                           for name, values in self._per_row_values(batch).items()])
         self.monitor.forwards += 1
@@ -582,13 +656,22 @@ class CanaryManager(Listened):
         # ring_overflow: some row was ever dropped for lack of room.
         reports = [self.reporter.message(v, total_violations=st.total, ring_overflow=st.lost > 0,
                                          step_when_pumped=self.last_step) for v in found]
-        self.notify_drain()
+        self.notify_drain(found)
         if self.mode == "log":
             for text in reports:
                 logger.warning(text)
         elif self.mode == "raise":
             self.raise_or_defer(CanaryViolationError("\n".join(reports), found))
         return found
+
+    def flush(self) -> list[Violation]:
+        """The end of a run: drain, then every listener brings itself up to date (metrics read the
+        device counters, a JSON-lines sink flushes its file)."""
+        try:
+            return self.drain()
+        finally:   # mode raise: the listeners are brought up to date before the error leaves
+            if self.enabled and self.ring_drain is not None:
+                self.notify_flush()
 
     # -- reporting helpers ------------------------------------------------------------------
     def link_of(self, v: Violation) -> Optional[int]:

@@ -36,7 +36,9 @@ def _prometheus():
 
 
 class CanaryMetrics:
-    """Prometheus counters and a health gauge for `manager` (attach it to its engine first)."""
+    """Prometheus counters and a health gauge for `manager`, attached to its engine or not yet: the
+    metrics follow from the first step the engine runs (an engine integration such as
+    kv_canary.integrations.transformers attaches the manager only when a run starts)."""
 
     def __init__(self, manager, *, registry=None, prefix: str = "kv_canary", tp_rank: int = 0, pp_rank: int = 0,
                  dp_rank: int = 0, read_every: int = 1, labels: Optional[Mapping[str, str]] = None):
@@ -49,9 +51,6 @@ class CanaryMetrics:
         ranks = {"tp_rank": tp_rank, "pp_rank": pp_rank, "dp_rank": dp_rank}
         for name, value in [*ranks.items(), ("read_every", read_every)]:
             check_count(f"CanaryMetrics {name}", value, 1 if name == "read_every" else 0)
-        if manager.enabled and manager.engine is None:
-            raise ValueError("kv-canary: CanaryMetrics needs a CanaryManager attached to its engine "
-                             "(manager.attach(engine) first); this one is not attached")
         if manager.listener(CanaryMetrics) is not None:
             raise ValueError("kv-canary: this CanaryManager already has a CanaryMetrics; close() it first")
         self.manager = manager
@@ -78,6 +77,8 @@ class CanaryMetrics:
         self._pending: list[CounterSnapshot] = []
         manager.add_listener(self)
         self.on_drain()
+        if self._attached():   # made after steps ran: their totals now, not at the next step
+            self.refresh()
 
     # -- what the manager calls -----------------------------------------------------------------
     def on_drain(self) -> None:
@@ -91,16 +92,24 @@ class CanaryMetrics:
     def after_step(self, step: int) -> None:
         """Every `read_every` steps, copy the device counters (asynchronously); apply the copies that
         have landed, and the health check's latest verdict."""
-        if step % self.read_every == 0:
+        if step % self.read_every == 0 and self._attached():
             self._pending.append(self._snapshot())
         self._apply_pending(wait=False)
 
     def refresh(self) -> None:
         """Bring every metric up to the manager's totals now (waits for the device's counters)."""
         self.on_drain()
-        if self.manager.enabled:
+        if self._attached():
             self._pending.append(self._snapshot())
             self._apply_pending(wait=True)
+
+    def flush(self) -> None:
+        """The manager's run ended (CanaryManager.flush): the final totals, without waiting for a next step."""
+        self.refresh()
+
+    def _attached(self) -> bool:
+        """The manager runs on an engine (its device counters exist)."""
+        return self.manager.enabled and getattr(self.manager, "kernel_run_counters", None) is not None
 
     def close(self) -> None:
         """Stop updating (the metrics stay registered with their last values)."""
@@ -118,7 +127,8 @@ class CanaryMetrics:
             for tag, n in zip(self.tags, values):
                 self._advance(self.kernel_runs, n, launch_tag=tag)
             self._advance(self.protected_tokens, values[len(self.tags)])
-        self.healthy.labels(**self.labels).set(int(self.manager.monitor.healthy))
+        monitor = self.manager.monitor
+        self.healthy.labels(**self.labels).set(int(monitor.healthy) if monitor is not None else 1)
 
     def _advance(self, metric, total: int, **labels) -> None:
         """Bring one series up to `total` (a reading older than the last one adds nothing)."""

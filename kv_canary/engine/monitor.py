@@ -1,4 +1,4 @@
-"""The periodic host checks of a CanaryManager (SEMANTICS.md §9; their texts are SGLang's, which
+"""The periodic host checks of a CanaryManager (docs/semantics.md §9; their texts are SGLang's, which
 harnesses parse): the stats line every N steps, and the health check every HEALTH_CHECK_EVERY steps
 from step HEALTH_CHECK_FROM on. Both judge one asynchronous copy of the device counters taken at the
 cadence step (kv_canary.engine.staging), once it has landed: no step waits for the device, and a

@@ -1,4 +1,4 @@
-"""The violation report, a text that engines and their test harnesses parse (SEMANTICS.md §9; the
+"""The violation report, a text that engines and their test harnesses parse (docs/semantics.md §9; the
 stats line and the health-check error are kv_canary.engine.monitor's). What a row means comes from the
 layer's layout (phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
 """

@@ -111,7 +111,7 @@ class ViolationDecoder:
 
 
 def record_link(layout, words) -> int:
-    """The chain link (u64) of one canary record given as its int64 words (SEMANTICS.md §2)."""
+    """The chain link (u64) of one canary record given as its int64 words (docs/semantics.md §2)."""
     acc = layout.splitmix64(u64(words[layout.CANARY_CHAIN_LINK_WORD]))
     for w in layout.CANARY_CHAIN_FOLD_WORDS:
         acc = layout.splitmix64(acc ^ u64(words[w]))

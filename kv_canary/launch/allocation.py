@@ -48,7 +48,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class RealKvSource:
-        """Real K/V bytes folded into the fingerprint (SEMANTICS.md §4); validated on construction.
+        """Real K/V bytes folded into the fingerprint (docs/semantics.md §4); validated on construction.
 
         The first four fields are SGLang's (slots packed one after the other in a row of `tensor`).
         The others say where a slot's bytes lie when they are not packed (vLLM, FlashAttention,
@@ -79,7 +79,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class VerifyOrWriteContext:
-        """What one verify or write launch works on (SEMANTICS.md §3); the ring is shared by every launch."""
+        """What one verify or write launch works on (docs/semantics.md §3); the ring is shared by every launch."""
         canary_buf: torch.Tensor                    # uint8 [num_slots, stride]
         kernel_kind: layout.CanaryLaunchTag         # stamped into every violation row
         violation_ring: torch.Tensor                # int64 [ring_capacity, VIOLATION_FIELDS]
@@ -119,7 +119,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     VerifyPlan = dataclasses.make_dataclass(
         "VerifyPlan", [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
-        namespace={"__doc__": "Flat verify entries (SEMANTICS.md §5.2), sized to a fixed capacity.",
+        namespace={"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
                    "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",)),
                    "allocate": classmethod(allocate_verify_plan), "allocation_bytes": classmethod(verify_plan_bytes),
                    "zero_for_testing_": zero_verify_plan, "__module__": __name__},
@@ -145,7 +145,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     WritePlan = dataclasses.make_dataclass(
         "WritePlan", [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
-        namespace={"__doc__": "Per-request write ranges and chain seeds (SEMANTICS.md §5.1).",
+        namespace={"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1).",
                    "allocate": classmethod(allocate_write_plan), "allocation_bytes": classmethod(write_plan_bytes),
                    "zero_for_testing_": zero_write_plan, "__module__": __name__},
         frozen=True, slots=True, kw_only=True)
@@ -237,7 +237,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
     v.frozen_plans = {"VerifyPlan": VerifyPlan, "WritePlan": WritePlan}
-    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
+    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",  # = codegen ALLOCATOR_NAMES
              "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
              "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
     scope = locals()

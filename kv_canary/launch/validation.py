@@ -1,4 +1,4 @@
-"""Host-side validation of every launch (SEMANTICS.md §7), for one generated layer.
+"""Host-side validation of every launch (docs/semantics.md §7), for one generated layer.
 
 Every tensor of an operation is checked against its rule in the layer's generated kernel ABI
 (generated/kernel_abi.py OPERATIONS, rendered from the operation table codegen/operations.py):
@@ -164,7 +164,8 @@ class Validators:
                 ptr, n = t.data_ptr(), t.nbytes
                 ok = not ptr % align and t.storage_offset() * es + n <= t.untyped_storage().nbytes()
             if not ok:
-                self.refuse(rule, t, sizes, dev, device_of)  # raises, but for a valid non-contiguous tensor
+                self.refuse(rule, t, sizes, dev, device_of, self._binders(compiled, ts, rule))  # raises, but
+                # for a valid non-contiguous tensor
                 for (what, value, _), got in zip(rule.dims, t.shape):
                     if what == _BINDS:
                         sizes[value] = got
@@ -195,13 +196,42 @@ class Validators:
                 sizes[value] = got
         return True
 
-    def refuse(self, rule: _Rule, t: Any, sizes: dict, device, device_of: str) -> None:
-        """Raise the text of the first thing `t` breaks of `rule` (the checks one by one)."""
+    @staticmethod
+    def _binders(compiled, ts, rule: "_Rule") -> dict:
+        """symbol -> (argument, dimension, its rank) that bound it before `rule`: the first tensor given whose
+        rule binds it (what a size mismatch is a mismatch with). Only on the refusal path."""
+        found: dict = {}
+        for entry, t in zip(compiled, ts):
+            other = entry[-1]
+            if other is rule:
+                break
+            if t is None:
+                continue
+            for dim, (what, value, _) in enumerate(other.dims):
+                if what == _BINDS:
+                    found.setdefault(value, (other.name, dim, other.rank))
+        return found
+
+    def refuse(self, rule: _Rule, t: Any, sizes: dict, device, device_of: str, binders: Optional[dict] = None) -> None:
+        """Raise the text of the first thing `t` breaks of `rule` (the checks one by one); a size
+        that must match another argument's names that argument too."""
         shape = tuple(value if what == _EQUALS else sizes[value] + plus if what == _MATCHES else None
                       for what, value, plus in rule.dims)
         dims = dict(ndim=rule.rank) if all(d is None for d in shape) else dict(shape=shape)
-        self.check_tensor(rule.name, t, dtype=rule.dtype, device=device, device_of=device_of,
-                          contiguous=rule.contiguous, **dims)
+        matched = []
+        for dim, (what, value, plus) in enumerate(rule.dims):
+            if what == _MATCHES and (binders or {}).get(value) is not None:
+                other, other_dim, other_rank = binders[value]
+                size = f"the length of {other}" if other_rank == 1 else f"dimension {other_dim} of {other}"
+                mine = "its length" if rule.rank == 1 else f"dimension {dim}"
+                matched.append(f"{mine} must equal {size} ({sizes[value]}){f' + {plus}' if plus else ''}")
+        try:
+            self.check_tensor(rule.name, t, dtype=rule.dtype, device=device, device_of=device_of,
+                              contiguous=rule.contiguous, **dims)
+        except ValueError as e:
+            if matched and " must have shape " in str(e):
+                raise ValueError(f"{e}: {'; '.join(matched)}") from None
+            raise
         if rule.align:
             self.check_aligned(rule.name, t, rule.align, rule.words)
 
@@ -357,7 +387,7 @@ class Validators:
             raise TypeError(f"{self.prefix}{name} must be a bool, got {type(value).__name__}")
         return value
 
-    # -- real-KV sources (SEMANTICS.md §4) --------------------------------------------------------------
+    # -- real-KV sources (docs/semantics.md §4) --------------------------------------------------------------
     def check_real_kv_params(self, *, page_size: Any, num_bytes_per_token: Any, read_bytes: Any) -> None:
         """A source's integers (fixed once a RealKvSource is built), in SGLang's order (§4): checked
         before its tensor (check_real_kv_tensor)."""
@@ -693,7 +723,7 @@ class Validators:
     def check_plan_scalars(self, a: dict) -> None:
         """The window, the offset, the expected-token pool's pairing and the input-field mappings."""
         # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
-        # or without a window (SEMANTICS.md §5.3); only a window needs one.
+        # or without a window (docs/semantics.md §5.3); only a window needs one.
         window = self.check_fits("swa_window_size", self.check_int("swa_window_size", a["swa_window_size"]))
         if window > 0 and a["full_to_swa_index_mapping"] is None:
             raise ValueError(f"{self.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")

@@ -43,7 +43,7 @@ def test_write_matches_reference(any_layer):
 
 
 def test_verify_matches_reference(any_layer):
-    # Host backends append verify rows in entry order (SEMANTICS.md §5.2): the emulated launcher
+    # Host backends append verify rows in entry order (docs/semantics.md §5.2): the emulated launcher
     # re-stores a launch's rows sorted by entry, so rings (overflowing ones too) are exact.
     each_case(any_layer, "verify", scenarios.make_verify_case, ordered=True)
 

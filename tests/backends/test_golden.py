@@ -1,4 +1,4 @@
-"""Golden vectors of /work/shared/spec/vectors.json through the public API (default schema)."""
+"""Golden vectors of tests/spec/vectors.json (docs/semantics.md §10) through the public API (default schema)."""
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,4 @@
-"""Host backends (torch, emulated) reject indices that a bug detector must not hide (SEMANTICS.md
+"""Host backends (torch, emulated) reject indices that a bug detector must not hide (docs/semantics.md
 §5.3, §7): request rows outside req_to_token / pool_out and SWA indices outside the LUT raise a
 ValueError before anything is written. The kernels (what the cuda backend launches) cannot raise:
 they treat such a row as inactive or skipped and store PLAN_UNREADABLE_INDEX for such an index."""

@@ -48,7 +48,7 @@ def test_layout_and_allocation(any_layer):
 
 
 def _oor_verify(layer, *, ring_capacity: int, n: int, counts: bool = True):
-    """n verify entries whose slot lies past the buffer: n SLOT_OUT_OF_RANGE rows (SEMANTICS.md §8)."""
+    """n verify entries whose slot lies past the buffer: n SLOT_OUT_OF_RANGE rows (docs/semantics.md §8)."""
     alloc = _alloc(layer)
     ctx = alloc.allocate_context(num_slots=8, ring_capacity=ring_capacity, device="cpu", count_reasons=counts)
     plan = alloc.VerifyPlan.allocate(verify_capacity=n, device="cpu")

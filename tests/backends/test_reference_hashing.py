@@ -1,5 +1,5 @@
 """The reference's one splitmix64 on each of its three representations, against the golden vectors of
-SEMANTICS.md: a uint64 numpy array, a plain Python int (one lane) and 64-bit values packed at a 128-bit
+docs/semantics.md: a uint64 numpy array, a plain Python int (one lane) and 64-bit values packed at a 128-bit
 stride in one Python int (the write's lock-step chains), whose high halves may hold junk in their top
 31 bits (what the previous call leaves there)."""
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""Sentinels (SEMANTICS.md §5) and corruption scenarios: which bit fires on which slot.
+"""Sentinels (docs/semantics.md §5) and corruption scenarios: which bit fires on which slot.
 
 Built through the public launch API of each layer (default + example schemas); bits, columns and
-word indices come from the layer, expectations from SEMANTICS.md.
+word indices come from the layer, expectations from docs/semantics.md.
 """
 from __future__ import annotations
 

@@ -272,8 +272,8 @@ def test_generate_cli_on_an_unchanged_tree_reports_zero_written(tmp_path, capsys
 
 def test_schema_values_reach_the_model():
     schema = load_schema_text(SCHEMA.read_text(encoding="utf-8"))
-    assert schema.chain_head == 0xDE7FAE23A9A1B716  # SEMANTICS.md §2
-    assert schema.canary.record_bytes == 32  # SEMANTICS.md §3: four int64 words (any stride holds them)
+    assert schema.chain_head == 0xDE7FAE23A9A1B716  # docs/semantics.md §2
+    assert schema.canary.record_bytes == 32  # docs/semantics.md §3: four int64 words (any stride holds them)
     assert [f.offset for f in schema.canary.fields] == [0, 8, 16, 24]
 
 

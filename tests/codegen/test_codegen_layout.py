@@ -1,5 +1,5 @@
 """The generated layout follows the schema: a mutated schema (extra `epoch` input field, stride 64)
-and the golden-record hex dump in LAYOUT.md (checked against SEMANTICS.md's vectors.json)."""
+and the golden-record hex dump in LAYOUT.md (checked against tests/spec/vectors.json (docs/semantics.md §10))."""
 from __future__ import annotations
 
 from pathlib import Path

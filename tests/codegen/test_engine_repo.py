@@ -19,12 +19,13 @@ def installed(tmp_path_factory):
 ENGINE_STEP = """
 import json, torch
 import myengine._canary as canary                      # the generated package, imported as the engine's own
+from myengine._canary.allocators import VerifyPlan, WritePlan, allocate_context   # a module (schema-change.md)
 from kv_canary.engine.violations import ViolationDecoder
 
-alloc, api = canary.allocators, canary.api
-ctx = alloc.allocate_context(num_slots=64, ring_capacity=16, device="cpu", kernel_kind=canary.CanaryLaunchTag.TAIL_K_FULL)
-write_plan = alloc.WritePlan.allocate(write_req_capacity=4, device="cpu")
-verify_plan = alloc.VerifyPlan.allocate(verify_capacity=128, device="cpu")
+api = canary.api
+ctx = allocate_context(num_slots=64, ring_capacity=16, device="cpu", kernel_kind=canary.CanaryLaunchTag.TAIL_K_FULL)
+write_plan = WritePlan.allocate(write_req_capacity=4, device="cpu")
+verify_plan = VerifyPlan.allocate(verify_capacity=128, device="cpu")
 req_to_token = torch.zeros((4, 32), dtype=torch.int32)
 req_to_token[1, :6] = torch.arange(10, 16)
 

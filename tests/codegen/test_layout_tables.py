@@ -44,7 +44,7 @@ def test_the_layers_carries_are_the_schemas_violation_columns(generated):
 def test_one_unknown_sentinel(generated):
     layer, _ = generated
     header = (Path(layer.__file__).parent / "cuda" / "kv_canary_layout.cuh").read_text(encoding="utf-8")
-    # SEMANTICS.md §5: -1 = unknown (an expected token not checked, a prev or seed at the chain head).
+    # docs/semantics.md §5: -1 = unknown (an expected token not checked, a prev or seed at the chain head).
     assert layer.layout.UNKNOWN == kernel_abi(layer).UNKNOWN == UNKNOWN == -1
     assert "constexpr kvc_i64 UNKNOWN = -1LL;" in header
     assert "INPUT_EXPECTED_UNKNOWN" not in header

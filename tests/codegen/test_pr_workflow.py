@@ -25,6 +25,7 @@ from kv_canary.cli import main as kv_main
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_SHAPE = json.loads((ROOT / "codegen" / "diff.schema.json").read_text(encoding="utf-8"))
 CHECK_SHAPE = json.loads((ROOT / "codegen" / "check.schema.json").read_text(encoding="utf-8"))
+REPORT_SHAPE = json.loads((ROOT / "codegen" / "report.schema.json").read_text(encoding="utf-8"))
 
 
 def validate(doc: dict, shape: dict) -> None:
@@ -152,6 +153,24 @@ def test_init_writes_schema_config_tree_and_snippets(engine):
     assert [h["id"] for h in hooks] == [h["id"] for h in manifest]
     workflow = yaml.safe_load((engine / ".github" / "workflows" / "kv-canary.yml").read_text())
     assert workflow == yaml.safe_load((ROOT / "examples" / "kv-canary-workflow.yml").read_text())
+    # The generator's lock file is ignored, so committing the package (init's advice) leaves it out.
+    assert "/myengine/_canary/.kv-canary-generate.lock" in (engine / ".gitignore").read_text().splitlines()
+    assert (engine / "myengine" / "_canary" / ".kv-canary-generate.lock").exists()
+    assert ".kv-canary-generate.lock" not in git(engine, "ls-files")   # the fixture committed with `add -A`
+
+
+def test_init_keeps_an_existing_gitignore_and_pins_the_rev_it_is_given(engine, capsys):
+    (engine / ".gitignore").write_text("*.pyc")
+    assert kv_main(["init", "--force", "--package", "myengine/_canary", "--rev", "0123abc"]) == 0
+    out = capsys.readouterr().out
+    assert (engine / ".gitignore").read_text() == ("*.pyc\n# kv-canary: the generator's lock file (kv-canary generate "
+                                                    "takes it while it writes)\n/myengine/_canary/.kv-canary-generate.lock\n")
+    assert "git ls-remote https://github.com/kv-canary/kv-canary 0123abc" in out
+    assert yaml.safe_load((engine / ".pre-commit-config.yaml").read_text())["repos"][0]["rev"] == "0123abc"
+    steps = yaml.safe_load((engine / ".github" / "workflows" / "kv-canary.yml").read_text())["jobs"]["abi"]["steps"]
+    assert steps[1]["uses"] == "kv-canary/kv-canary@0123abc"
+    assert kv_main(["init", "--force", "--package", "myengine/_canary", "--rev", "0123abc"]) == 0
+    assert (engine / ".gitignore").read_text().count(".kv-canary-generate.lock") == 1
 
 
 def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
@@ -229,8 +248,35 @@ def test_config_errors_have_their_line_and_column(engine, capsys):
     assert err == ["kv-canary.yaml:1:12: error: kv-canary: config format must be 1, got '2' (written by a newer "
                    "kv-canary?)",
                    "kv-canary.yaml:3:5: error: a tree needs 'out'",
-                   "kv-canary.yaml:4:5: error: unknown key 'ot' in a tree; allowed: schema, out",
+                   "kv-canary.yaml:4:5: error: unknown key 'ot' in a tree (did you mean 'out'?); allowed: schema, out",
                    "3 errors"]
+
+
+def test_a_misspelled_config_key_gets_a_did_you_mean(engine, capsys):
+    (engine / "kv-canary.yaml").write_text("kv-canary: 1\nbase-branch: main\ntrees:\n"
+                                           "  - {schema: canary.yaml, out: myengine/_canary}\n")
+    assert kv_main(["check"]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "kv-canary.yaml:2:1: error: unknown key 'base-branch' in the kv-canary config (did you mean 'base_branch'?); "
+        "allowed: kv-canary, trees, base_branch")
+
+
+def test_check_and_describe_where_there_is_no_schema_say_what_to_do(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert kv_main(["check"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kernels.yaml:1:1: error: cannot read schema kernels.yaml: No such file or directory; without --schema")
+    assert "`kv-canary init` sets up a repository" in err and "--config" in err
+    assert kv_main(["describe"]) == 0
+    captured = capsys.readouterr()
+    assert "describing kv-canary's built-in schema" in captured.err and "# Canary ABI layout" in captured.out
+
+
+def test_describe_in_a_configured_repository_describes_its_schema(engine, capsys):
+    (engine / "canary.yaml").write_text((engine / "canary.yaml").read_text().replace("abi_version: 1", "abi_version: 7"))
+    assert kv_main(["describe"]) == 0
+    assert "abi_version **7**" in capsys.readouterr().out
 
 
 # -- abi-check (the pre-commit hook) and pr-report (the action) against the merge base ------------
@@ -264,6 +310,52 @@ def test_abi_check_compares_with_the_merge_base_of_the_default_branch(engine, ca
     capsys.readouterr()
     assert kv_main(["abi-check", "--base", "mian"]) == 1
     assert "git revision 'mian' does not exist" in capsys.readouterr().err
+
+
+def test_abi_check_and_pr_report_speak_json(engine, capsys, tmp_path, monkeypatch):
+    """--format json: one versioned object (codegen/report.schema.json) with the version that ran,
+    the base, each tree's verdict and its diff in the diff's own JSON shape."""
+    from kv_canary.codegen.version import kv_canary_version
+    _break(engine)
+    capsys.readouterr()
+    assert kv_main(["abi-check", "--format", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert (doc["command"], doc["verdict"], doc["exit_status"], doc["error"]) == \
+        ("abi-check", "breaking-without-bump", 2, None)
+    assert doc["kv_canary_version"] == kv_canary_version()
+    assert doc["base"]["revision"] == git(engine, "merge-base", "HEAD", "main").strip()
+    [tree] = doc["trees"]
+    assert (tree["schema"], tree["out"], tree["up_to_date"]) == ("canary.yaml", "myengine/_canary", None)
+    validate(tree["diff"], DIFF_SHAPE)
+    assert tree["diff"]["changes"][0]["path"] == "violation.stored_token"
+    assert kv_main(["abi-check", "--format", "json", "--base", "mian"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert doc["verdict"] == "error" and "'mian' does not exist" in doc["error"] and doc["trees"] == []
+    for key, value in pr_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    assert kv_main(["pr-report", "--format", "json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, REPORT_SHAPE)
+    assert (doc["command"], doc["verdict"], doc["trees"][0]["up_to_date"]) == ("pr-report", "breaking-without-bump", True)
+    assert (tmp_path / "runner" / "kv-canary-report.md").read_text().startswith("## kv-canary ABI report")
+
+
+def test_version_is_printed_and_recorded(engine, capsys):
+    from kv_canary.codegen.render import generator_sha256
+    from kv_canary.codegen.version import CHECKOUT_VERSION, kv_canary_version
+    with pytest.raises(SystemExit) as exc:
+        kv_main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out == f"kv-canary {kv_canary_version()} (generator {generator_sha256()[:12]})\n"
+    assert CHECKOUT_VERSION == yaml.safe_load("\n".join(
+        line for line in (ROOT / "pyproject.toml").read_text().splitlines() if line.startswith("version = ")
+    ).replace(" = ", ": "))["version"]
+    assert kv_main(["check", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    validate(doc, CHECK_SHAPE)
+    assert (doc["version"], doc["kv_canary_version"]) == (2, kv_canary_version())
 
 
 def test_abi_check_without_a_default_branch_passes_with_a_note(tmp_path, monkeypatch, capsys):
@@ -444,3 +536,21 @@ def test_run_time_messages_about_an_engine_tree_name_its_command(engine):
     with pytest.raises(ValueError, match=r"canary_write\.cu is missing .*; run `kv-canary generate`$"):
         read_source(layer, "cuda/canary_write.cu")
     assert kv_canary.generated.REGENERATE_COMMAND == "make generate"  # kv-canary's own checkout
+
+
+def test_abi_check_and_pr_report_outside_git_say_so(tmp_path, monkeypatch, capsys):
+    """Outside a git repository there is no base to compare with: both say why (not 'no default
+    branch' or 'new schema'), and a named --base is an error."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("GITHUB_BASE_REF", raising=False)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    (tmp_path / "kernels.yaml").write_text(BASE)
+    assert kv_main(["generate"]) == 0
+    capsys.readouterr()
+    assert kv_main(["abi-check"]) == 0
+    out = capsys.readouterr().out
+    assert f"{tmp_path} is not inside a git repository" in out and "no default branch" not in out
+    assert kv_main(["abi-check", "--base", "HEAD~1"]) == 1
+    assert f"--base HEAD~1: {tmp_path} is not inside a git repository" in capsys.readouterr().err
+    assert kv_main(["pr-report", "--comment", str(tmp_path / "c.md")]) == 0
+    assert f"No base revision: {tmp_path} is not inside a git repository" in capsys.readouterr().out

@@ -24,7 +24,7 @@ from kv_canary.cli import main as kv_main
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
 # The hook repository needs only what `pip install .` builds kv-canary from.
-HOOK_REPO_PATHS = ("pyproject.toml", "README.md", "kernels.yaml", ".pre-commit-hooks.yaml", "codegen", "generated",
+HOOK_REPO_PATHS = ("pyproject.toml", "README.md", "kernels.yaml", ".pre-commit-hooks.yaml", "codegen", "generated", "docs",
                    "kv_canary")
 PRE_COMMIT = """
 import os, sys

@@ -147,3 +147,74 @@ def test_without_transformers_the_section_says_how_to_get_it(tmp_path, capsys, m
     assert rc == 0
     assert "skipped: HF transformers is not installed: pip install 'kv-canary[transformers]' (or `make setup`)" in out
     assert "Skipped: HF transformers is not installed" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--backend", "cdua"], "--backend must be one of torch, cuda, emulated, got 'cdua' (did you mean 'cuda'?)"),
+    (["--device", "tpu"], "--device must be a torch device such as cpu or cuda, got 'tpu'"),
+    (["--out", "/proc/nope/x"], "--out /proc/nope/x: cannot write the report there"),
+])
+def test_demo_arguments_are_checked_before_anything_runs(argv, message, tmp_path, capsys, monkeypatch):
+    """A typo ends in an argparse error (exit 2) before the clean run starts, not in a traceback after it."""
+    from kv_canary.demo import faults
+    monkeypatch.setattr(faults, "run_clean", lambda *a, **k: pytest.fail("the clean run started"))
+    argv = argv if "--out" in argv else ["--out", str(tmp_path), *argv]
+    with pytest.raises(SystemExit) as exc:
+        demo.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_demo_on_cuda_without_a_gpu_says_so(tmp_path, capsys, monkeypatch):
+    import torch
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for argv in (["--device", "cuda"], ["--backend", "cuda"]):
+        with pytest.raises(SystemExit) as exc:
+            demo.main(["--out", str(tmp_path), *argv])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "cuda" in err and ("use --device cpu" in err or "use torch or emulated" in err)
+
+
+def test_the_chart_has_one_row_per_scenario_controls_last(tmp_path):
+    """The chart is one glance: a row per scenario (steps across), the latency beside each detected
+    one, the controls grouped after them and said to be silent."""
+    from PIL import Image
+
+    from kv_canary.demo import faults, report
+    chosen = {s.name: s for s in faults.scenarios()}
+    runs = [faults.run_scenario(chosen[name]) for name in
+            ("stale_transfer/default_schema", "out_of_range_slot", "wrong_token_at_chunk_boundary")]
+    rows = report.chart_rows(runs)
+    assert [r.label for r in rows] == ["out_of_range_slot", "wrong_token_at_chunk_boundary",
+                                       "stale_transfer/default_schema"]
+    assert [r.control for r in rows] == [False, False, True]
+    for r, run in zip(rows, [runs[1], runs[2], runs[0]]):
+        assert len(r.counts) == run.scenario.steps and sum(r.counts) == run.violations
+    late = runs[2].first.step - runs[2].damage_step
+    assert late == runs[2].scenario.expect.delay == 1
+    assert rows[0].note == "detected, latency 0 steps" and rows[1].note == "detected, latency 1 step"
+    assert rows[2].note == "silent" and rows[2].damage_step is not None
+    png = report.write_chart(runs, tmp_path / "chart.png")
+    width, height = Image.open(png).size
+    assert width > height   # one panel, rows stacked, not a grid of small panels
+
+
+def test_demo_writes_every_violation_as_a_json_line(tmp_path, capsys):
+    import json
+    target = tmp_path / "v.jsonl"
+    rc = demo.main(["--steps", "12", "--out", str(tmp_path), "--only", "out_of_range_slot",
+                    "--only", "stale_transfer/default_schema", "--violations-jsonl", str(target)])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"violations as JSON lines: {target}" in out
+    objs = [json.loads(line) for line in target.read_text().splitlines()]
+    by_scenario = {}
+    for o in objs:
+        by_scenario.setdefault(o["labels"]["scenario"], []).append(o)
+    assert set(by_scenario) == {"out_of_range_slot"}   # the clean run and the control are silent
+    row = next(line for line in out.splitlines() if line.startswith("[ok] out_of_range_slot"))
+    assert len(by_scenario["out_of_range_slot"]) == int(row.split()[3])
+    assert "slot_out_of_range" in {o["fail_reason"] for o in objs}
+    with pytest.raises(SystemExit):
+        demo.main(["--out", str(tmp_path), "--violations-jsonl", str(tmp_path), "--steps", "1"])
+    assert "--violations-jsonl" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""CanaryConfig (SEMANTICS.md §9): SGLang's option names, values and defaults, from flags and the
+"""CanaryConfig (docs/semantics.md §9): SGLang's option names, values and defaults, from flags and the
 environment, every bad value's error, and how a config maps onto a CanaryManager."""
 from __future__ import annotations
 

@@ -100,7 +100,7 @@ def test_a_health_failure_on_one_rank_raises_on_every_rank(four):
     assert [r["step"] for r in raised] == [101] * 4
     stalled = L.launch_tag("tail", "k", "full").name   # V is not checked in these runs
     assert f"rank 3: health check failed at step=100 for tags=[{stalled}]" in raised[0]["text"]
-    # Rank 3's error also carries its own health-check text (SEMANTICS.md §9).
+    # Rank 3's error also carries its own health-check text (docs/semantics.md §9).
     assert f"kernel_run_counter did not increase since previous check for tags=[{stalled}] at step=100" \
         in raised[3]["text"]
 

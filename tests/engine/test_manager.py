@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import os
 
@@ -51,7 +52,7 @@ def test_raise_mode_names_the_first_violation():
     err = info.value
     first = err.violations[0]
     assert first.launch_tag == "HEAD_K_FULL" and first.reasons == ("SLOT_OUT_OF_RANGE",)
-    # One report of 7 lines per row (SEMANTICS.md §9), in ring order, drained at the damage step.
+    # One report of 7 lines per row (docs/semantics.md §9), in ring order, drained at the damage step.
     lines = str(err).split("\n")
     assert len(lines) == 7 * len(err.violations)
     assert lines[0::7] == [v.log_line() for v in err.violations]
@@ -136,3 +137,38 @@ def test_grouping_puts_the_root_first():
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         CanaryManager(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["slot_reuse_while_referenced", "stale_transfer/owner_epoch", "off_by_one_after_spec"])
+def test_tables_follow_the_work_and_growth_changes_nothing(name):
+    """Per-request and per-token tables start at `initial_context` columns and grow on demand (the
+    launches rebound) to what the longest context needs, never to the engine's max_ctx; the canary
+    then sees exactly what one with tables sized to max_ctx sees."""
+    sc = SCENARIOS[name]
+    layer = faults.owner_epoch_layer() if sc.layer == "owner_epoch" else None
+    cfg = dataclasses.replace(sc.sim, max_ctx=512)   # a cache far longer than any request here
+    runs = []
+    for initial in (2, 512):
+        m = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, enable_write_input_assert=True,
+                          initial_context=initial, **sc.manager)
+        e = Engine(cfg, canary=m, hooks=[sc.make_fault()])
+        logging.getLogger("kv_canary").setLevel(logging.ERROR)
+        e.run(sc.steps)
+        m.drain()
+        runs.append((m, e))
+    (grown, engine), (sized, _) = runs
+    longest = max(len(r.tokens) for r in engine.finished + engine.running)
+    assert grown.resizes > 0 and sized.resizes == 0
+    assert longest <= grown.ctx_cols < 4 * (longest + cfg.max_running * cfg.chunk_size) < 512 == sized.ctx_cols
+    assert grown.req_pool.shape[1] == grown.ctx_cols and grown.token_capacity == grown.write_capacity * grown.ctx_cols
+    assert grown.violations == sized.violations and grown.stats.total == sized.stats.total > 0
+    assert grown.kernel_runs == sized.kernel_runs
+
+
+def test_a_row_whose_tokens_were_never_reported_gets_the_whole_context():
+    m = CanaryManager(mode="log", initial_context=2)
+    e = Engine(faults.BASE, canary=m)
+    m.on_tokens = lambda *a, **k: None      # an engine that skips the protocol's on_tokens
+    with pytest.warns(UserWarning, match="tokens were never reported"):
+        e.run(3)
+    assert m.ctx_cols == faults.BASE.max_ctx

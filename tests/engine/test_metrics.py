@@ -81,10 +81,31 @@ def test_a_scrape_during_a_run_equals_the_managers_totals(caplog):
         assert_scrape_matches(got, want)
 
 
+def test_metrics_made_before_the_engine_attaches_follow_its_run(caplog):
+    """An engine integration attaches its manager when a run starts: metrics made before that follow
+    the run from its first step, and after it read the manager's totals without a refresh()."""
+    sc = SCENARIOS["late_write/bytes"]
+    registry = CollectorRegistry()
+    m = CanaryManager(mode="log", sweep_interval=0)
+    CanaryMetrics(m, registry=registry, prefix="early")
+    server = serve_metrics(0, registry=registry)
+    try:
+        assert scrape(server.url)[("early_kernel_runs_total", (("dp_rank", "0"), ("launch_tag", "HEAD_K_FULL"),
+                                                               ("pp_rank", "0"), ("tp_rank", "0")))] == 0
+        engine = Engine(sc.sim, canary=m, hooks=[sc.make_fault()])
+        with caplog.at_level(logging.ERROR, logger="kv_canary"):
+            for _ in range(24):
+                engine.step()
+            m.flush()
+        got = scrape(server.url)
+    finally:
+        server.close()
+    assert m.kernel_runs > 0 and m.stats.total > 0
+    assert_scrape_matches(got, expected_samples(m, "early", {"tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}))
+
+
 def test_bad_arguments_are_named():
     m = CanaryManager(mode="log")
-    with pytest.raises(ValueError, match="attached to its engine"):
-        CanaryMetrics(m, registry=CollectorRegistry())
     Engine(faults.BASE, canary=m)
     for kwargs, text in (({"prefix": "9lives"}, "prefix must be a Prometheus metric name"),
                          ({"tp_rank": -1}, "tp_rank must be an int >= 0, got -1"),

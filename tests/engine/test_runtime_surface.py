@@ -1,4 +1,4 @@
-"""SGLang's runtime surface on a real CanaryManager (SEMANTICS.md §9): each row reported once across
+"""SGLang's runtime surface on a real CanaryManager (docs/semantics.md §9): each row reported once across
 drains, the overflow footer, the raise text, the stats line's cadence and values, the health check,
 the V-half gate and the write input assert."""
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_stats_line_every_n_steps_never_at_step_zero(swa, caplog):
             protected[engine.step_no - 1] = int(m.slot_run_counter[0])
     groups = 2 if swa else 1
     # Sweeps run at steps s with s % 3 == 2, so by step S there were (S + 1) // 3; 3 phases x 2
-    # halves per pool group; the default schema's 12 launch tags (SEMANTICS.md §3).
+    # halves per pool group; the default schema's 12 launch tags (docs/semantics.md §3).
     assert _stats_lines(caplog) == [
         f"[canary] step={s} protected_tokens={protected[s]} sweep_passes={(s + 1) // 3} violations=0 "
         f"launch_tags_active={6 * groups}/12" for s in (4, 8, 12)]

@@ -1,4 +1,4 @@
-"""The multi-line violation report of SEMANTICS.md §9, pinned line by line.
+"""The multi-line violation report of docs/semantics.md §9, pinned line by line.
 
 Rows are built from values set here; every expected line is written out from §9's format. A
 mutated schema (a sweep tag renamed, FailReason bits renumbered) proves the report reads the tag's

@@ -95,3 +95,23 @@ def test_bad_allocator_arguments_are_named():
     with pytest.raises(TypeError, match=r"^kv-canary: RealKvSource.page_size must be an int, got bool$"):
         kv_canary.RealKvSource(tensor=torch.zeros((2, 64), dtype=torch.uint8), page_size=True,
                                num_bytes_per_token=32, read_bytes=16)
+
+
+def test_allocators_is_a_module_of_the_layer(any_layer):
+    """`from <layer>.allocators import allocate_context` (docs/schema-change.md §7): a module whose
+    names are the runtime's allocators for that layer, the same whichever way they are reached."""
+    import importlib
+    import types
+
+    module = importlib.import_module(f"{any_layer.__name__}.allocators")
+    assert isinstance(module, types.ModuleType) and any_layer.allocators is module
+    runtime = kv_canary.runtime_for(any_layer).allocators
+    assert sorted(module.__all__) == sorted(runtime.__all__)
+    scope: dict = {}
+    exec(f"from {any_layer.__name__}.allocators import *", scope)
+    for name in runtime.__all__:
+        assert scope[name] is getattr(runtime, name) is getattr(module, name)
+    ctx = module.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
+    assert ctx.canary_buf.shape[0] == 8
+    with pytest.raises(AttributeError, match="has no attribute 'allocate_nothing'"):
+        module.allocate_nothing

@@ -29,7 +29,7 @@ SGLANG_PARAMS = {
                                    "req_to_verify_expected_tokens_valid_lens", "kv_token_id_vs_position_offset"),
     "scatter_req_token_ids": ("flat_in", "offsets", "req_pool_indices", "pool_out"),
 }
-# SEMANTICS.md §8: the keyword each launch gains when the schema declares the matching input fields.
+# docs/semantics.md §8: the keyword each launch gains when the schema declares the matching input fields.
 FIELD_KEYWORD = {"launch_canary_write_kernel": "extra_inputs", "launch_canary_verify_kernel": "extra_slot_tables",
                  "launch_canary_plan_kernels": "extra_request_values"}
 KIND = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
@@ -71,7 +71,7 @@ def test_sglang_names_are_exported():
     assert kv_canary.launch_canary_write_kernel is kv_canary.generated.api.launch_canary_write_kernel
 
 
-# -- signatures (SEMANTICS.md §8: field keywords only where the schema declares fields) -----------------
+# -- signatures (docs/semantics.md §8: field keywords only where the schema declares fields) -----------------
 def test_signatures_follow_the_schema(any_layer):
     api = api_of(any_layer)
     declared = declared_keywords(any_layer)

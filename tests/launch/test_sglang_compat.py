@@ -1,7 +1,7 @@
 """SGLang parity (docs/sglang-compat.md): calls SGLang accepts that kv-canary handles the same way,
 and the deviations of the ledger that no other test pins.
 
-Expected values are written out by hand from small tables (SEMANTICS.md §5.3, §5.4) or from
+Expected values are written out by hand from small tables (docs/semantics.md §5.3, §5.4) or from
 SGLang's own definitions; they never come from running kv-canary.
 """
 from __future__ import annotations
@@ -53,7 +53,7 @@ def writes(wp, bs: int) -> dict:
             "reqs": int(wp.write_num_valid_reqs[0])}
 
 
-# -- a LUT without a window (SEMANTICS.md §5.3) ---------------------------------------------
+# -- a LUT without a window (docs/semantics.md §5.3) ---------------------------------------------
 # Row 0 is the padding row; full-pool slots in rows 1 and 2 (-1 passes through any translation).
 R2T = [[0, 0, 0, 0], [3, 5, 7, 9], [2, -1, 6, 8]]
 LUT = torch.tensor([0, 90, 81, 72, 63, 54, 45, 36, 27, 18], dtype=torch.int64)   # full slot s -> LUT[s]

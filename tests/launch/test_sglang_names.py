@@ -79,7 +79,7 @@ def test_launch_signatures_are_sglangs(default_layer):
 
 
 def test_entries_stage_takes_the_schemas_field_keywords():
-    """A schema that verifies per-request fields (SEMANTICS.md §8) hands their values and output
+    """A schema that verifies per-request fields (docs/semantics.md §8) hands their values and output
     arrays to the entries stage; the offsets stage never sees them."""
     api = generate_layer(OWNER_EPOCH).api
     params = tuple(inspect.signature(api.launch_plan_entries_kernel).parameters)

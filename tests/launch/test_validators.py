@@ -1,4 +1,4 @@
-"""Validators: every SEMANTICS.md §7 text exactly, and clear errors for wrong dtype/rank/device/length."""
+"""Validators: every docs/semantics.md §7 text exactly, and clear errors for wrong dtype/rank/device/length."""
 from __future__ import annotations
 
 import dataclasses
@@ -113,7 +113,9 @@ def test_swa_index_text_and_nothing_written():
 def test_wrong_dtype_rank_length_and_type():
     with raises(TypeError, P + "input_ids must have dtype torch.int64, got torch.int32"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(input_ids=torch.zeros(3, dtype=torch.int32)))
-    with raises(ValueError, P + "positions must have shape (3,), got (4,)"):
+    # A length mismatch between two arguments names both (the second is not the only one that may be wrong).
+    with raises(ValueError, P + "positions must have shape (3,), got (4,): its length must equal the length of "
+                                "input_ids (3)"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(positions=torch.zeros(4, dtype=torch.int64)))
     with raises(ValueError, P + "input_ids must be 1-D, got shape (3, 1)"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(input_ids=torch.zeros((3, 1), dtype=torch.int64)))
@@ -130,7 +132,8 @@ def test_wrong_dtype_rank_length_and_type():
     with raises(ValueError, P + "req_pool_indices holds 3 requests but write_plan_out.write_req_capacity is 2"):
         kv_canary.launch_canary_plan_kernels(**plan_kwargs(req_pool_indices=torch.tensor([1, 2, 0]),
                                                            prefix_lens=torch.tensor([1, 1, 1])))
-    with raises(ValueError, P + "offsets must have shape (3,), got (2,)"):
+    with raises(ValueError, P + "offsets must have shape (3,), got (2,): its length must equal the length of "
+                                "req_pool_indices (2) + 1"):
         kv_canary.scatter_req_token_ids(flat_in=torch.zeros(4, dtype=torch.int64), offsets=torch.zeros(2, dtype=torch.int64),
                                         req_pool_indices=torch.tensor([1, 2]), pool_out=torch.zeros((3, 4), dtype=torch.int32))
     tags = ", ".join(f"{t.name}={int(t)}" for t in kv_canary.CanaryLaunchTag)
@@ -150,7 +153,7 @@ def test_wrong_device_is_named():
 
 
 def test_extra_keywords_rejected_for_default_schema():
-    # The public functions of the default schema have no such keyword (SEMANTICS.md §8); the Runtime
+    # The public functions of the default schema have no such keyword (docs/semantics.md §8); the Runtime
     # behind them (what the manager calls) accepts the mappings and validates them.
     with pytest.raises(TypeError, match="unexpected keyword argument 'extra_inputs'"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(extra_inputs={}))
@@ -191,6 +194,7 @@ def test_mutated_schema_messages_and_extra_keywords(epoch_layer):
     with raises(TypeError, P + "extra_inputs['epoch'] must have dtype torch.int64, got torch.int32"):
         rt.launch_canary_write_kernel(**kw, extra_inputs={"epoch": t.to(torch.int32)})
     vplan = alloc.VerifyPlan.allocate(verify_capacity=2, device="cpu")
-    with raises(ValueError, P + "extra_slot_tables['epoch'] must have shape (8,), got (2,)"):
+    with raises(ValueError, P + "extra_slot_tables['epoch'] must have shape (8,), got (2,): its length must equal "
+                                "dimension 0 of canary_buf (8)"):
         rt.launch_canary_verify_kernel(context=ctx, plan=vplan, check_verify_expected_token=False,
                                        extra_slot_tables={"epoch": t})

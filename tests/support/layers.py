@@ -16,8 +16,9 @@ from kv_canary.layer import schemas as layers
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
 EXAMPLE_SCHEMAS = sorted(layers.SCHEMAS_DIR.glob("*.yaml"))
-# The behaviour contract lives beside the checkout (../shared/spec), as in CI; override for other layouts.
-SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT.parent / "shared" / "spec"))
+# The golden vectors of docs/semantics.md §10 live in the repository (tests/spec/vectors.json);
+# KV_CANARY_SPEC_DIR points the tests at another copy (e.g. a newer contract's).
+SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT / "tests" / "spec"))
 
 
 def scratch_dir(prefix: str) -> Path:
@@ -56,11 +57,11 @@ def sglang_schema_text() -> str:
 
 
 def load_vectors() -> dict:
-    """SEMANTICS.md's golden vectors; a missing file is an error, never a silent skip."""
+    """The golden vectors (docs/semantics.md §10); a missing file is an error, never a silent skip."""
     path = SPEC_DIR / "vectors.json"
     if not path.is_file():
-        raise FileNotFoundError(f"golden vectors not found at {path}: put the spec beside the checkout "
-                                f"(../shared/spec) or set KV_CANARY_SPEC_DIR")
+        raise FileNotFoundError(f"golden vectors not found at {path}: tests/spec/vectors.json is part of the "
+                                f"checkout; KV_CANARY_SPEC_DIR names another directory holding vectors.json")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

@@ -1,4 +1,4 @@
-"""Independent scalar oracle of the kernels (SEMANTICS.md §2-§8): write, verify, plan and its two
+"""Independent scalar oracle of the kernels (docs/semantics.md §2-§8): write, verify, plan and its two
 stages (SGLang's launch_plan_offsets_kernel / launch_plan_entries_kernel), scatter, in plain Python ints.
 
 It reads only numbers from the generated layer (word indices, fold order, bits, columns,
@@ -161,7 +161,7 @@ class Oracle:
 
     @staticmethod
     def strided_bytes(src, slot: int, n: int, cache: dict, k: int) -> bytes:
-        """The first n logical bytes of `slot` in a source with a layout (SEMANTICS.md §4 as RealKvSource
+        """The first n logical bytes of `slot` in a source with a layout (docs/semantics.md §4 as RealKvSource
         documents it), byte by byte from the tensor's storage: logical byte b is byte b % head of head
         b // head (head = num_bytes_per_token / num_heads), which is byte i % chunk_bytes of the head's
         chunk i // chunk_bytes (one chunk when chunk_bytes is 0)."""
@@ -320,7 +320,7 @@ class Oracle:
         r2t = req_to_token.tolist()
         rows = len(r2t)
         max_ctx = req_to_token.shape[1]
-        # A given LUT translates every slot, window or not (SEMANTICS.md §5.3).
+        # A given LUT translates every slot, window or not (docs/semantics.md §5.3).
         lut = full_to_swa_index_mapping.tolist() if full_to_swa_index_mapping is not None else None
         pool = req_to_verify_expected_tokens.tolist() if req_to_verify_expected_tokens is not None else None
         valid = req_to_verify_expected_tokens_valid_lens.tolist() if pool is not None else None

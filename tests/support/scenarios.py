@@ -407,7 +407,7 @@ def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_
     window = rng.choice((0, 0, rng.randint(1, 16)))
     lut = None
     # Every SWA plan has a LUT, and so do 30% of the full-attention ones (about 1 plan case in 5):
-    # a given LUT translates every slot, window or not (SEMANTICS.md §5.3).
+    # a given LUT translates every slot, window or not (docs/semantics.md §5.3).
     if window or rng.random() < LUT_WITHOUT_WINDOW_ODDS:
         lut = _i64(rng.randrange(-1, num_slots) if rng.random() < 0.05 else rng.randrange(1, num_slots)
                    for _ in range(num_slots))
@@ -436,7 +436,7 @@ def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_
 
 
 def lut_without_window(case: dict) -> bool:
-    """A plan case whose LUT translates without a window (SEMANTICS.md §5.3)."""
+    """A plan case whose LUT translates without a window (docs/semantics.md §5.3)."""
     return case["full_to_swa_index_mapping"] is not None and case["swa_window_size"] <= 0
 
 
@@ -472,7 +472,7 @@ def plan_stages(layer, case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
     keywords of launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan
     arrays and `scratch` (the verify offsets, at least bs + 1 int64). The mapping is the kernel
     backends' own (the layer's kernel_abi.plan_stage_args); the per-request field keywords only where
-    the schema has such fields, as in the public stage signatures (SEMANTICS.md §8)."""
+    the schema has such fields, as in the public stage signatures (docs/semantics.md §8)."""
     from kv_canary.layer.sources import kernel_abi
     extra = case.get("extra_request_values") or {}
     offsets, entries = kernel_abi(layer).plan_stage_args(dict(case, extra_request_values=extra), scratch)

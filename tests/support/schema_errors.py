@@ -229,6 +229,13 @@ CASES = (
           ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch, "
            "verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMATCH}}\n")],
          ("26:104: error: field 'epoch' verify fail_reason 'VERIFY_EPOCH_MISMATCH' is not a FailReason member",)),
+    Case("input_misspelled_fail_reason", "A verified input field misspells a declared FailReason bit.",
+         [("slot_stride_bytes: 32", "slot_stride_bytes: 40"),
+          ("role: kv_fingerprint}\n", "role: kv_fingerprint}\n      - {name: epoch, role: input, source: allocation_epoch, "
+           "verify: {expected: per_slot, fail_reason: VERIFY_EPOCH_MISMACH}}\n"),
+          ("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")],
+         ("26:104: error: field 'epoch' verify fail_reason 'VERIFY_EPOCH_MISMACH' is not a FailReason member "
+          "(did you mean 'VERIFY_EPOCH_MISMATCH'?)",)),
     Case("verify_on_non_input", "Only input fields can be verified.",
          [("{name: token, role: token}", "{name: token, role: token, verify: {expected: per_slot, fail_reason: "
            "VERIFY_TOKEN_MISMATCH}}")],
@@ -350,10 +357,10 @@ CASES = (
          [('"seed of every ', '"seed of every \x1b[31m')],
          ("11:83: error: control character U+001B is not allowed in a schema",)),
     Case("yaml_bidi_comment", "Trojan Source: a right-to-left override in a comment reorders what a reviewer sees.",
-         [("# Texts of SEMANTICS.md", "# Texts of \u202eSEMANTICS.md")],
+         [("# Texts of docs/semantics.md", "# Texts of \u202edocs/semantics.md")],
          ("73:12: error: bidirectional control character U+202E is not allowed in a schema (it makes text display in a different order than it is read)",)),
     Case("yaml_line_separator", "U+2028 is a line break to YAML but not to editors: every later line number would be off.",
-         [("# Texts of SEMANTICS.md", "# Texts of\u2028SEMANTICS.md")],
+         [("# Texts of docs/semantics.md", "# Texts of\u2028docs/semantics.md")],
          ("73:11: error: line break U+2028 is not allowed in a schema; use a plain newline",)),
     Case("injection_field_name", "Code injection through a field name is rejected as an invalid identifier.",
          [("{name: token, role: token}", '{name: "token = 0; import os  #", role: token}')],

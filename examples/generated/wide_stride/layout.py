@@ -36,7 +36,7 @@ REAL_KV_PARTIAL_READ_BYTES = 16  # bytes read per source in PARTIAL mode
 REAL_KV_LOAD_ALIGN_BYTES = 16  # vector load width; read sizes and row strides are multiples of it
 # HEAD = splitmix64(CANARY_CHAIN_ANCHOR): the expected chain link of a chain's first slot.
 CANARY_CHAIN_HEAD = 0xE220A8397B1DCDAF
-# SEMANTICS.md §5's "unknown": an expected token or input value that is not checked, and a prev
+# docs/semantics.md §5's "unknown": an expected token or input value that is not checked, and a prev
 # slot or write seed that is the chain head.
 UNKNOWN = -1
 
@@ -64,7 +64,7 @@ CANARY_CHAIN_FOLD_NAMES = ("position", "token", )
 
 @dataclass(frozen=True)
 class InputField:
-    """A schema-declared record field with role `input` (SEMANTICS.md §8)."""
+    """A schema-declared record field with role `input` (docs/semantics.md §8)."""
     name: str
     word: int
     chained: bool
@@ -192,7 +192,7 @@ WRITE_REASON_BITS = 12  # raised only by write launches
 TOKEN_REASON_BITS = 10  # checks of a token id against an expected one (reports print the expected token)
 
 
-# -- run-time error texts (SEMANTICS.md §7), the schema's values already in them --------------
+# -- run-time error texts (docs/semantics.md §7), the schema's values already in them --------------
 MESSAGE_PREFIX = 'kv-canary: '
 MESSAGES = {
     'real_kv_page_size': 'RealKvSource.page_size must be >= 1, got {page_size}',
@@ -224,7 +224,7 @@ def fail(key: str, **values) -> ValueError:
     return ValueError(message(key, **values))
 
 
-# -- hashing (SEMANTICS.md §2), on Python ints ----------------------------------------------
+# -- hashing (docs/semantics.md §2), on Python ints ----------------------------------------------
 MASK64 = (1 << 64) - 1
 
 

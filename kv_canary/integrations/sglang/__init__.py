@@ -8,7 +8,9 @@ set, it checks the SGLang version and the generated layer, replaces SGLang's fou
 (and its `use_torch_reference`, so that SGLang's CUDA-graph guard asks the launchers that run)
 through SGLang's `HookRegistry` (`HookType.REPLACE`), and logs one line. With
 `KV_CANARY_SGLANG_METRICS_PORT` set, each canary manager's counters are served for Prometheus on
-127.0.0.1 (kv_canary.engine.metrics).
+127.0.0.1 (kv_canary.engine.metrics); with `KV_CANARY_SGLANG_VIOLATIONS_JSONL=PATH`, each violation
+is appended to PATH as a JSON line (kv_canary.engine.jsonl; `{rank}` in PATH is replaced by the
+process's torch.distributed rank, and every object has the label `rank`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 ENV_ENABLE = "KV_CANARY_SGLANG"
 ENV_METRICS_PORT = "KV_CANARY_SGLANG_METRICS_PORT"
+ENV_VIOLATIONS_JSONL = "KV_CANARY_SGLANG_VIOLATIONS_JSONL"
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 
 _loaded: dict = {}
@@ -51,18 +54,32 @@ def load() -> None:
         except ImportError:
             from kv_canary.engine.metrics import INSTALL_HINT
             raise ImportError(f"kv-canary: {ENV_METRICS_PORT} needs prometheus_client: {INSTALL_HINT}") from None
+    jsonl = os.environ.get(ENV_VIOLATIONS_JSONL) or None
+    if jsonl is not None:   # an unwritable path: refused now, before any launcher is replaced
+        _check_writable(jsonl.replace("{rank}", "0"))
     from . import exporter
     # Every target resolved before any hook is registered: all of them replaced, or none.
-    hooks.check_targets([*hooks.TARGETS.values(), *(exporter.TARGETS if port is not None else ())])
+    exported = port is not None or jsonl is not None
+    hooks.check_targets([*hooks.TARGETS.values(), *(exporter.TARGETS if exported else ())])
     backend = hooks.register()
-    if port is not None:
-        exporter.register(port)
+    if exported:
+        exporter.register(port, jsonl)
     import kv_canary
 
     _loaded.update(version=version, backend=backend)
     logger.info("kv-canary %s active inside SGLang %s: backend=%s schema=abi_version %d, layout %s "
                 "(SGLang-compatible 32-byte records); launchers replaced: %s", _kv_canary_version(), version,
                 backend, kv_canary.ABI_VERSION, layout.LAYOUT_FINGERPRINT, ", ".join(hooks.TARGETS))
+
+
+def _check_writable(path: str) -> None:
+    from pathlib import Path
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise ValueError(f"kv-canary: {ENV_VIOLATIONS_JSONL}={path}: cannot append there ({e.strerror or e})") from None
 
 
 def metrics_server():

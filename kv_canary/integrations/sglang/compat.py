@@ -41,7 +41,7 @@ def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
         same(name, ours(name), getattr(sglang_consts, name))
     same("chain anchor", ours("CANARY_CHAIN_ANCHOR"), sglang_consts.CANARY_CHAIN_ANCHOR)
     same("MAX_REAL_KV_SOURCES", ours("MAX_REAL_KV_SOURCES"), sglang_consts.MAX_REAL_KV_SOURCES)
-    same("input fields (SEMANTICS.md §8)", tuple(f.name for f in layout.INPUT_FIELDS), ())
+    same("input fields (docs/semantics.md §8)", tuple(f.name for f in layout.INPUT_FIELDS), ())
     for ours_enum, theirs_enum in ((layout.CanaryLaunchTag, sglang_tags), (layout.RealKvHashMode,
                                                                            sglang_consts.RealKvHashMode)):
         same(ours_enum.__name__, {m.name: int(m) for m in ours_enum}, {m.name: int(m) for m in theirs_enum})

@@ -4,7 +4,9 @@ CanaryMetrics reads a manager's totals; `SglangCanaryTotals` gives it those of o
 `CanaryManager`: the device's kernel- and slot-run counters, and the violation rows of SGLang's
 ring (fill-once: rows past its capacity are counted as lost), decoded by kv-canary's decoder. The
 ring's write index is copied asynchronously every step (kv_canary.engine.staging); the ring itself is
-read only when that index grew. The health gauge follows SGLang's health check.
+read only when that index grew. The health gauge follows SGLang's health check. The decoded rows also
+go to the listeners that take them: the JSON-lines sink (kv_canary.engine.jsonl) of
+KV_CANARY_SGLANG_VIOLATIONS_JSONL.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kv_canary.engine.listeners import Listened
 
 logger = logging.getLogger(__name__)
 _MANAGER = "sglang.srt.kv_canary.runner.canary_manager.CanaryManager"
-HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (SEMANTICS §9)
+HEALTH_ERROR = "kv-canary: kernel_run_counter did not increase"   # SGLang's health-check text (docs/semantics.md §9)
 SERVER: dict = {}
 _HEALTH = "sglang.srt.kv_canary.runner.health_checker"
 # What register() hooks and _was_health_check_step reads (checked before anything is registered).
@@ -41,6 +43,7 @@ class SglangCanaryTotals(Listened):
         self._decoder = ViolationDecoder(self.L)
         self._decoded = 0
         self._pending: list = []
+        self.last_step = None     # the step of the latest after_step (a violation line's step_when_pumped)
 
     @property
     def kernel_run_counters(self):
@@ -53,6 +56,7 @@ class SglangCanaryTotals(Listened):
     def after_step(self, step: int) -> None:
         from kv_canary.engine.staging import CounterSnapshot
 
+        self.last_step = step
         self._pending.append(CounterSnapshot([self._state.violation_log.violation_write_index]))
         while self._pending and self._pending[0].ready():
             self._read_rows(self._pending.pop(0).values()[0])
@@ -64,12 +68,12 @@ class SglangCanaryTotals(Listened):
         if write_index <= self.stats.total:
             return
         end = min(write_index, capacity)
-        for row in ring[self._decoded:end].tolist():      # cold path: only when rows were appended
-            v = self._decoder.decode_row(row)
+        found = [self._decoder.decode_row(row) for row in ring[self._decoded:end].tolist()]  # cold path: rows appended
+        for v in found:
             self.stats.by_tag_reason.update((v.launch_tag, r) for r in v.reasons)
         self._decoded = end
         self.stats.total, self.stats.lost = write_index, max(0, write_index - capacity)
-        self.notify_drain()
+        self.notify_drain(found)   # listeners with on_violations (kv_canary.engine.jsonl) get the rows
 
 
 class _Newest:
@@ -118,30 +122,42 @@ def serve(port: int) -> None:
     logger.info("kv-canary: Prometheus metrics of SGLang's canary at %s", server.url)
 
 
-def attach(sglang_manager, port: int) -> SglangCanaryTotals:
-    """CanaryMetrics for one SGLang CanaryManager, served at 127.0.0.1:port (+ the process's rank)."""
+def attach(sglang_manager, port, jsonl=None) -> SglangCanaryTotals:
+    """The totals of one SGLang CanaryManager, with CanaryMetrics served at 127.0.0.1:port (+ the
+    process's rank) when `port` is not None, and its violations appended to `jsonl` (a path; `{rank}`
+    in it is the process's rank) when given."""
+    totals = SglangCanaryTotals(sglang_manager)
+    if jsonl is not None:
+        from kv_canary.engine.jsonl import ViolationJsonl
+        ViolationJsonl(totals, jsonl.replace("{rank}", str(_rank())), labels={"rank": str(_rank())})
+    sglang_manager._kv_canary_totals = totals
+    if port is not None:
+        _serve(totals, port)
+    return totals
+
+
+def _serve(totals: SglangCanaryTotals, port: int) -> None:
     import prometheus_client
 
     from kv_canary.engine.metrics import CanaryMetrics
 
     serve(port)
-    totals = SglangCanaryTotals(sglang_manager)
     registry = prometheus_client.CollectorRegistry()
     CanaryMetrics(totals, registry=registry, tp_rank=_rank())
     SERVER["newest"].registry = registry
-    sglang_manager._kv_canary_totals = totals
-    return totals
 
 
-def register(port: int) -> None:
-    """Hooks: a new SGLang CanaryManager gets its metrics; each of its steps updates them."""
+def register(port, jsonl=None) -> None:
+    """Hooks: a new SGLang CanaryManager gets its metrics (port not None) and its JSON-lines sink
+    (jsonl); each of its steps updates them."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     def before_init(*args, **kwargs):   # a busy port refuses the manager before SGLang allocates anything
-        serve(port)
+        if port is not None:
+            serve(port)
 
     def after_init(_result, manager, *args, **kwargs):
-        attach(manager, port)
+        attach(manager, port, jsonl)
 
     def around_step(original, manager, *args, **kwargs):
         totals = getattr(manager, "_kv_canary_totals", None)

@@ -210,7 +210,7 @@ class TransformersCanary:
                 original()
             finally:
                 try:
-                    self.manager.drain()   # the last steps' rows, before the thread ends
+                    self.manager.flush()   # the last steps' rows and totals (listeners), before the thread ends
                 except BaseException as e:
                     self.errors.append(e)
         return _run_generation_loop
@@ -245,8 +245,11 @@ def attach(model, manager: Optional[CanaryManager] = None, *, max_requests: Opti
 
     manager: the CanaryManager (default: `CanaryManager()`, every check on; `CanaryManager.from_config`
     for SGLang's flags and defaults). It is attached to each run's paged cache when the run starts.
-    max_requests: requests that may hold KV cache at once (default: twice max_requests_per_batch);
-    max_context: tokens one request may hold (default: the whole cache). Both fix the canary's tables.
+    max_requests: requests that may hold KV cache at once (default: twice max_requests_per_batch): the
+    rows of the canary's per-request tables;
+    max_context: tokens one request may hold (default: the whole cache): an upper bound only, the
+    tables' columns grow on demand to the longest request (docs/attach-your-engine.md, "What the
+    canary costs").
     request_inputs: for a schema with request_input fields (kv_canary/schemas/isolation.yaml), the
     function transformers' RequestState -> {field: int} (e.g. `namespace_inputs(lambda state: ...)` of
     kv_canary.engine.request_inputs); a schema with such a field and no function is refused here.

@@ -17,7 +17,9 @@ block-table engine:
 - the sweep walks the blocks the ledger keeps for reuse (`ledger.cached_blocks`), with the tokens
   and positions recorded when their request released them.
 
-Host work per step is per request (its block list, its lengths), never per token.
+Host work per step is per request (its block list, its lengths), never per token. The per-request
+block table follows the work: its columns start at what the requests hold and double on demand
+(up to `max_context`, default the whole cache), so a large cache costs nothing until a request is long.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from ...engine.manager import CanaryCoverageWarning
 
 FULL_GROUP = "full"           # the canary's launch-tag group of full-attention layers
 FULL_ATTENTION = "full_attention"  # transformers' allocator key of those layers
+INITIAL_BLOCKS = 16           # block-table columns per request row before the first growth
 
 
 class PagedKvStorage:
@@ -131,7 +134,9 @@ class TransformersEngine:
         self.cfg = Limits(max_running=max_running, max_ctx=self.max_blocks * self.block_size)
         self.max_requests = int(max_requests) if max_requests is not None else 2 * max_running
         self.req_rows = self.max_requests + 1
-        self.req_to_block = torch.zeros((self.req_rows, self.max_blocks), dtype=torch.int32, device=self.device)
+        # Columns grow on demand (_fit_blocks) up to max_blocks: sized by the longest request admitted.
+        self.req_to_block = torch.zeros((self.req_rows, min(self.max_blocks, INITIAL_BLOCKS)), dtype=torch.int32,
+                                        device=self.device)
         self.epoch = torch.zeros(self.storage.num_slots, dtype=torch.int64, device=self.device)
         self.requests: dict[str, Request] = {}
         self.free_rows = list(range(1, self.req_rows))
@@ -196,6 +201,8 @@ class TransformersEngine:
             flat_blocks += blocks
             counts.append(len(blocks))
         dev = self.device
+        if counts and max(counts) > self.req_to_block.shape[1]:
+            self._fit_blocks(max(counts))
         meta = torch.tensor([rows, prefix, extend, rids, counts], dtype=torch.int64).to(dev)
         rows_t, prefix_t, extend_t, rids_t, counts_t = meta
         self._refill_block_rows(rows_t, counts_t, flat_blocks)
@@ -210,6 +217,13 @@ class TransformersEngine:
             locs = self.slot_of_physical(io.write_index_storage[self.group_index, :n])
         return Batch(step, reqs, rows_t, prefix_t, extend_t, io.input_ids[:n].to(torch.int64), positions,
                      torch.repeat_interleave(rids_t, extend_t), locs, list(io.requests_in_batch), block_path)
+
+    def _fit_blocks(self, blocks: int) -> None:
+        """Block-table columns for `blocks` blocks (doubled, at most max_blocks), contents kept."""
+        old = self.req_to_block
+        cols = min(self.max_blocks, max(blocks, 2 * old.shape[1]))
+        self.req_to_block = torch.zeros((old.shape[0], cols), dtype=old.dtype, device=self.device)
+        self.req_to_block[:, :old.shape[1]].copy_(old)
 
     def _refill_block_rows(self, rows: torch.Tensor, counts: torch.Tensor, flat: list) -> None:
         """The batch's block-table rows from the allocator's lists: one host->device copy, one scatter."""

@@ -499,6 +499,8 @@ def run_scenario(name: str, scrape_metrics: bool) -> dict:
     logger.setLevel(logging.INFO)
     logger.propagate = False
     scrapes: list = []
+    jsonl = os.environ.get("KV_CANARY_SGLANG_VIOLATIONS_JSONL")
+    jsonl_start = os.path.getsize(jsonl) if jsonl and os.path.exists(jsonl) else 0
     SCRAPE_HOOK = (lambda step: scrapes.append(scrape()) if step == 5 else None) if scrape_metrics else None
     engines: list = []
 
@@ -510,6 +512,10 @@ def run_scenario(name: str, scrape_metrics: bool) -> dict:
     finally:
         logger.removeHandler(handler)
     result = engines[0].finish()
+    if jsonl and os.path.exists(jsonl):   # the lines this scenario's managers appended
+        with open(jsonl, encoding="utf-8") as fh:
+            fh.seek(jsonl_start)
+            result["jsonl"] = [json.loads(line) for line in fh.read().splitlines()]
     result["logs"] = records
     result["calls"] = list(CALLS)
     if scrape_metrics:
@@ -635,6 +641,8 @@ def main(argv=None) -> int:
         return 0
     if args.broken:
         break_write()
+    if args.provider == "plugin":   # every violation as a JSON line too (kv_canary.engine.jsonl)
+        os.environ.setdefault("KV_CANARY_SGLANG_VIOLATIONS_JSONL", args.out + ".violations.jsonl")
     replaced = load_provider(args.provider)
     names = list(SCENARIOS) if args.scenarios == "all" else args.scenarios.split(",")
     out = {"provider": args.provider, "replaced": replaced, "plugin_log": plugin_log, "entry_point": has_entry_point(),

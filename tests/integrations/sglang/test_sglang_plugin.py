@@ -245,13 +245,29 @@ def test_the_counters_follow_sglangs_canary_state(runs, scenario):
     assert samples["kv_canary_healthy", None] == (0 if scenario == "stalled_sweep" else 1)
 
 
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_plugin_writes_every_violation_as_a_json_line(runs, scenario):
+    """KV_CANARY_SGLANG_VIOLATIONS_JSONL: one object per row of SGLang's ring, in ring order."""
+    record = runs["plugin"]["scenarios"][scenario]
+    rows = record["ring"][:min(record["write_index"], len(record["ring"]))]
+    lines = [o for o in record.get("jsonl", []) if o["labels"] == {"rank": "0"}]
+    assert len(lines) == len(record.get("jsonl", []))
+    f = kv_canary
+    assert [(o["launch_tag_value"], o["slot_idx"], o["position"], o["stored_token"]) for o in lines] == \
+        [(r[f.VIOLATION_FIELD_KERNEL_KIND], r[f.VIOLATION_FIELD_SLOT_IDX], r[f.VIOLATION_FIELD_POSITION],
+          r[f.VIOLATION_FIELD_STORED_TOKEN]) for r in rows]
+    assert all(o["format"] == "kv-canary-violation" for o in lines)
+    if scenario == "kv_bytes_changed":   # a scenario with violations: the check above is not vacuous
+        assert lines and {"verify_real_kv_hash"} <= {r for o in lines for r in o["fail_reasons"]}
+
+
 def test_the_plugin_refuses_a_layer_that_is_not_sglangs_bytes(runs):
     checks = runs["plugin"]["layer_checks"]
     assert checks["default"] == "accepted"
     for name in ("wide_stride", "owner_epoch"):
         assert checks[name].startswith("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte "
                                        "canary records, so SGLang's runtime cannot run on it: record bytes"), name
-    assert "input fields (SEMANTICS.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
+    assert "input fields (docs/semantics.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
 
 
 def test_the_plugin_refuses_sglang_data_classes_without_kv_canarys_fields():

@@ -112,7 +112,7 @@ def test_demo_shows_the_transformers_section(tmp_path, capsys):
     assert "violations: 0, output tokens unchanged: yes" in out
     stats = [line.split()[1] for line in out.splitlines() if line.strip().startswith("[canary] step=")]
     assert stats[:2] == ["step=10", "step=20"]   # the stats line on the real engine, every 10 of its steps
-    # The first detection's report, as SGLang's runtime logs it (SEMANTICS.md §9).
+    # The first detection's report, as SGLang's runtime logs it (docs/semantics.md §9).
     assert "    kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_real_kv_hash" in out
     assert "    canary_kind:       per_forward_head_k_full" in out
     lines = out.splitlines()
@@ -195,3 +195,71 @@ def test_isolation_schema_through_transformers_prefix_sharing(unguarded_tokens):
     assert {r for v in m.violations for r in v.reasons} == {"VERIFY_NAMESPACE_MISMATCH", "VERIFY_CHAIN_HASH_MISMATCH"}
     assert m.violations[0].reasons == ("VERIFY_NAMESPACE_MISMATCH",)
     assert in_order(out) == unguarded
+
+
+def test_the_attach_guides_snippet_runs_as_written(capsys):
+    """docs/attach-your-engine.md's transformers block is complete: it runs as it stands."""
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "attach-your-engine.md").read_text(encoding="utf-8")
+    start = doc.index("```python\n", doc.index("## HF transformers: one call")) + len("```python\n")
+    exec(compile(doc[start:doc.index("```", start)], "attach-your-engine.md", "exec"), {})
+    assert capsys.readouterr().out == "3 requests, 0 violations\n"
+
+
+def test_metrics_and_the_jsonl_sink_attach_before_the_run(tmp_path):
+    """CanaryMetrics and ViolationJsonl made before generate_batch (the adapter attaches the manager
+    when the run starts) follow the run; after it the counters equal the manager's totals, no refresh()."""
+    import json
+
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from kv_canary.engine.jsonl import ViolationJsonl
+    from kv_canary.engine.metrics import CanaryMetrics
+
+    manager = CanaryManager(mode="log", sweep_interval=tf.SWEEP)
+    registry = CollectorRegistry()
+    CanaryMetrics(manager, registry=registry)
+    sink = ViolationJsonl(manager, tmp_path / "v.jsonl", labels={"engine": "transformers"})
+    fault = tf.KvBytesChanged()
+    canary, _ = tf.run(manager, hooks=[fault])
+    canary.check()
+    sink.close()
+    assert fault.fired and manager.stats.total > 0
+    value = registry.get_sample_value
+    runs = manager.kernel_run_counters.tolist()
+    for tag, n in zip(manager.tags, runs):
+        assert value("kv_canary_kernel_runs_total", {"tp_rank": "0", "pp_rank": "0", "dp_rank": "0",
+                                                     "launch_tag": tag.name}) == n
+    assert sum(runs) > 0
+    assert value("kv_canary_violation_rows_total", {"tp_rank": "0", "pp_rank": "0", "dp_rank": "0"}) == \
+        manager.stats.total
+    objs = [json.loads(line) for line in (tmp_path / "v.jsonl").read_text().splitlines()]
+    assert len(objs) == len(manager.violations) and {o["labels"]["engine"] for o in objs} == {"transformers"}
+    assert [(o["launch_tag"], o["slot_idx"]) for o in objs] == [(v.launch_tag, v.slot) for v in manager.violations]
+
+
+def test_the_canarys_tables_follow_the_requests_not_the_cache(unguarded_tokens):
+    """A cache 64 times the workload's: the manager's and the adapter's per-request and per-token
+    tables are sized by the requests (columns by the longest context, grown on demand), not by the
+    cache; the output tokens are unchanged and the run is silent."""
+    import dataclasses
+    workload = dataclasses.replace(tf.WORKLOAD, num_blocks=64 * tf.WORKLOAD.num_blocks)
+    manager = CanaryManager(mode="raise", sweep_interval=tf.SWEEP, initial_context=8)
+    model = kt.tiny_llama()    # its own model: a persistent run of the shared one would keep its smaller cache
+    canary = kt.attach(model, manager)
+    try:
+        outputs = tf.generate(model, workload)
+    finally:
+        canary.detach()
+    canary.check()
+    engine = canary.engine
+    longest = max(len(p) for p in workload.prompts()) + workload.max_new_tokens
+    assert manager.max_ctx == workload.num_blocks * tf.PAGE_SIZE            # what the cache would allow
+    assert manager.resizes > 0 and longest <= manager.ctx_cols < 4 * longest
+    assert manager.req_pool.shape[1] == manager.ctx_cols and manager.token_capacity == 4 * manager.ctx_cols
+    assert engine.req_to_block.shape[1] * tf.PAGE_SIZE < 4 * longest + 16 * tf.PAGE_SIZE
+    assert manager.stats.total == 0
+    def in_order(tokens: dict) -> list:   # request ids count on per model: compare in submission order
+        return [tokens[k] for k in sorted(tokens, key=lambda k: int(k.rsplit("_", 1)[1]))]
+    assert in_order({k: list(v.generated_tokens) for k, v in outputs.items()}) == in_order(unguarded_tokens)
