@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import kv_canary.generated
 import pytest
 import yaml
 from kv_canary.codegen import diff as diff_module
@@ -21,6 +22,9 @@ from support.layers import files_changed_by
 from test_diff import BASE, CASES, RENAME, edit
 
 from kv_canary.cli import main as kv_main
+
+# Files of one generated tree: its __init__.py and every file whose hash it lists.
+TREE_FILES = 1 + len(kv_canary.generated.FILE_SHA256)
 
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_SHAPE = json.loads((ROOT / "codegen" / "diff.schema.json").read_text(encoding="utf-8"))
@@ -180,7 +184,7 @@ def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
     assert "--package must be a path of Python identifiers" in capsys.readouterr().err
     assert kv_main(["init", "--force", "--from", "owner_epoch", "--package", "myengine/_canary"]) == 0
     out = capsys.readouterr().out
-    assert ".pre-commit-config.yaml" in out and "myengine/_canary: 14 files" in out
+    assert ".pre-commit-config.yaml" in out and f"myengine/_canary: {TREE_FILES} files" in out
     assert [f.name for f in load_schema_text((engine / "canary.yaml").read_text()).canary.fields][-2:] == \
         ["request_id", "epoch"]
     # Where the pre-commit config and the workflow exist, init leaves them alone and prints what to add.
@@ -197,7 +201,7 @@ def test_init_refuses_to_overwrite_and_takes_an_example(engine, capsys):
 
 def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
     assert kv_main(["check"]) == 0
-    assert capsys.readouterr().out == "myengine/_canary is up to date with canary.yaml (14 files)\n"
+    assert capsys.readouterr().out == f"myengine/_canary is up to date with canary.yaml ({TREE_FILES} files)\n"
     layout = engine / "myengine" / "_canary" / "layout.py"
     layout.write_text(layout.read_text() + "# edit\n")
     (engine / "myengine" / "_canary" / "mine.py").write_text("x = 1\n")
@@ -219,7 +223,7 @@ def test_check_reads_the_config_and_names_the_users_files(engine, capsys):
     monkeypatch_dir = engine / "myengine"
     os.chdir(monkeypatch_dir)
     assert kv_main(["generate"]) == 0
-    assert "_canary: 14 files, 1 written" in capsys.readouterr().out
+    assert f"_canary: {TREE_FILES} files, 1 written" in capsys.readouterr().out
     assert kv_main(["check", "--format", "json"]) == 1  # mine.py is still there
     validate(json.loads(capsys.readouterr().out), CHECK_SHAPE)
 
