@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -37,6 +37,7 @@ from .violations import Violation, ViolationGroup, group_cascades
 logger = logging.getLogger("kv_canary")
 
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
+LATE = "late"       # the launches of same-forward reads, verified after TAIL (Engine.same_forward_reads)
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
            "CanaryStats")
 
@@ -141,12 +142,12 @@ class CanaryManager(Listened):
         """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
         cap, chosen, uncovered = self.L.MAX_REAL_KV_SOURCES, {}, []
         for name, layers in self.fingerprint_layers.items():
-            n = len(pools[name].storage.k) if name in pools else 0
+            n = _num_layers(pools[name].storage) if name in pools else 0
             if n == 0 or max(layers) >= n:
                 raise ValueError(f"kv-canary: fingerprint_layers[{name!r}] must name layers of the {name} pool, "
                                  f"which has {n} layer(s); got {list(layers)}")
         for name, pool in pools.items():
-            n = len(pool.storage.k)
+            n = _num_layers(pool.storage)
             chosen[name] = self.fingerprint_layers.get(name, tuple(range(min(n, cap))))
             if name not in self.fingerprint_layers and n > cap:
                 uncovered.append(f"{n - cap} of {n} {name} layers (layers {cap}..{n - 1})")
@@ -213,6 +214,10 @@ class CanaryManager(Listened):
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
         self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer (what the drain reads records from)
+        # Engines whose batch may read a block another row writes in the same forward (vLLM: a prefix hit
+        # on a block cached when it was scheduled) get a second verify plan per group, run after TAIL.
+        self._late_capable = bool(getattr(engine, "same_forward_reads", False))
+        self._late_now = False
         self.groups = [self._make_group(name, pool, cfg.max_running * cfg.max_ctx) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
@@ -247,6 +252,8 @@ class CanaryManager(Listened):
                    A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
                    self._slot_tables(name, pool), self._fixed(self.token_capacity),
                    {f.name: self._fixed(self.token_capacity) for f in L.INPUT_FIELDS})
+        if self._late_capable:
+            g.late_plan = A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev)
         g.launches["plan"] = bind(
             "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
             req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
@@ -264,7 +271,7 @@ class CanaryManager(Listened):
             sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
                                            num_bytes_per_token=storage.bytes_per_token,
                                            read_bytes=storage.bytes_per_token)
-                            for t in (tensors[i] for i in self.fingerprinted[name]))
+                            for t in (tensors[i] for i in self.fingerprinted[name] if i < len(tensors)))
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
                 self._buf_of_tag[int(tag)] = buf
@@ -272,6 +279,11 @@ class CanaryManager(Listened):
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
                     plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
                     check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables, backend=b)
+                if phase == "tail" and self._late_capable:   # the same-forward reads, verified after TAIL writes
+                    g.launches[(LATE, half, "verify")] = bind(
+                        "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
+                        plan=g.late_plan, check_verify_expected_token=self.check_verify_expected_token,
+                        extra_slot_tables=tables, backend=b)
                 if phase != SWEEP_PHASE:
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
                     mode = L.RealKvHashMode.NONE if phase == "head" else self.real_kv_hash_mode
@@ -368,6 +380,9 @@ class CanaryManager(Listened):
             self._stage_batch(batch)
             for g in self.groups:
                 g.launches["plan"].run()
+            self._late_now = self._late_capable and bool(getattr(batch, "same_forward_reads", False))
+            if self._late_now:
+                self._defer_same_forward_reads(int(batch.input_ids.shape[0]))
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
             self._verify_and_write("head", batch)
@@ -376,6 +391,23 @@ class CanaryManager(Listened):
         """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
             self._verify_and_write("tail", batch)
+            if self._late_now:
+                for g in self.groups:
+                    for half in self.halves:
+                        g.launches[(LATE, half, "verify")].run()
+
+    def _defer_same_forward_reads(self, n: int) -> None:
+        """Move the verify entries of slots this very forward writes (a row reading a block another row
+        fills in the same step) from the step's plan to the late plan: HEAD would find those slots
+        before their records exist; after TAIL's writes they hold the writer's records and fingerprints.
+        A moved entry becomes slot 0 (padding, skipped) in the plan it leaves."""
+        for g in self.groups:
+            plan, late = g.verify_plan, g.late_plan
+            written = torch.isin(plan.verify_slot_indices, g.out_cache_loc[:n])
+            for f in fields(plan):
+                getattr(late, f.name).copy_(getattr(plan, f.name))
+            late.verify_slot_indices.masked_fill_(~written, 0)
+            plan.verify_slot_indices.masked_fill_(written, 0)
 
     def after_step(self, step: int) -> None:
         """End of an engine step: the sweep when due, draining, the stats line and the health check;
@@ -534,6 +566,12 @@ class CanaryManager(Listened):
     def kernel_runs(self) -> int:
         """Verify and write launches so far, every tag together."""
         return int(self.kernel_run_counters.sum()) if self.enabled and self.groups else 0
+
+
+def _num_layers(storage) -> int:
+    """Layers of a pool: a storage may offer fewer (or no) tensors for one half, whose bytes it cannot
+    expose in place (that half's launches then check the records without a real-K/V fingerprint)."""
+    return max(len(half) for half in storage.halves())
 
 
 def _describe(value) -> str:
