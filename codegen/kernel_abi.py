@@ -19,6 +19,7 @@ prefix keeps a schema's kernel names apart from every C library, shim and genera
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .model import Kernel, Schema
@@ -55,7 +56,21 @@ REAL_KV_SOURCE_PARAMS = (
     ("real_kv_page_size", "int", "s.page_size"),
     ("real_kv_num_bytes_per_token", "int", "s.num_bytes_per_token"),
     ("real_kv_read_bytes", "int", "s.read_bytes"),
+    # Where a slot's bytes lie in a row (RealKvSource's layout fields; a source without them, e.g.
+    # SGLang's own, has SGLang's packed rows): kvc::RealKvSources, kv_canary/csrc/kvc_device.cuh.
+    ("real_kv_token_stride_bytes", "long long", "getattr(s, 'token_stride_bytes', None) or s.num_bytes_per_token"),
+    ("real_kv_num_heads", "int", "getattr(s, 'num_heads', 1)"),
+    ("real_kv_head_stride_bytes", "long long", "getattr(s, 'head_stride_bytes', 0)"),
+    ("real_kv_chunk_bytes", "int", "getattr(s, 'chunk_bytes', 0)"),
+    ("real_kv_chunk_stride_bytes", "long long", "getattr(s, 'chunk_stride_bytes', 0)"),
 )
+
+
+def source_field(value: str) -> str | None:
+    """The RealKvSource field a real-KV parameter's value reads (`s.page_size`,
+    `getattr(s, 'num_heads', 1)`), or None for a value of its tensor."""
+    m = re.match(r"s\.(\w+)$|getattr\(s, '(\w+)'", value)
+    return None if m is None else m.group(1) or m.group(2)
 REAL_KV_TAIL_PARAMS = (
     ("real_kv_num_sources", "int", "len(context.real_kv_sources)"),
     ("real_kv_hash_mode", "int", "context.real_kv_hash_mode"),

@@ -10,7 +10,7 @@ import dataclasses
 import string
 
 from .diagnostics import Diagnostics, closest_hint, closest_name
-from .model import Schema
+from .model import Message, Schema
 
 # message key -> the run-time placeholders its validator provides
 REQUIRED_MESSAGES = {
@@ -29,6 +29,20 @@ REQUIRED_MESSAGES = {
     "write_capacity": ("n",),
     "swa_index": ("s", "n"),
 }
+# Messages added after schemas were in use: a schema may state them (checked like the required
+# ones), and the generator supplies the default text where it does not, so older schemas still
+# generate. key -> (run-time placeholders, default text).
+OPTIONAL_MESSAGES = {
+    "real_kv_layout": (("field", "expected", "got"), "RealKvSource.{field} must be {expected}, got {got}"),
+    "real_kv_extent": (("end", "have", "shape", "strides", "dtype"),
+                       "RealKvSource.tensor is too small for its slot layout: the farthest byte a slot of a row "
+                       "reads ends {end} bytes past the tensor's first element, but its storage holds {have} "
+                       "bytes from there (shape={shape}, strides={strides}, dtype={dtype})"),
+    "real_kv_partial": (("i", "n"),
+                        "real_kv_hash_mode PARTIAL reads the first {schema.REAL_KV_PARTIAL_READ_BYTES} bytes of "
+                        "a slot, but real_kv_sources[{i}].num_bytes_per_token is {n}"),
+}
+KNOWN_MESSAGES = {**REQUIRED_MESSAGES, **{key: placeholders for key, (placeholders, _) in OPTIONAL_MESSAGES.items()}}
 
 
 def schema_values(schema: Schema) -> dict[str, int]:
@@ -44,17 +58,20 @@ def schema_values(schema: Schema) -> dict[str, int]:
 
 
 def resolve_messages(schema: Schema, d: Diagnostics) -> Schema:
-    """Check every message and substitute its {schema.X} references; returns the updated schema."""
+    """Check every message and substitute its {schema.X} references, supplying the optional
+    messages the schema leaves out (OPTIONAL_MESSAGES); returns the updated schema."""
     values = schema_values(schema)
     resolved = []
-    present = set()
-    for msg in schema.messages:
+    present = {msg.key for msg in schema.messages}
+    supplied = tuple(Message(key, text, (), schema.section_loc("messages"))
+                     for key, (_, text) in OPTIONAL_MESSAGES.items() if key not in present)
+    for msg in schema.messages + supplied:
         present.add(msg.key)
-        if msg.key not in REQUIRED_MESSAGES:
-            meant = closest_name(msg.key, REQUIRED_MESSAGES)
+        if msg.key not in KNOWN_MESSAGES:
+            meant = closest_name(msg.key, KNOWN_MESSAGES)
             present.add(meant)  # a misspelt key: one error, not also "missing"
-            d.error(msg.loc, f"unknown message '{msg.key}'{closest_hint(msg.key, REQUIRED_MESSAGES)}; "
-                             f"known messages: prefix, {', '.join(REQUIRED_MESSAGES)}")
+            d.error(msg.loc, f"unknown message '{msg.key}'{closest_hint(msg.key, KNOWN_MESSAGES)}; "
+                             f"known messages: prefix, {', '.join(KNOWN_MESSAGES)}")
             continue
         try:
             parts = list(string.Formatter().parse(msg.text))
@@ -78,7 +95,7 @@ def resolve_messages(schema: Schema, d: Diagnostics) -> Schema:
             else:
                 runtime.append(field_name)
                 out.append("{" + field_name + "}")
-        expected = REQUIRED_MESSAGES[msg.key]
+        expected = KNOWN_MESSAGES[msg.key]
         if sorted(set(runtime)) != sorted(expected):
             d.error(msg.loc, f"message '{msg.key}' must use exactly the placeholders "
                              f"{', '.join('{' + p + '}' for p in expected) or '(none)'}, got "

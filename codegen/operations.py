@@ -36,6 +36,7 @@ from .kernel_abi import (
     plan_entries_params,
     plan_offsets_params,
     scatter_params,
+    source_field,
     verify_params,
     write_params,
 )
@@ -382,8 +383,8 @@ def argument_kinds(schema: Schema) -> dict[str, str]:
         out[argument] = _narrowest(out[argument], kind) if argument in out else kind
 
     for _, ctype, value in REAL_KV_SOURCE_PARAMS:
-        if value.startswith("s.") and C_TYPES[ctype][0] != "ptr":
-            add("RealKvSource." + value[2:], C_TYPES[ctype][0])
+        if source_field(value) and C_TYPES[ctype][0] != "ptr":
+            add("RealKvSource." + source_field(value), C_TYPES[ctype][0])
     for kernel in schema.kernels:
         op = OPERATIONS.get(kernel.template)
         if op is None or op.params is None:
@@ -423,7 +424,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     out = []
     for p in kernel.params:
         value = re.sub(r" if .* else 0$", "", _value_of(p, schema))
-        argument = "RealKvSource." + value[2:] if value.startswith("s.") else value
+        argument = "RealKvSource." + source_field(value) if source_field(value) else value
         if p.address:
             out.append("address")
         elif p.is_pointer:

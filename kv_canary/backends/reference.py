@@ -163,6 +163,46 @@ def _source_hash(t: torch.Tensor, start: np.ndarray, nwords: int) -> np.ndarray:
     return h
 
 
+def _layout(src: Any) -> tuple[int, int, int, int, int]:
+    """(token stride, heads, head stride, chunk bytes, chunk stride) of a validated source; a source
+    without the layout fields (SGLang's) has packed rows."""
+    ts = getattr(src, "token_stride_bytes", None)
+    return (int(src.num_bytes_per_token if ts is None else ts), int(getattr(src, "num_heads", 1)),
+            int(getattr(src, "head_stride_bytes", 0)), int(getattr(src, "chunk_bytes", 0)),
+            int(getattr(src, "chunk_stride_bytes", 0)))
+
+
+def _logical_offsets(num_bytes_per_token: int, layout: tuple, nbytes: int) -> np.ndarray:
+    """Byte offset, from a slot's first byte, of each of its first `nbytes` logical bytes (head by
+    head, each head's bytes in order, chunk by chunk)."""
+    _, heads, head_stride, chunk, chunk_stride = layout
+    b = np.arange(nbytes, dtype=np.int64)
+    h, o = np.divmod(b, num_bytes_per_token // heads)
+    if chunk:
+        c, o = np.divmod(o, chunk)
+        o = c * chunk_stride + o
+    return h * head_stride + o
+
+
+def _gathered_hash(t: torch.Tensor, start: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """h of one source (uint64 [n]) whose slots' bytes are gathered at `start` (storage byte of each
+    slot's first byte) + `offsets` (the logical bytes' offsets)."""
+    n, nbytes = start.size, offsets.size
+    raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+    offs = torch.from_numpy(offsets).to(t.device)
+    start_t = torch.from_numpy(start).to(t.device)
+    h = np.zeros(n, dtype=U64)
+    for lo in range(0, n, _FP_CHUNK):
+        hi = min(lo + _FP_CHUNK, n)
+        index = start_t[lo:hi, None] + offs[None, :]
+        words = np.ascontiguousarray(_np(raw[index])).view("<u8")  # [slots, nbytes / 8] little-endian
+        part = h[lo:hi]
+        for w in range(nbytes // 8):
+            part ^= words[:, w]
+            splitmix64(part)
+    return h
+
+
 # -- the write's serial chain ---------------------------------------------------------------------------
 def serial_chain(run: int, fold_values: Sequence[list[int]]) -> list[int]:
     """One chain in plain ints from link `run` (u64): the prev_hash (u64) each entry stores."""
@@ -413,11 +453,14 @@ class Reference:
             bad = rows >= int(t.shape[0])
             oor |= bad
             nbytes = self._partial_bytes if int(mode) == self._mode_partial else src.read_bytes
+            layout = _layout(src)
             if int(t.shape[0]) > 0:
-                # First word of each slot's read window; out-of-range rows read row 0 (result discarded).
-                start = (t.storage_offset() * es + np.where(bad, 0, rows) * (t.stride(0) * es)
-                         + in_page * src.num_bytes_per_token) // self._word_bytes
-                total ^= _source_hash(t, start, nbytes // self._word_bytes)
+                # First byte of each slot; out-of-range rows read row 0 (result discarded).
+                first = t.storage_offset() * es + np.where(bad, 0, rows) * (t.stride(0) * es) + in_page * layout[0]
+                if layout[1] == 1 and layout[3] == 0:  # one run per slot (SGLang's packed rows among them)
+                    total ^= _source_hash(t, first // self._word_bytes, nbytes // self._word_bytes)
+                else:
+                    total ^= _gathered_hash(t, first, _logical_offsets(int(src.num_bytes_per_token), layout, nbytes))
             splitmix64(total)
         total[oor] = 0
         return total.view(np.int64), oor

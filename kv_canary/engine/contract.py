@@ -15,20 +15,70 @@ from typing import Callable, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
-__all__ = ("KvStorage", "KvPool", "KvPoolView", "EngineLimits", "Request", "ForwardBatch", "SweepEntries",
-           "Engine", "SlotTableEngine", "BlockTableEngine", "check_engine", "slot_table_kind")
+__all__ = ("KvLayout", "KvStorage", "KvPool", "KvPoolView", "EngineLimits", "Request", "ForwardBatch", "SweepEntries",
+           "Engine", "SlotTableEngine", "BlockTableEngine", "check_engine", "check_storage_layouts",
+           "slot_table_kind")
 
 IndexList = Union[Sequence[int], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class KvLayout:
+    """Where one K (or V) half keeps a slot's bytes inside a tensor row (a block of `row_slots` slots),
+    so that the fingerprint reads them in place (SEMANTICS.md §4; RealKvSource takes these fields).
+
+    A slot's logical bytes are its heads in order, each head's bytes in element order; the
+    fingerprint folds them the same way whatever the storage, so a layout changes where bytes are
+    read, never the fingerprint of the same K/V. Slot s's head h, chunk c lives at
+    `row(s // row_slots) + (s % row_slots) * token_stride_bytes + h * head_stride_bytes + c * chunk_stride_bytes`,
+    a head being `bytes_per_token / num_heads` bytes, in chunks of `chunk_bytes` (0: contiguous).
+    SGLang's layout (slots packed one after the other in a row) is `KvLayout.rows(bytes_per_token)`.
+    """
+    token_stride_bytes: int        # bytes between consecutive slots of a row
+    num_heads: int = 1             # heads a slot's bytes are split into (each bytes_per_token / num_heads)
+    head_stride_bytes: int = 0     # bytes between consecutive heads of a slot (> 0 when num_heads > 1)
+    chunk_bytes: int = 0           # 0: a head's bytes are contiguous; else its chunks' size (2, 4, 8 or 16·k)
+    chunk_stride_bytes: int = 0    # bytes between consecutive chunks of a head (chunk_bytes > 0)
+
+    @classmethod
+    def rows(cls, bytes_per_token: int) -> "KvLayout":
+        """Slots packed one after the other (SGLang's layout, FlashAttention's [blocks, block_size, heads, head_dim])."""
+        return cls(token_stride_bytes=bytes_per_token)
+
+    @classmethod
+    def heads_major(cls, *, block_size: int, num_heads: int, head_bytes: int) -> "KvLayout":
+        """A block as [heads, block_size, head_dim] (vLLM's V, FlashInfer's HND K and V): a head's
+        bytes contiguous, consecutive slots one head row apart."""
+        return cls(token_stride_bytes=head_bytes, num_heads=num_heads, head_stride_bytes=block_size * head_bytes)
+
+    @classmethod
+    def transposed(cls, *, block_size: int, num_heads: int, head_dim: int, element_size: int) -> "KvLayout":
+        """A block as [heads, head_dim, block_size] (vLLM's K with element-strided heads): element
+        i of a slot's head is block_size elements after element i - 1."""
+        return cls(token_stride_bytes=element_size, num_heads=num_heads,
+                   head_stride_bytes=head_dim * block_size * element_size, chunk_bytes=element_size,
+                   chunk_stride_bytes=block_size * element_size)
+
+    @classmethod
+    def paged_x(cls, *, block_size: int, num_heads: int, head_dim: int, element_size: int, x_bytes: int = 16) -> "KvLayout":
+        """A block as [heads, head_dim / x, block_size, x] with x = x_bytes / element_size (vLLM's
+        paged-attention K): a head's bytes in x_bytes chunks, block_size chunks apart."""
+        return cls(token_stride_bytes=x_bytes, num_heads=num_heads, head_stride_bytes=head_dim * block_size * element_size,
+                   chunk_bytes=x_bytes, chunk_stride_bytes=block_size * x_bytes)
+
+
 @runtime_checkable
 class KvStorage(Protocol):
-    """The real K/V bytes of one pool, per layer (what the real-K/V fingerprint reads)."""
+    """The real K/V bytes of one pool, per layer (what the real-K/V fingerprint reads).
+
+    An optional attribute `layouts: tuple[KvLayout, KvLayout]` (K, V) says where a slot's bytes lie
+    in a row when they are not packed one slot after the other; absent or None: packed
+    (KvLayout.rows(bytes_per_token)), SGLang's layout. check_storage_layouts checks it."""
     k: Sequence[torch.Tensor]      # per layer: a >= 2-D tensor, row r = slots r*row_slots .. (r+1)*row_slots-1
     v: Sequence[torch.Tensor]
     num_slots: int                 # slots of the pool (canary records allocated per slot)
     row_slots: int                 # slots per tensor row (a page of a paged pool; 1 for a token-granular one)
-    bytes_per_token: int           # K (or V) bytes of one slot in one layer, a multiple of 16
+    bytes_per_token: int           # K (or V) bytes of one slot in one layer (every head), a multiple of 16
 
     def halves(self) -> tuple[Sequence[torch.Tensor], Sequence[torch.Tensor]]:
         """(k, v)."""
@@ -154,6 +204,21 @@ def check_engine(engine) -> None:
     if problems:
         raise ValueError(f"kv-canary: {type(engine).__name__} does not meet the engine contract "
                          f"(kv_canary.engine.contract): " + "; ".join(problems))
+
+
+def check_storage_layouts(group: str, storage) -> tuple[Optional[KvLayout], Optional[KvLayout]]:
+    """The (K, V) layouts of a pool's storage, (None, None) for packed rows; a ValueError when the
+    optional `layouts` attribute is not None or a pair of KvLayout. Their numbers are checked where
+    the fingerprint's sources are built (RealKvSource, naming the field)."""
+    layouts = getattr(storage, "layouts", None)
+    if layouts is None:
+        return None, None
+    if not isinstance(layouts, tuple) or len(layouts) != 2 or not all(isinstance(x, KvLayout) for x in layouts):
+        got = (f"a {len(layouts)}-tuple of " + ", ".join(type(x).__name__ for x in layouts)
+               if isinstance(layouts, tuple) else type(layouts).__name__)
+        raise ValueError(f"kv-canary: the {group!r} pool's storage.layouts must be None or a (k, v) tuple of two "
+                         f"KvLayout, got {got}")
+    return layouts
 
 
 def _table_problems(name: str, table, rows, cfg) -> list[str]:

@@ -15,10 +15,11 @@ schema: each launch tag's phase, K/V half and pool group, each input field's val
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -26,7 +27,7 @@ import torch
 from ..launch.runtime import runtime_for
 from ..layer.loader import default_layer
 from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
-from .contract import KvPoolView, check_engine, slot_table_kind
+from .contract import KvLayout, KvPoolView, check_engine, check_storage_layouts, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
@@ -39,7 +40,7 @@ logger = logging.getLogger("kv_canary")
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 LATE = "late"       # the launches of same-forward reads, verified after TAIL (Engine.same_forward_reads)
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
-           "CanaryStats")
+           "KvLayout", "CanaryStats")
 
 
 class CanaryCoverageWarning(UserWarning):
@@ -142,12 +143,12 @@ class CanaryManager(Listened):
         """Layers fingerprinted per group; warns once when the default leaves layers uncovered."""
         cap, chosen, uncovered = self.L.MAX_REAL_KV_SOURCES, {}, []
         for name, layers in self.fingerprint_layers.items():
-            n = _num_layers(pools[name].storage) if name in pools else 0
+            n = len(pools[name].storage.k) if name in pools else 0
             if n == 0 or max(layers) >= n:
                 raise ValueError(f"kv-canary: fingerprint_layers[{name!r}] must name layers of the {name} pool, "
                                  f"which has {n} layer(s); got {list(layers)}")
         for name, pool in pools.items():
-            n = _num_layers(pool.storage)
+            n = len(pool.storage.k)
             chosen[name] = self.fingerprint_layers.get(name, tuple(range(min(n, cap))))
             if name not in self.fingerprint_layers and n > cap:
                 uncovered.append(f"{n - cap} of {n} {name} layers (layers {cap}..{n - 1})")
@@ -264,14 +265,12 @@ class CanaryManager(Listened):
             kv_token_id_vs_position_offset=0, extra_request_values={n: self._owners for n in self._per_request},
             backend=b)
         tables = {n: g.slot_tables[n] for n in self._per_slot}
-        for half, tensors in zip(L.LAUNCH_HALVES, storage.halves()):
+        layouts = check_storage_layouts(name, storage)
+        for (half, tensors), kv_layout in zip(zip(L.LAUNCH_HALVES, storage.halves()), layouts):
             if half not in self.halves:
                 continue
             buf = g.bufs[half] = A.allocate_canary_buf(storage.num_slots, device=dev)
-            sources = tuple(A.RealKvSource(tensor=t, page_size=storage.row_slots,
-                                           num_bytes_per_token=storage.bytes_per_token,
-                                           read_bytes=storage.bytes_per_token)
-                            for t in (tensors[i] for i in self.fingerprinted[name] if i < len(tensors)))
+            sources = tuple(self._source(name, half, i, tensors[i], storage, kv_layout) for i in self.fingerprinted[name])
             for phase in L.LAUNCH_PHASES:
                 tag = L.launch_tag(phase, half, name)
                 self._buf_of_tag[int(tag)] = buf
@@ -293,6 +292,17 @@ class CanaryManager(Listened):
                         enable_write_input_assert=self.enable_write_input_assert, extra_inputs=g.token_inputs,
                         backend=b, **self._expected)
         return g
+
+    def _source(self, group: str, half: str, layer: int, tensor: torch.Tensor, storage, kv_layout: Optional[KvLayout]):
+        """One KV layer's half as a real-KV source, read where it lies (kv_layout None: packed rows)."""
+        fields = {} if kv_layout is None else dataclasses.asdict(kv_layout)
+        try:
+            return self.alloc.RealKvSource(tensor=tensor, page_size=storage.row_slots,
+                                           num_bytes_per_token=storage.bytes_per_token,
+                                           read_bytes=storage.bytes_per_token, **fields)
+        except ValueError as exc:  # which pool, half and layer the source's own message is about
+            raise ValueError(f"kv-canary: the {group!r} pool's {half.upper()} layer {layer}: "
+                             f"{str(exc).removeprefix('kv-canary: ')}") from None
 
     def _context(self, buf: torch.Tensor, tag, sources: tuple, mode):
         """One launch's context: the canary buffer, the shared ring and counters, the tag's own
@@ -404,7 +414,7 @@ class CanaryManager(Listened):
         for g in self.groups:
             plan, late = g.verify_plan, g.late_plan
             written = torch.isin(plan.verify_slot_indices, g.out_cache_loc[:n])
-            for f in fields(plan):
+            for f in dataclasses.fields(plan):
                 getattr(late, f.name).copy_(getattr(plan, f.name))
             late.verify_slot_indices.masked_fill_(~written, 0)
             plan.verify_slot_indices.masked_fill_(written, 0)
@@ -566,12 +576,6 @@ class CanaryManager(Listened):
     def kernel_runs(self) -> int:
         """Verify and write launches so far, every tag together."""
         return int(self.kernel_run_counters.sum()) if self.enabled and self.groups else 0
-
-
-def _num_layers(storage) -> int:
-    """Layers of a pool: a storage may offer fewer (or no) tensors for one half, whose bytes it cannot
-    expose in place (that half's launches then check the records without a real-K/V fingerprint)."""
-    return max(len(half) for half in storage.halves())
 
 
 def _describe(value) -> str:

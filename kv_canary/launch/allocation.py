@@ -48,16 +48,34 @@ def allocators_for(layout, validators) -> SimpleNamespace:
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class RealKvSource:
-        """Real K/V bytes folded into the fingerprint (SEMANTICS.md §4); validated on construction."""
+        """Real K/V bytes folded into the fingerprint (SEMANTICS.md §4); validated on construction.
+
+        The first four fields are SGLang's (slots packed one after the other in a row of `tensor`).
+        The others say where a slot's bytes lie when they are not packed (vLLM, FlashAttention,
+        FlashInfer layouts), read in place: slot s's head h, chunk c starts at byte
+        `(s // page_size) * row stride + (s % page_size) * token_stride_bytes + h * head_stride_bytes
+        + c * chunk_stride_bytes` of the tensor. The fingerprint folds a slot's logical bytes (head
+        0's, then head 1's, ...), so it does not depend on the layout; the defaults are SGLang's."""
         tensor: torch.Tensor
         page_size: int
-        num_bytes_per_token: int
+        num_bytes_per_token: int                  # a slot's bytes over all heads
         read_bytes: int
+        token_stride_bytes: Optional[int] = None  # bytes between consecutive slots of a row (None: num_bytes_per_token)
+        num_heads: int = 1                        # each head holds num_bytes_per_token / num_heads bytes
+        head_stride_bytes: int = 0                # bytes between consecutive heads (> 0 when num_heads > 1)
+        chunk_bytes: int = 0                      # 0: a head's bytes contiguous; else 2, 4, 8 or a multiple of 16
+        chunk_stride_bytes: int = 0               # bytes between consecutive chunks of a head
 
         def __post_init__(self) -> None:
             v.check_real_kv_params(page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
                                    read_bytes=self.read_bytes)
-            v.check_real_kv_tensor(self.tensor, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token)
+            if self.token_stride_bytes is None:
+                object.__setattr__(self, "token_stride_bytes", self.num_bytes_per_token)
+            layout = v.check_real_kv_layout(self, self.num_bytes_per_token)
+            for name, value in zip(v.REAL_KV_LAYOUT_FIELDS, layout):  # numpy integers become ints
+                object.__setattr__(self, name, value)
+            v.check_real_kv_tensor(self.tensor, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
+                                   layout=layout)
 
     @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
     class VerifyOrWriteContext:
@@ -193,7 +211,8 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         kernel_kind = v.check_enum("kernel_kind", kernel_kind, layout.CanaryLaunchTag)
         real_kv_hash_mode = v.check_enum("real_kv_hash_mode", real_kv_hash_mode, layout.RealKvHashMode)
         device = v.check_device("device", device)
-        real_kv_sources = v.check_real_kv_sources(real_kv_sources, device=device)  # before anything is allocated
+        real_kv_sources = v.check_real_kv_sources(real_kv_sources, device=device,  # before anything is allocated
+                                                  mode=real_kv_hash_mode)
         ring, index = allocate_violation_ring(ring_capacity, device=device)
         return VerifyOrWriteContext(
             canary_buf=allocate_canary_buf(num_slots, device=device, slot_stride_bytes=slot_stride_bytes),

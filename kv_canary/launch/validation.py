@@ -117,6 +117,7 @@ class Validators:
                                                                self.per_slot_fields)}
         self._checks = {op: getattr(self, "_check_" + op) for op in self.operations}
         self.real_kv_operations = frozenset(("write", "verify"))  # the launches that read real-KV sources
+        self.partial_mode = layout.RealKvHashMode.PARTIAL
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
@@ -371,9 +372,70 @@ class Validators:
                              ("read_bytes", read_bytes)):
             self.check_fits("RealKvSource." + field, value)
 
-    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int) -> None:
+    # The layout fields of a RealKvSource (after SGLang's four), in the kernels' parameter order.
+    REAL_KV_LAYOUT_FIELDS = ("token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes", "chunk_stride_bytes")
+
+    def check_real_kv_layout(self, src: Any, num_bytes_per_token: int) -> tuple:
+        """Where a source keeps a slot's bytes (its layout fields, SGLang's packed rows where it has
+        none), checked against its valid num_bytes_per_token; returns them as ints, in
+        REAL_KV_LAYOUT_FIELDS order. The kernels load a head's bytes `width` at a time (16, or a
+        chunk of 2, 4 or 8 bytes), so every offset is a multiple of it."""
+        token_stride = getattr(src, "token_stride_bytes", None)
+        got = (num_bytes_per_token if token_stride is None else token_stride, getattr(src, "num_heads", 1),
+               getattr(src, "head_stride_bytes", 0), getattr(src, "chunk_bytes", 0), getattr(src, "chunk_stride_bytes", 0))
+        ts, heads, hs, chunk, cs = (self.check_fits("RealKvSource." + name, self.check_int("RealKvSource." + name, value))
+                                    for name, value in zip(self.REAL_KV_LAYOUT_FIELDS, got))
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+
+        def bad(field: str, expected: str, value: int) -> ValueError:
+            return self.fail("real_kv_layout", field=field, expected=expected, got=value)
+        if heads < 1 or num_bytes_per_token % (heads * align):
+            raise bad("num_heads", f">= 1 and split num_bytes_per_token={num_bytes_per_token} into heads of a multiple "
+                                   f"of {align} bytes", heads)
+        head = num_bytes_per_token // heads
+        if chunk not in (0, 2, 4, 8) and (chunk < 0 or chunk % align):
+            raise bad("chunk_bytes", f"0 (a head's bytes contiguous), 2, 4, 8 or a positive multiple of {align}", chunk)
+        if chunk and head % chunk:
+            raise bad("chunk_bytes", f"a divisor of a head's {head} bytes (num_bytes_per_token / num_heads)", chunk)
+        width = chunk if 0 < chunk < align else align
+        if ts < 1 or ts % width:
+            raise bad("token_stride_bytes", f"a positive multiple of {width} (the bytes the kernels load at once)", ts)
+        if hs < 0 or hs % width or (heads > 1 and hs == 0):
+            need = "a positive" if heads > 1 else "a non-negative"
+            raise bad("head_stride_bytes", f"{need} multiple of {width} (num_heads={heads})", hs)
+        if chunk == 0 and cs:
+            raise bad("chunk_stride_bytes", "0 when chunk_bytes is 0 (a head's bytes contiguous)", cs)
+        if chunk and head > chunk and (cs < chunk or cs % width):
+            raise bad("chunk_stride_bytes", f"a multiple of {width} and >= chunk_bytes={chunk}", cs)
+        if chunk and head == chunk and (cs < 0 or cs % width):  # one chunk per head: the stride is never used
+            raise bad("chunk_stride_bytes", f"a non-negative multiple of {width}", cs)
+        return ts, heads, hs, chunk, cs
+
+    def real_kv_layout_reach(self, num_bytes_per_token: int, page_size: int, layout: tuple) -> tuple[bool, int, int]:
+        """(packed: SGLang's layout, the load width, the end of the farthest byte one row's slots read
+        relative to the row's first byte)."""
+        ts, heads, hs, chunk, cs = layout
+        align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
+        head = num_bytes_per_token // heads
+        last_head = (heads - 1) * hs + ((head // chunk - 1) * cs + chunk if chunk else head)
+        return (ts == num_bytes_per_token and heads == 1 and chunk == 0,
+                chunk if 0 < chunk < align else align, (page_size - 1) * ts + last_head)
+
+    def check_partial_read(self, sources: Any, mode: Any) -> None:
+        """[extension] PARTIAL reads the first REAL_KV_PARTIAL_READ_BYTES of a slot: a source with fewer
+        bytes per slot is refused (the kernels would read past the slot, and past the tensor for the
+        last one). SGLang's constant (16) never exceeds a valid source's bytes."""
+        partial = self.layout.REAL_KV_PARTIAL_READ_BYTES
+        if mode == self.layout.RealKvHashMode.PARTIAL:
+            for i, src in enumerate(sources):
+                if src.num_bytes_per_token < partial:
+                    raise self.fail("real_kv_partial", i=i, n=src.num_bytes_per_token)
+
+    def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int,
+                             layout: Optional[tuple] = None) -> int:
         """A source's tensor, one check after the other (check_real_kv_sources passes a valid tensor of
-        a frozen source in one)."""
+        a frozen source in one). `layout`: check_real_kv_layout's (None: packed rows). Returns the
+        bytes from the tensor's first element to the end of the farthest one a slot reads."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
         self.check_has_data("RealKvSource.tensor", tensor)
@@ -383,6 +445,21 @@ class Validators:
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         es = tensor.element_size()
         row_stride = strides[0] * es
+        packed, width, reach = (True, align, 0) if layout is None else \
+            self.real_kv_layout_reach(num_bytes_per_token, page_size, layout)
+        if not packed:
+            # Slots are gathered where the layout puts them: no row shape to check, but every load
+            # aligned and the farthest byte any slot of any row reads inside the tensor's storage.
+            if row_stride % width:
+                raise self.fail("real_kv_layout", field="tensor row stride (stride(0) x element size)",
+                                expected=f"a multiple of {width} bytes", got=row_stride)
+            self.check_aligned("RealKvSource.tensor", tensor, width)
+            end = (size[0] - 1) * row_stride + reach if size[0] else 0
+            have = tensor.untyped_storage().nbytes() - tensor.storage_offset() * es
+            if end > have:
+                raise self.fail("real_kv_extent", end=end, have=have, shape=tuple(size), strides=tuple(strides),
+                                dtype=tensor.dtype)
+            return end
         if row_stride % align:
             raise self.fail("real_kv_row_stride", b=row_stride, shape=tuple(tensor.shape), strides=tuple(strides), dtype=tensor.dtype)
         # A row's bytes are read as one flat run starting at the row's first element.
@@ -397,12 +474,14 @@ class Validators:
             raise self.fail("real_kv_row_width", b=packed * es, p=page_size, n=num_bytes_per_token, m=needed)
         self.check_aligned("RealKvSource.tensor", tensor, align)
         self.check_storage("RealKvSource.tensor", tensor)
+        return self.extent(tensor)
 
-    def check_real_kv_sources(self, sources: Any, *, device: torch.device, frozen: bool = False,
+    def check_real_kv_sources(self, sources: Any, *, device: torch.device, mode: Any = None, frozen: bool = False,
                               spans: Optional[list] = None, read: Optional[list] = None) -> tuple:
         """`frozen`: a frozen context's sources (their list checked when it was built), of which this
         layer's RealKvSource objects have only their tensors checked again (their integers were when
-        built). `spans` collects the tensors' spans (inputs), `read` what the binding takes (real_kv_args)."""
+        built). `mode`: the context's hash mode (PARTIAL: check_partial_read). `spans` collects the
+        spans the sources are read in (inputs), `read` what the binding takes (real_kv_args)."""
         if not frozen:
             self.check_source_list(sources)
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
@@ -410,9 +489,13 @@ class Validators:
         for i, src in enumerate(sources):
             ok = False
             if frozen and type(src) is self.frozen_source:
-                # The usual case, in one pass: a contiguous tensor of rows, on the device, in its storage.
+                layout = (src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
+                          src.chunk_stride_bytes)
+                # The usual case, in one pass: a contiguous tensor of packed rows, on the device, in its storage.
                 t = src.tensor
-                if type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous():
+                if (type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous()
+                        and src.num_heads == 1 and src.chunk_bytes == 0
+                        and src.token_stride_bytes == src.num_bytes_per_token):
                     ptr, n, es, size, strides = t.data_ptr(), t.nbytes, t.itemsize, t.shape, t.stride()
                     ok = (len(size) >= 2 and size[0] and not ptr % align and not strides[0] * es % align
                           and n // size[0] >= src.page_size * src.num_bytes_per_token
@@ -423,17 +506,22 @@ class Validators:
                         raise TypeError(f"{self.prefix}real_kv_sources[{i}] must be a RealKvSource, got {type(src).__name__}")
                 self.check_real_kv_params(page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
                                           read_bytes=src.read_bytes)
+                layout = self.check_real_kv_layout(src, src.num_bytes_per_token)
             if not ok:  # one check after the other: the first that is wrong raises
                 t = src.tensor
-                self.check_real_kv_tensor(t, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token)
+                reach = self.check_real_kv_tensor(t, page_size=src.page_size, num_bytes_per_token=src.num_bytes_per_token,
+                                                  layout=layout)
                 if t.device != device:
                     raise ValueError(f"{self.prefix}real_kv_sources[{i}].tensor must be on {device} (the device of "
                                      f"canary_buf), got {t.device}")
-                ptr, n, es, size, strides = t.data_ptr(), self.extent(t), t.element_size(), t.shape, t.stride()
+                ptr, es, size, strides = t.data_ptr(), t.element_size(), t.shape, t.stride()
+                n = max(self.extent(t), reach)  # a strided layout may read past the view, inside the storage
             if spans is not None and n and ptr:
                 spans.append((ptr, ptr + n, self.source_names[i], False))
             if read is not None:
                 read.append((ptr, strides[0], es, size[0]))
+        if mode == self.partial_mode:
+            self.check_partial_read(sources, mode)
         return tuple(sources)
 
     # -- buffers and plans --------------------------------------------------------------------------------
@@ -486,6 +574,14 @@ class Validators:
         inputs = spans({"enable_chain_position_assert": context.enable_chain_position_assert,
                         **{f"real_kv_sources[{i}].tensor": getattr(src, "tensor", None)
                            for i, src in enumerate(context.real_kv_sources)}}, False)
+        for i, src in enumerate(context.real_kv_sources):  # a built source's layout may read past its view
+            if type(src) is self.frozen_source and src.tensor.data_ptr():
+                t = src.tensor
+                reach = self.real_kv_layout_reach(src.num_bytes_per_token, src.page_size, (
+                    src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
+                    src.chunk_stride_bytes))[2] + (t.shape[0] - 1) * t.stride(0) * t.element_size()
+                if t.shape[0] and reach > self.extent(t):
+                    inputs.append((t.data_ptr(), t.data_ptr() + reach, f"real_kv_sources[{i}].tensor", False))
         outputs = spans({name: getattr(context, name, None) for name in (
             "violation_ring", "violation_write_index", "slot_run_counter", "kernel_run_counter",
             "violation_reason_counts")}, True)
@@ -510,7 +606,8 @@ class Validators:
         buf = context.canary_buf
         self.check_slot_stride(buf.shape[1], buf.shape)
         self.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
-        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, frozen=frozen, spans=spans, read=read)
+        self.check_real_kv_sources(context.real_kv_sources, device=buf.device, mode=context.real_kv_hash_mode,
+                                   frozen=frozen, spans=spans, read=read)
         if not frozen:
             self.check_context_disjoint(context)
         return a, spans

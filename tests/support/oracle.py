@@ -142,17 +142,46 @@ class Oracle:
             row = slot // src.page_size
             if row >= src.tensor.shape[0]:
                 return 0, True
-            key = (k, row)
-            if key not in cache:
-                cache[key] = src.tensor[row].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
-            data = cache[key]
             n = self.partial if int(mode) == int(self.modes.PARTIAL) else src.read_bytes
-            at = (slot % src.page_size) * src.num_bytes_per_token
+            if getattr(src, "num_heads", 1) == 1 and getattr(src, "chunk_bytes", 0) == 0 and \
+                    getattr(src, "token_stride_bytes", src.num_bytes_per_token) == src.num_bytes_per_token:
+                key = (k, row)
+                if key not in cache:
+                    cache[key] = src.tensor[row].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+                data = cache[key]
+                at = (slot % src.page_size) * src.num_bytes_per_token
+                logical = data[at:at + n]
+            else:
+                logical = self.strided_bytes(src, slot, n, cache, k)
             h = 0
-            for off in range(at, at + n, 8):
-                h = sm64(h ^ int.from_bytes(data[off:off + 8], "little"))
+            for off in range(0, n, 8):
+                h = sm64(h ^ int.from_bytes(logical[off:off + 8], "little"))
             total = sm64(total ^ h)
         return total, False
+
+    @staticmethod
+    def strided_bytes(src, slot: int, n: int, cache: dict, k: int) -> bytes:
+        """The first n logical bytes of `slot` in a source with a layout (SEMANTICS.md §4 as RealKvSource
+        documents it), byte by byte from the tensor's storage: logical byte b is byte b % head of head
+        b // head (head = num_bytes_per_token / num_heads), which is byte i % chunk_bytes of the head's
+        chunk i // chunk_bytes (one chunk when chunk_bytes is 0)."""
+        key = ("storage", k)
+        if key not in cache:
+            t = src.tensor
+            raw = torch.empty(0, dtype=torch.uint8).set_(t.untyped_storage()) if t.is_cpu else \
+                torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage()).cpu()
+            cache[key] = (raw.numpy().tobytes(), t.storage_offset() * t.element_size())
+        data, first = cache[key]
+        head = src.num_bytes_per_token // src.num_heads
+        row_stride = src.tensor.stride(0) * src.tensor.element_size()
+        base = first + (slot // src.page_size) * row_stride + (slot % src.page_size) * src.token_stride_bytes
+        out = bytearray()
+        for b in range(n):
+            h, i = b // head, b % head
+            chunk = src.chunk_bytes or head
+            at = base + h * src.head_stride_bytes + (i // chunk) * src.chunk_stride_bytes + i % chunk
+            out.append(data[at])
+        return bytes(out)
 
     # -- verify ---------------------------------------------------------------------------------
     def verify(self, *, context, plan, check_verify_expected_token, extra_slot_tables=None) -> None:

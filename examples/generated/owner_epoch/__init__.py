@@ -3,7 +3,7 @@
 # schema-sha256: 80ea923ed150ef6a400c5f0c49688c50c3036680de32dad422db4a454c667e35
 # generator-sha256: not-recorded
 # generation-id: 865b89cccd155c60
-# body-sha256: 3cc99318858fecc547c0fb20932d6d7f89940a6d57accd98add82b9e977926fd
+# body-sha256: c0bfad25c3bde6690871c4869345d26ae0973af7d87498df1f697ff47e5fe8b0
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -31,12 +31,12 @@ FILE_SHA256 = {
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
-    "cuda/canary_verify.cu": "8419bf52e3c450de25b9187f7ee0a55225bd79306f22db097703737684a2b811",
-    "cuda/canary_write.cu": "28e530ad9b1dd1603996fe2d8729661069c4e9f0b131fe9adf7151adb513f57a",
+    "cuda/canary_verify.cu": "6ed413e3dd53f4e0af50e675cdd7c338cdbf222c768abfa05beff28105efa9e0",
+    "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
     "cuda/kv_canary_layout.cuh": "abf6ee5e31a1fc182727785f3a1871bcb4b3c1340ef5530cb5def998a158123d",
-    "emulation/kv_canary_launchers.cpp": "d4f3c2f49d3711d4da52b53c457626e897f1104affb51b77a237979abe0bd638",
-    "kernel_abi.py": "3be94ed751a2f774835bd965b210f1e5727238d5bc04c09850f75f76f4123a70",
-    "layout.py": "c6ec88a112087340e777a23a485e8305e842cbe175e18999a442a00d7657630f",
+    "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
+    "kernel_abi.py": "756371d833fe298fcd4a7390a437110949dd39a181c2b0d4f049d138f1b4af6d",
+    "layout.py": "46e34a664402de4b8383a8731e94d965643c990d5b75db6a4f392af6ba339134",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }
 

@@ -3,7 +3,7 @@
 # schema-sha256: d1ca1dc5d440d596beb8d9dbc9d7797e02085efb88c7b93a8cdf7671d7755c19
 # generator-sha256: not-recorded
 # generation-id: fc38c784f948ed63
-# body-sha256: 5c1c6106bce27c8fca73ccb102c58522c530ca78fbf1bde620dd1c9856a8af98
+# body-sha256: 625c711fcba4a0410d593c2dc5ad2feddc2fb43d7377c0b83047904fddab4d44
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -31,12 +31,12 @@ FILE_SHA256 = {
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
-    "cuda/canary_verify.cu": "ac202dc7f8575f473651daffc29ac4752efc97689ce7f23290b1e14308773660",
-    "cuda/canary_write.cu": "31b912430120fc2e7bce07b19aa4b627b1749a94cfc15a4e2a51d6cfb3054f12",
+    "cuda/canary_verify.cu": "69c0de96e883be552c5ad7751f65f1691ff8ceeed0b7c4a7041377b84f57f2d8",
+    "cuda/canary_write.cu": "849ff3492c3996344a20e46d2cf3d7b7054f4c03e8d5ed6be2e9440a11f7998f",
     "cuda/kv_canary_layout.cuh": "ffc77389f6ef18a9a3de73a3e751bfaa51956cba83ede7c15087b668bcadebb2",
-    "emulation/kv_canary_launchers.cpp": "55e701accb22f7dff4d665fcfb759da6a9d4eeb776c514b31ea26394f643bb67",
-    "kernel_abi.py": "8135f6e99963bfcd4f372d2da719319c4f6bdcf2895128a76ea11c7ca329dd97",
-    "layout.py": "e29a5764cfe3a9dff23f6f3b7afd2448b6cf0ab9479937a939e699dc389d4827",
+    "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
+    "kernel_abi.py": "0a6d1f0082fa0de1be2ae421a33598a7d4fecde5304d920a96bc9d94204fab7d",
+    "layout.py": "46a6929ff55c7df5aed9838387175239ddc20f45953ede5ee5df8fa062d48dda",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
 

@@ -208,6 +208,9 @@ MESSAGES = {
     'verify_capacity': 'VerifyPlan verify_capacity must be positive, got {n}',
     'write_capacity': 'WritePlan write_req_capacity must be positive, got {n}',
     'swa_index': 'SWA slot {s} is outside full_to_swa_index_mapping length {n}',
+    'real_kv_layout': 'RealKvSource.{field} must be {expected}, got {got}',
+    'real_kv_extent': "RealKvSource.tensor is too small for its slot layout: the farthest byte a slot of a row reads ends {end} bytes past the tensor's first element, but its storage holds {have} bytes from there (shape={shape}, strides={strides}, dtype={dtype})",
+    'real_kv_partial': 'real_kv_hash_mode PARTIAL reads the first 16 bytes of a slot, but real_kv_sources[{i}].num_bytes_per_token is {n}',
 }
 
 

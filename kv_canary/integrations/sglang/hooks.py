@@ -23,7 +23,10 @@ TARGETS = {
 
 
 def _same_fields(cls, value):
-    return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(cls)})
+    """cls over value's fields; a field of ours with a default that SGLang's class lacks (the
+    RealKvSource layout fields) keeps its default."""
+    return cls(**{f.name: getattr(value, f.name) for f in dataclasses.fields(cls)
+                  if f.default is dataclasses.MISSING or hasattr(value, f.name)})
 
 
 def as_real_kv_source(source):

@@ -29,22 +29,17 @@ FULL_GROUP = "full"
 
 
 class VllmKvStorage:
-    """KvStorage over one KV cache group's per-layer cache tensors, read in place."""
+    """KvStorage over one KV cache group's per-layer cache tensors, read in place: each half's rows start
+    at its first byte in a block, and its KvLayout says where a slot's heads and chunks lie."""
 
     def __init__(self, caches: list, layout: kv_layout.BlockLayout, block_size: int):
         self.row_slots = block_size
         self.block_layout = layout
         self.bytes_per_token = layout.k.num_heads * layout.k.head_bytes
         self.num_slots = int(caches[0].shape[0]) * block_size
-        self.guarded = {}          # half -> its HalfLayout when its bytes are fingerprinted in place
-        halves = []
-        for name, half in (("k", layout.k), ("v", layout.v)):
-            if half.contiguous_rows and half.token_stride == self.bytes_per_token:
-                halves.append([kv_layout.row_view(c, layout, half) for c in caches])
-                self.guarded[name] = half
-            else:
-                halves.append([])
-        self.k, self.v = halves
+        self.k = [kv_layout.row_view(c, layout, layout.k) for c in caches]
+        self.v = [kv_layout.row_view(c, layout, layout.v) for c in caches]
+        self.layouts = (kv_layout.kv_layout(layout.k), kv_layout.kv_layout(layout.v))
 
     def halves(self):
         return (self.k, self.v)

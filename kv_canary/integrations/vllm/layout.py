@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ...engine.contract import KvLayout
+
 # Bit patterns of normal, positive, finite values (so no kernel may flush or canonicalise them).
 _CODE_BASE = {2: 0x3C00, 4: 0x3F800000}
 _INT_VIEW = {2: torch.int16, 4: torch.int32}
@@ -109,6 +111,14 @@ def row_view(cache: torch.Tensor, layout: BlockLayout, half: HalfLayout) -> torc
         raise ValueError(f"kv-canary: a layer's KV cache is not packed block by block ({tuple(cache.shape)}, "
                          f"{layout.block_bytes} bytes per block expected)")
     return rows[:, half.base:]
+
+
+def kv_layout(half: HalfLayout) -> KvLayout:
+    """The engine contract's description of one half (what the real-K/V fingerprint reads in place)."""
+    chunked = half.chunk_stride != 0
+    return KvLayout(token_stride_bytes=half.token_stride, num_heads=half.num_heads,
+                    head_stride_bytes=half.head_stride if half.num_heads > 1 else 0,
+                    chunk_bytes=half.chunk_bytes if chunked else 0, chunk_stride_bytes=half.chunk_stride)
 
 
 def describe(half: Optional[HalfLayout]) -> str:

@@ -94,13 +94,6 @@ class WorkerCanary:
         blk = kv_layout.probe(write, shape, dtype, device, block_size=self.block_size, num_heads=num_kv_heads,
                               head_size=head_size)
         storage = VllmKvStorage(caches, blk, self.block_size)
-        unread = [h for h in ("k", "v") if h not in storage.guarded and (h == "k" or self.options.check_v)]
-        if unread and self.options.real_kv_data != "none":
-            half = {"k": blk.k, "v": blk.v}
-            warnings.warn("kv-canary: " + "; ".join(
-                f"{h.upper()} bytes are not fingerprinted ({kv_layout.describe(half[h])}: not one run of "
-                f"{storage.bytes_per_token} bytes per slot)" for h in unread)
-                + "; their records (token, position, chain) are still checked", CanaryCoverageWarning, stacklevel=2)
         self.engine = VllmEngine(storage, block_size=self.block_size, max_running=self.max_running,
                                  max_ctx=self.max_ctx, device=device, max_requests=self.options.max_requests)
         self.manager = CanaryManager(**self.options.manager_options())
@@ -111,7 +104,7 @@ class WorkerCanary:
         if self.options.metrics_port is not None:
             self._serve_metrics(self.options.metrics_port)
         self.active = True
-        return {"k": kv_layout.describe(storage.guarded.get("k")), "v": kv_layout.describe(storage.guarded.get("v")),
+        return {"k": kv_layout.describe(blk.k), "v": kv_layout.describe(blk.v),
                 "layers": len(self.manager.fingerprinted.get("full", ())), "of": len(caches)}
 
     def _serve_metrics(self, port: int) -> None:
