@@ -117,6 +117,16 @@ def open_llm(options: Optional[dict], workload: Workload = WORKLOAD, *, kv_heads
     return LLM(model=model_dir(kv_heads), kv_transfer_config=kt, **{**workload.llm_kwargs(), **overrides})
 
 
+def LLM_FACTORY(kv_transfer_config, workload: Workload = WORKLOAD, *, kv_heads: int = KV_HEADS):
+    """A vLLM LLM on the tiny model in this process, with any KVTransferConfig (MultiConnector, module path)."""
+    for k, v in ENV.items():
+        os.environ.setdefault(k, v)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    return LLM(model=model_dir(kv_heads), kv_transfer_config=kv_transfer_config, **workload.llm_kwargs())
+
+
 def close_llm(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm

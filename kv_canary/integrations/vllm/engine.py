@@ -108,6 +108,7 @@ class VllmEngine:
         self._serial = 0
         self.canary = None            # the manager, once attached and enabled
         self.unmatched_rows = 0       # batch rows no scheduled request could be matched to (left unguarded)
+        self.same_forward_steps = 0   # forwards with a row reading a block another row writes in them
 
     # -- the contract -------------------------------------------------------------------------
     def canary_pools(self) -> dict:
@@ -205,6 +206,7 @@ class VllmEngine:
         if not kept:
             return None
         reqs = [self.requests[matched[r].req_id] for r in kept]
+        self.same_forward_steps += bool(meta.same_forward_reads)
         dev = self.device
         extend = [lens[r] for r in kept]
         prefix = [seq[r] - lens[r] for r in kept]

@@ -133,8 +133,8 @@ class WorkerCanary:
             if batch is None:
                 return
             self.manager.tail(batch)
-            step, self.steps = self.steps, self.steps + 1
-            self.manager.after_step(step)
+            self.manager.after_step(self.steps)
+            self.steps += 1
         self.guarded("wait_for_save (TAIL)", body)
 
     def close(self) -> None:
