@@ -402,3 +402,36 @@ def run_scenario(sc: Scenario, **options) -> ScenarioResult:
     fault = sc.make()
     r = run({"mode": "log", "sweep_interval": SWEEP, **options}, sc.workload, hooks=[fault])
     return judge(sc, r.canary.manager, fault)
+
+
+def demo_section(out, backend: Optional[str] = None) -> dict:
+    """`kv-canary demo`'s vLLM section: a clean run (output tokens compared with an unguarded run), then
+    every fault scenario with its control; how to get vLLM when it is not importable. Returns
+    {"ok": ..., "skipped": why} for the demo's verdict."""
+    import logging
+
+    out.write("real engine: vLLM through its KV connector API (tiny random Llama, one process, CPU):\n")
+    why = available()
+    if why:
+        out.write(f"  skipped: {why}\n\n")
+        return {"skipped": why, "ok": True}
+    import vllm
+    logging.getLogger("vllm").setLevel(logging.WARNING)
+    options = {"mode": "log", "sweep_interval": SWEEP, **({"backend": backend} if backend else {})}
+    plain = run(None).tokens
+    clean = run(options)
+    m = clean.canary.manager
+    unchanged = clean.tokens == plain
+    ok = unchanged and m.stats.total == 0 and clean.failures == 0
+    out.write(f"  vLLM {vllm.__version__}: {len(clean.tokens)} requests in {WORKLOAD.waves} waves (prefix caching, "
+              f"chunked prefill), {clean.steps} forwards, {m.kernel_runs} canary launches, {m.sweep_passes} sweeps, "
+              f"violations: {m.stats.total}, output tokens unchanged: {'yes' if unchanged else 'NO'}\n")
+    for sc in scenarios():
+        r = run_scenario(sc, **({"backend": backend} if backend else {}))
+        ok = ok and r.ok
+        first = (f"{r.first.launch_tag} {'+'.join(x.lower() for x in r.first_launch_reasons)} at step {r.first.step}"
+                 if r.first is not None else "-")
+        out.write(f"  [{'ok' if r.ok else 'FAIL'}] {sc.name:<36} violations {r.violations:>5}  first: {first} "
+                  f"(damage step {r.damage_step})\n")
+    out.write("\n")
+    return {"ok": ok}

@@ -265,3 +265,27 @@ def test_metrics_scrape_and_the_log_show_the_violation(kv_log):
     assert "kv_canary violation: launch_tag=HEAD_V_FULL fail_reason=verify_real_kv_hash" in log
     assert "canary_kind:       per_forward_head_v_full" in log
     assert f"Prometheus metrics at http://127.0.0.1:{port}/metrics" in log
+
+
+def test_the_readme_block_turns_the_canary_on_in_vllm_llm(kv_log):
+    """README's `Using kv-canary inside vLLM` example, run as written on the tiny model (vLLM's defaults
+    otherwise: its block size, max_num_seqs, a 1 GiB KV cache)."""
+    import os
+    from pathlib import Path
+
+    text = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    start = text.index("```python\n", text.index("## Using kv-canary inside vLLM")) + len("```python\n")
+    code = text[start:text.index("```", start)]
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    for k, v in dv.ENV.items():
+        os.environ.setdefault(k, v)
+    scope = {"MODEL": dv.model_dir()}
+    try:
+        exec(compile(code, "README.md", "exec"), scope)
+        worker = dv.worker_canary()
+        worker.manager.drain()
+        assert worker.steps > 0 and worker.manager.stats.total == 0 and worker.failures == 0
+    finally:
+        if "llm" in scope:
+            dv.close_llm(scope.pop("llm"))
+    assert "kv-canary 0.1.0 guarding vLLM" in kv_log.text
