@@ -89,8 +89,15 @@ class KvCanaryConnector(KVConnectorBase_V1, SupportsHMA):
         def write(key, value, scratch, slot_mapping):
             first.impl.do_kv_cache_update(first, key, value, scratch, slot_mapping)
 
-        seen = self.worker.register(kv_caches, write, dtype=cache.dtype, device=cache.device,
-                                    num_kv_heads=int(spec.num_kv_heads), head_size=int(spec.head_size))
+        try:
+            seen = self.worker.register(kv_caches, write, dtype=cache.dtype, device=cache.device,
+                                        num_kv_heads=int(spec.num_kv_heads), head_size=int(spec.head_size))
+        except ValueError:
+            raise        # a refusal (a layout or capacity it cannot guard): vLLM does not start, with the reason
+        except Exception:
+            logger.exception("kv-canary: internal error while attaching to vLLM's KV cache; the canary is off, "
+                             "vLLM runs unguarded")
+            return
         m = self.worker.manager
         logger.info("kv-canary %s guarding vLLM %s: mode %s, backend %s, schema %s (abi %s), real-KV %s of %d/%d "
                     "layers (K: %s; V: %s), sweep every %s steps", version("kv-canary"), self.vllm_version, m.mode,

@@ -97,7 +97,7 @@ def _fit(off: torch.Tensor, size: int, half: str) -> HalfLayout:
     t = torch.arange(bs).view(bs, 1, 1)
     h = torch.arange(heads).view(1, heads, 1)
     model = base + t * token + h * head + model_elem.view(1, 1, hd)
-    if not torch.equal(model, off):
+    if not torch.equal(model, off) or min(token, head, chunk_stride) < 0:
         raise ValueError(f"kv-canary: vLLM's {half} cache does not follow one token stride, head stride and "
                          f"element chunking; this layout cannot be guarded")
     return HalfLayout(base, token, head, run * size, chunk_stride, heads, hd * size)

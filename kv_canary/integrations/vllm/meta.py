@@ -41,3 +41,4 @@ class StepMeta:
     scheduled: tuple = ()         # Scheduled, one per request of the step
     cached: tuple = ()            # CachedBlock, kept for reuse since the previous step
     same_forward_reads: bool = False   # an admitted request's prefix hit includes a block this step writes
+    unguardable: str = ""         # why this step cannot be guarded (the worker turns its canary off)

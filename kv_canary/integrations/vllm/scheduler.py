@@ -78,6 +78,9 @@ class SchedulerSide:
             writers.setdefault(b, set()).add(rid)
         same = any(writers.get(b, {rid}) - {rid} for rid, blocks in hits for b in blocks)
         cached, self._cached = tuple(self._cached), []
-        meta = StepMeta(self.step, tuple(sorted(released)), tuple(scheduled), cached, bool(same))
+        copies = getattr(out, "kv_cache_block_copies", None)
+        why = (f"vLLM copies {len(copies)} KV block(s) on the worker this step (copy-on-write of a partial prefix "
+               f"hit); their canary records do not travel with them") if copies else ""
+        meta = StepMeta(self.step, tuple(sorted(released)), tuple(scheduled), cached, bool(same), why)
         self.step += 1
         return meta

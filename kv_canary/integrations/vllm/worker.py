@@ -102,7 +102,11 @@ class WorkerCanary:
             self.manager.attach(self.engine)
         self.engine.canary = self.manager
         if self.options.metrics_port is not None:
-            self._serve_metrics(self.options.metrics_port)
+            try:
+                self._serve_metrics(self.options.metrics_port)
+            except OSError as e:   # a port in use: the canary still runs, without its endpoint
+                logger.error("kv-canary: cannot serve Prometheus metrics on 127.0.0.1:%s (%s); running without them",
+                             self.options.metrics_port, e)
         self.active = True
         return {"k": kv_layout.describe(blk.k), "v": kv_layout.describe(blk.v),
                 "layers": len(self.manager.fingerprinted.get("full", ())), "of": len(caches)}
@@ -120,6 +124,10 @@ class WorkerCanary:
     # -- per step -------------------------------------------------------------------------------
     def before_forward(self, meta, attn) -> None:
         """Apply the step's StepMeta and, when the step runs a forward (`attn`: its attention metadata), HEAD."""
+        if meta.unguardable:
+            self.turn_off(meta.unguardable)
+            return
+
         def body():
             self.engine.apply(meta)
             self._batch = self.engine.batch(meta, attn, self.steps) if attn is not None else None
