@@ -121,6 +121,7 @@ bench: $(STAMP)
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
 SANITIZE_TESTS ?= tests/layer/test_emulation_shim.py tests/launch/test_validators.py tests/backends/test_host_checks.py tests/launch/test_runtime_hardening.py \
 	tests/codegen/test_c_names.py tests/backends/test_emulated_backend.py tests/backends/test_emulated_differential.py \
-	tests/launch/test_validation_gaps.py tests/launch/test_prepared.py
+	tests/launch/test_validation_gaps.py tests/launch/test_prepared.py tests/launch/test_partial_read.py \
+	tests/backends/test_strided_kv.py
 sanitize: $(STAMP)
 	$(PY) scripts/sanitize.py $(SANITIZE_TESTS)

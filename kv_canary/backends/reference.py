@@ -142,6 +142,7 @@ def _storage_words(t: torch.Tensor) -> torch.Tensor:
 # Slots hashed per gather: the gathered window block [chunk, words] and the hash state stay in
 # cache while the word loop runs over them (one 8 MB block for 65k slots would not).
 _FP_CHUNK = 8192
+_GATHER_UNITS = 1 << 20     # units gathered per block by a strided source (an 8-byte index each)
 
 
 def _source_hash(t: torch.Tensor, start: np.ndarray, nwords: int) -> np.ndarray:
@@ -172,11 +173,11 @@ def _layout(src: Any) -> tuple[int, int, int, int, int]:
             int(getattr(src, "chunk_stride_bytes", 0)))
 
 
-def _logical_offsets(num_bytes_per_token: int, layout: tuple, nbytes: int) -> np.ndarray:
-    """Byte offset, from a slot's first byte, of each of its first `nbytes` logical bytes (head by
-    head, each head's bytes in order, chunk by chunk)."""
+def _logical_offsets(num_bytes_per_token: int, layout: tuple, nbytes: int, unit: int) -> np.ndarray:
+    """Byte offset, from a slot's first byte, of every `unit`-th of its first `nbytes` logical bytes
+    (head by head, each head's bytes in order, chunk by chunk); `unit` divides a head's chunks."""
     _, heads, head_stride, chunk, chunk_stride = layout
-    b = np.arange(nbytes, dtype=np.int64)
+    b = np.arange(0, nbytes, unit, dtype=np.int64)
     h, o = np.divmod(b, num_bytes_per_token // heads)
     if chunk:
         c, o = np.divmod(o, chunk)
@@ -184,18 +185,27 @@ def _logical_offsets(num_bytes_per_token: int, layout: tuple, nbytes: int) -> np
     return h * head_stride + o
 
 
-def _gathered_hash(t: torch.Tensor, start: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """h of one source (uint64 [n]) whose slots' bytes are gathered at `start` (storage byte of each
-    slot's first byte) + `offsets` (the logical bytes' offsets)."""
-    n, nbytes = start.size, offsets.size
+_UNIT_DTYPES = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _gathered_hash(t: torch.Tensor, start: np.ndarray, num_bytes_per_token: int, layout: tuple,
+                   nbytes: int) -> np.ndarray:
+    """h of one source (uint64 [n]) whose slots' logical bytes are gathered from the storage byte
+    `start` of each slot's first byte, a chunk (or 8 bytes of a longer run) at a time."""
+    chunk = layout[3]
+    unit = chunk if chunk in (2, 4) else 8
+    offsets = _logical_offsets(num_bytes_per_token, layout, nbytes, unit)
     raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-    offs = torch.from_numpy(offsets).to(t.device)
-    start_t = torch.from_numpy(start).to(t.device)
+    units = raw[: raw.numel() // unit * unit].view(_UNIT_DTYPES[unit])  # every offset is a multiple of unit
+    offs = torch.from_numpy(offsets // unit).to(t.device)
+    start_t = torch.from_numpy(start // unit).to(t.device)
+    n, per_slot = start.size, offsets.size
     h = np.zeros(n, dtype=U64)
-    for lo in range(0, n, _FP_CHUNK):
-        hi = min(lo + _FP_CHUNK, n)
-        index = start_t[lo:hi, None] + offs[None, :]
-        words = np.ascontiguousarray(_np(raw[index])).view("<u8")  # [slots, nbytes / 8] little-endian
+    step = max(1, min(_FP_CHUNK, _GATHER_UNITS // per_slot))  # the int64 index of a block stays ~8 MB
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        gathered = units[start_t[lo:hi, None] + offs[None, :]]  # [slots, logical units], in logical order
+        words = np.ascontiguousarray(_np(gathered)).view("<u8")  # little-endian: the units' bytes in order
         part = h[lo:hi]
         for w in range(nbytes // 8):
             part ^= words[:, w]
@@ -460,7 +470,7 @@ class Reference:
                 if layout[1] == 1 and layout[3] == 0:  # one run per slot (SGLang's packed rows among them)
                     total ^= _source_hash(t, first // self._word_bytes, nbytes // self._word_bytes)
                 else:
-                    total ^= _gathered_hash(t, first, _logical_offsets(int(src.num_bytes_per_token), layout, nbytes))
+                    total ^= _gathered_hash(t, first, int(src.num_bytes_per_token), layout, nbytes)
             splitmix64(total)
         total[oor] = 0
         return total.view(np.int64), oor

@@ -325,3 +325,44 @@ def test_a_source_without_layout_fields_reads_packed_rows():
     bare = SimpleNamespace(tensor=ours.tensor, page_size=BLOCK_SIZE, num_bytes_per_token=nbpt, read_bytes=nbpt)
     for backend in ("torch", *(("emulated",) if shutil.which("g++") else ())):
         assert fingerprints(bare, MODES["ALL"], backend) == fingerprints(ours, MODES["ALL"], backend)
+
+
+# -- random layouts through the differential cases ----------------------------------------------------
+@pytest.mark.parametrize("kind", ("write", "verify"))
+def test_random_layouts_match_the_oracle_and_the_emulated_kernels(kind):
+    """Random batches over sources of which about half keep their bytes another way
+    (scenarios.layout_source): the torch reference against the scalar oracle, the emulated kernels
+    against the reference."""
+    import random
+
+    from support import budget, kernel_diff, scenarios
+
+    make = getattr(scenarios, f"make_{kind}_case")
+    rt = kv_canary.runtime_for(kv_canary.generated)
+    launch = getattr(rt, f"launch_canary_{kind}_kernel")
+    small = dict(n_reqs=4, max_prefix=16, **({"max_extend": 8} if kind == "write" else {}))  # the oracle is slow
+    for seed in range(budget.cases(12)):
+        case = make(random.Random(seed), kv_canary.generated, layouts=True, **small)
+        ref, oracle = scenarios.clone_case(case), scenarios.clone_case(case)
+        launch(**ref, backend="torch")
+        getattr(Oracle(kv_canary.generated), kind)(**oracle)
+        scenarios.compare_state(ref, oracle)
+        if shutil.which("g++"):
+            kernel_diff.compare(kv_canary.generated, kind, case, "emulated", ordered=kind == "write")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_layout_reading_up_to_the_last_byte_of_its_storage(backend):
+    """A view of head 0 of a vLLM V pool, read with both heads: the second head lies outside the view,
+    inside the storage, up to its last byte (under `make sanitize` any read past it is a finding);
+    16 bytes less of storage and the source is refused."""
+    k, v = make_kv(torch.float16, 2, seed=4)
+    t, layout, logical = stored("vllm_v", k, v)
+    nbpt = 2 * HEAD_DIM * 2
+    head0 = t[:, :1]                                   # [blocks, 1 head, block_size, head_dim]
+    want = fingerprints(source(rows_of(logical), None, nbpt, backend=backend), MODES["ALL"], backend)
+    assert fingerprints(source(head0, layout, nbpt, backend=backend), MODES["ALL"], backend) == want
+    short = torch.empty(t.numel() - 8, dtype=t.dtype)  # 16 bytes short of the last head's end
+    view = short.as_strided(head0.shape, head0.stride())
+    with pytest.raises(ValueError, match=r"^kv-canary: RealKvSource\.tensor is too small for its slot layout"):
+        source(view, layout, nbpt, backend=backend)

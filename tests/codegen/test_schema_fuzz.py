@@ -56,3 +56,18 @@ def test_the_tree_check_of_make_fuzz_passes_the_default_schema(tmp_path):
     text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
     files = render_all(load_schema_text(text, "kernels.yaml"), text, make_environment())
     build_and_run(tmp_path / "tree", files, seeds=1, nvrtc_compile=False)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
+@pytest.mark.parametrize("partial", (64, 2048))
+def test_the_tree_check_runs_a_partial_schema_at_and_past_its_limit(tmp_path, partial):
+    """A schema whose PARTIAL reads more than SGLang's 16 bytes (issue 32): the tree check's sources
+    hold that many bytes per slot (the differentials run PARTIAL up to each tensor's last byte), and
+    check_partial_limit sees a source with fewer refused on both host backends. 2048 is past the
+    scenarios' slot cap: their cases then run ALL where they drew PARTIAL."""
+    old = "REAL_KV_PARTIAL_READ_BYTES: {type: i32, value: 16,"
+    text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
+    assert text.count(old) == 1
+    text = text.replace(old, f"REAL_KV_PARTIAL_READ_BYTES: {{type: i32, value: {partial},")
+    files = render_all(load_schema_text(text, "kernels.yaml"), text, make_environment())
+    build_and_run(tmp_path / "tree", files, seeds=1, nvrtc_compile=False)

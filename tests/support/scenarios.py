@@ -6,7 +6,7 @@ two backends get identical inputs; `case_to(case, device)` moves one; `compare_s
 asserts that two cases ended in the same state. `rng` is a `random.Random`.
 
 Shapes: 0-16 requests, prefixes 0-64, extends 0-32, page sizes 1/4/16, 0-4
-real-KV sources of 16-256 read bytes, every hash mode, SWA on/off (and a LUT without a window),
+real-KV sources of 16-256 read bytes (with `layouts=True`, some stored as engines store K/V), every hash mode, SWA on/off (and a LUT without a window),
 expected-token pools on/off, small rings that overflow, and corruptions (flipped bits in any field,
 swapped slots, shifted positions, flipped real-KV bytes). Write cases keep slots distinct across requests and seeds
 outside the batch unless `overlap=True` (a GPU runs requests in parallel, so only then is the
@@ -23,6 +23,9 @@ import torch
 PAGE_SIZES = (1, 4, 16)
 LUT_WITHOUT_WINDOW_ODDS = 0.3     # of the full-attention plan cases (2 in 3 of all plan cases)
 SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.float32)
+# A schema's REAL_KV_PARTIAL_READ_BYTES up to this sizes the sources' slots (PARTIAL must not read
+# past a slot); a larger one (a fuzzed schema) gets small slots, and then its cases use ALL for PARTIAL.
+PARTIAL_SLOT_CAP = 1024
 
 
 def _mods(layer):
@@ -46,16 +49,26 @@ def _rand_i64(rng: random.Random) -> int:
 
 
 # -- real-KV sources ------------------------------------------------------------------------------------
-def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None = None, short: bool = False) -> tuple:
-    """0-4 sources with random dtypes, ranks, page sizes and padded rows; `short` drops the last rows."""
+def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None = None, short: bool = False,
+                 layouts: bool = False) -> tuple:
+    """0-4 sources with random dtypes, ranks, page sizes and padded rows; `short` drops the last rows;
+    `layouts`: about half of them keep their slots' bytes another way (layout_source). A slot holds
+    at least REAL_KV_PARTIAL_READ_BYTES (what PARTIAL reads) where that is at most PARTIAL_SLOT_CAP."""
     _, alloc, _ = _mods(layer)
     align = layer.layout.REAL_KV_LOAD_ALIGN_BYTES
+    partial = layer.layout.REAL_KV_PARTIAL_READ_BYTES
+    partial = partial if partial <= PARTIAL_SLOT_CAP else align
     count = rng.randint(0, layer.layout.MAX_REAL_KV_SOURCES) if count is None else count
     out = []
     for _ in range(count):
         page = rng.choice(PAGE_SIZES)
+        if layouts and rng.random() < 0.5:
+            rows = -(-num_slots // page)
+            out.append(layout_source(rng, alloc, page, rng.randint(1, rows - 1) if short and rows > 1 else rows,
+                                     align, partial))
+            continue
         read = align * rng.randint(1, 256 // align)
-        nbpt = read + align * rng.choice((0, 0, 1, 4))
+        nbpt = max(read + align * rng.choice((0, 0, 1, 4)), partial)
         dtype = rng.choice(SOURCE_DTYPES)
         es = torch.empty(0, dtype=dtype).element_size()
         width = page * nbpt + align * rng.choice((0, 0, 1))      # bytes of a row the canary may read
@@ -71,6 +84,39 @@ def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None
     return tuple(out)
 
 
+def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, min_bytes: int):
+    """A source whose slots' bytes lie as an engine keeps them (RealKvSource's layout fields), over rows
+    of random bytes: one run per slot with a gap after it, heads a block apart (vLLM's V, FlashInfer's
+    HND), element-strided heads (vLLM's K), 16- or 32-byte chunks (vLLM's paged-attention K)."""
+    heads = rng.choice((1, 2, 3))
+    form = rng.choice(("gap", "heads", "elements", "chunks"))
+    chunk = {"gap": 0, "heads": 0, "elements": rng.choice((2, 4, 8)), "chunks": rng.choice((16, 32))}[form]
+    unit = max(align, chunk)
+    head = unit * rng.randint(1, 3)
+    while heads * head < min_bytes:
+        head += unit
+    nbpt = heads * head
+    read = align * rng.randint(1, nbpt // align)
+    if form == "gap":    # [block, slot (+ gap), heads, head]
+        ts, hs, cs = nbpt + align * rng.choice((0, 1, 2)), head if heads > 1 else 0, 0
+        block = page * ts
+    elif form == "heads":  # [block, heads, slot, head] (+ a gap after each head's slots)
+        ts, cs = head, 0
+        hs = page * head + align * rng.choice((0, 1))
+        block = heads * hs
+    else:                  # [block, heads, chunk, slot, chunk bytes]
+        ts, cs = chunk, page * chunk
+        hs = head // chunk * cs
+        block = heads * hs
+    pitch = -(-block // align) * align + align * rng.choice((0, 0, 2))
+    dtype = rng.choice(SOURCE_DTYPES)
+    raw = torch.randint(0, 256, (rows * pitch,), dtype=torch.uint8)
+    tensor = raw.view(dtype).view(rows, pitch // raw.view(dtype).element_size())
+    return alloc.RealKvSource(tensor=tensor, page_size=page, num_bytes_per_token=nbpt, read_bytes=read,
+                              token_stride_bytes=ts, num_heads=heads, head_stride_bytes=hs, chunk_bytes=chunk,
+                              chunk_stride_bytes=cs)
+
+
 def flip_source_byte(rng: random.Random, sources: tuple, slot: int) -> bool:
     """Flip one byte that the fingerprint of `slot` reads (in every mode: the first 16 bytes)."""
     if not sources:
@@ -80,19 +126,25 @@ def flip_source_byte(rng: random.Random, sources: tuple, slot: int) -> bool:
     if row >= src.tensor.shape[0]:
         return False
     flat = src.tensor[row].reshape(-1).view(torch.uint8)
-    at = (slot % src.page_size) * src.num_bytes_per_token + rng.randrange(16)
+    b = rng.randrange(16)  # a byte of head 0's first 16 (within one chunk of 16 or more, or a small chunk's)
+    chunk = src.chunk_bytes or 16
+    at = (slot % src.page_size) * src.token_stride_bytes + b // chunk * src.chunk_stride_bytes + b % chunk
     flat[at] ^= 1 << rng.randrange(8)
     return True
 
 
 # -- contexts -------------------------------------------------------------------------------------------
-def make_context(rng: random.Random, layer, num_slots: int, *, sources=None, mode=None, short_sources=False):
+def make_context(rng: random.Random, layer, num_slots: int, *, sources=None, mode=None, short_sources=False,
+                 layouts=False):
     lay, alloc, _ = _mods(layer)
     stride = lay.CANARY_SLOT_STRIDE_BYTES + lay.CANARY_WORD_BYTES * rng.choice((0, 0, 0, 1, 3))
     ring_cap = rng.choice((0, 1, 3, 8, 64, 256))
     if sources is None:
-        sources = make_sources(rng, layer, num_slots, short=short_sources)
+        sources = make_sources(rng, layer, num_slots, short=short_sources, layouts=layouts)
     mode = rng.choice(list(lay.RealKvHashMode)) if mode is None else mode
+    if mode == lay.RealKvHashMode.PARTIAL and any(s.num_bytes_per_token < lay.REAL_KV_PARTIAL_READ_BYTES
+                                                  for s in sources):
+        mode = lay.RealKvHashMode.ALL  # a source that small is refused in PARTIAL (its slots are too short)
     ctx = alloc.allocate_context(num_slots=num_slots, ring_capacity=ring_cap, device="cpu",
                                  kernel_kind=rng.choice(list(lay.CanaryLaunchTag)), real_kv_sources=sources,
                                  real_kv_hash_mode=mode, enable_chain_position_assert=rng.random() < 0.8,
@@ -182,7 +234,7 @@ def _layout_requests(rng: random.Random, n_reqs: int, *, max_prefix=64, max_exte
 
 # -- write ----------------------------------------------------------------------------------------------
 def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, overlap: bool = False,
-                    max_prefix: int = 64, max_extend: int = 32) -> dict:
+                    max_prefix: int = 64, max_extend: int = 32, layouts: bool = False) -> dict:
     lay, alloc, _ = _mods(layer)
     n_reqs = rng.randint(0, 16) if n_reqs is None else n_reqs
     prefixes, extends = _layout_requests(rng, n_reqs, max_prefix=max_prefix, max_extend=max_extend)
@@ -194,7 +246,7 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
         prefix_slots.append(perm[at:at + p])
         extend_slots.append(perm[at + p:at + p + e])
         at += p + e
-    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05)
+    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
     written = populate(layer, ctx, prefix_slots, rng=rng)
     if rng.random() < 0.3:
         corrupt(rng, layer, ctx, [s for c in prefix_slots for s in c])
@@ -273,7 +325,8 @@ def crowd_slots(rng: random.Random, case: dict, *, distinct: int = 3) -> dict:
 
 
 # -- verify ---------------------------------------------------------------------------------------------
-def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_prefix: int = 64) -> dict:
+def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_prefix: int = 64,
+                     layouts: bool = False) -> dict:
     lay, alloc, _ = _mods(layer)
     n_reqs = rng.randint(0, 16) if n_reqs is None else n_reqs
     prefixes = [rng.choice((0, rng.randint(0, max_prefix), rng.randint(0, 8))) for _ in range(n_reqs)]
@@ -284,7 +337,7 @@ def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, ma
     for p in prefixes:
         chains.append(perm[at:at + p])
         at += p
-    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05)
+    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
     written = populate(layer, ctx, chains, rng=rng)
     all_slots = [s for c in chains for s in c]
     for _ in range(rng.choice((0, 0, 1, 2, 4))):

@@ -129,6 +129,11 @@ CASES = (
           ("positive multiple of {schema.REAL_KV_LOAD_ALIGN_BYTES}, got {n}", "positive multiple of {schema.ALIGN}, got {n}")],
          ("76:22: error: message 'real_kv_page_size' must use exactly the placeholders {page_size}, got {page}",
           "77:32: error: message 'real_kv_num_bytes_per_token' quotes unknown schema value 'ALIGN'; known: CANARY_CHAIN_ANCHOR, CANARY_FIELDS_PER_SLOT, CANARY_RECORD_BYTES, CANARY_SLOT_STRIDE_BYTES, MAX_REAL_KV_SOURCES, REAL_KV_LOAD_ALIGN_BYTES, REAL_KV_PARTIAL_READ_BYTES, REQ_POOL_IDX_PADDING, TOKEN_TO_KV_SLOT_PADDING, VIOLATION_FIELDS")),
+    Case("message_optional_placeholder", "An optional message the schema states is checked like a required one; "
+         "one it leaves out gets its default text (no diagnostic).",
+         [("real_kv_sources[{i}].num_bytes_per_token is {n}", "real_kv_sources[i].num_bytes_per_token is {n}"),
+          ("  real_kv_layout: \"RealKvSource.{field} must be {expected}, got {got}\"\n", "")],
+         ("84:20: error: message 'real_kv_partial' must use exactly the placeholders {i}, {n}, got {n}",)),
     Case("message_trigraph", "A message with a trigraph ('??=' is '#' to a C compiler that still reads trigraphs).",
          [("be contiguous", "be contiguous ??=")],
          ("87:19: error: message 'not_contiguous' must not contain the trigraph '??=' (a C or C++ compiler may replace it)",)),

@@ -436,3 +436,41 @@ def build_and_run(out: Path, files, seeds: int, *, nvrtc_compile: bool = True) -
         for seed in range(seeds):
             case = getattr(scenarios, make)(random.Random(seed), layer)
             kernel_diff.compare(layer, kind, case, "emulated", ordered=ordered)
+    check_partial_limit(layer, seeds)
+
+
+def check_partial_limit(layer, seeds: int) -> None:
+    """PARTIAL at the tree's REAL_KV_PARTIAL_READ_BYTES: sources of exactly that many bytes per slot
+    (the last slot's read ends at its tensor's last byte) run alike on the reference and the emulated
+    kernels; a source with 16 fewer is refused before any launch, on both (issue 32)."""
+    import dataclasses
+
+    import pytest
+    import torch
+
+    import kv_canary
+    from support import kernel_diff, scenarios
+
+    lay = layer.layout
+    partial, align, mode = lay.REAL_KV_PARTIAL_READ_BYTES, lay.REAL_KV_LOAD_ALIGN_BYTES, lay.RealKvHashMode.PARTIAL
+    alloc = kv_canary.runtime_for(layer).allocators
+    for seed in range(seeds):
+        case = scenarios.make_write_case(random.Random(seed), layer)
+        slots = int(case["context"].canary_buf.shape[0])
+
+        def source(nbpt: int, page: int = 1):
+            rows = -(-slots // page)
+            data = torch.randint(0, 256, (rows, page * nbpt), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+            return alloc.RealKvSource(tensor=data, page_size=page, num_bytes_per_token=nbpt, read_bytes=align)
+        if partial <= scenarios.PARTIAL_SLOT_CAP:
+            at_limit = (source(partial), source(partial, page=4))
+            kernel_diff.compare(layer, "write", dict(case, context=dataclasses.replace(
+                case["context"], real_kv_sources=at_limit, real_kv_hash_mode=mode)), "emulated", ordered=True)
+        if partial > align:
+            short = dict(case, context=dataclasses.replace(case["context"], real_kv_sources=(source(partial - align),),
+                                                           real_kv_hash_mode=mode))
+            refusal = lay.MESSAGE_PREFIX + lay.MESSAGES["real_kv_partial"].format(i=0, n=partial - align)
+            for backend in ("torch", "emulated"):
+                with pytest.raises(ValueError) as exc:
+                    kv_canary.runtime_for(layer).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
+                assert str(exc.value) == refusal

@@ -54,7 +54,10 @@ def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
 # kv-canary's launch data classes and the SGLang classes the plugin rewraps into them, field by field.
 _DATA_CLASSES = {"RealKvSource": "verify", "VerifyOrWriteContext": "verify", "VerifyPlan": "verify",
                  "WritePlan": "write"}
-_OURS_ONLY = {"violation_reason_counts"}   # kv-canary's extension (None: counts nothing)
+# kv-canary's extensions, with defaults the rewrapped objects keep: per-reason totals (None: counts
+# nothing) and RealKvSource's layout fields (their defaults are SGLang's packed rows).
+_OURS_ONLY = {"violation_reason_counts", "token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes",
+              "chunk_stride_bytes"}
 
 
 def data_class_differences(ours, theirs) -> list[str]:
