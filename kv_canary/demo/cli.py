@@ -3,7 +3,8 @@
 Exits 0 when the clean run is silent and every scenario behaves as documented. SGLang's canary flags
 and SGLANG_KV_CANARY_* variables configure the clean run (once any flag is given, the others take
 SGLang's defaults too; without them it checks everything). Then the same for HF transformers'
-continuous batching (skipped, saying how to get it, without transformers). `--world-size N`: the
+continuous batching, and vLLM through its KV connector API (each skipped, saying how to get it, when
+not installed; vLLM's only in a full demo, without --only). `--world-size N`: the
 fleet demo (kv_canary.demo.fleet).
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..engine.config import FLAG_MODE, FLAG_REAL_KV_DATA, FLAG_SWEEP_INTERVAL, C
 from ..engine.metrics import MetricsPortUnavailable
 from . import faults, fleet, report
 from . import transformers as tf
+from . import vllm as vllm_demo
 
 # The clean run's canary when no flag or environment variable says otherwise: every check on.
 DEMO_CANARY = CanaryConfig(mode="log", real_kv_data="all", sweep_interval=faults.SWEEP, stats_print_every_n_steps=0,
@@ -228,8 +230,9 @@ def _single_process_demo(args, canary: CanaryConfig, device: str, backend_name: 
     if isolation is not None:
         out.write(isolation + "\n\n")
     real = _real_engine_section(args, canary, device, registry, out, real_clean, real_chosen)
+    in_vllm = vllm_demo.demo_section(out, args.backend) if not args.only and device == "cpu" else {}
     md, chart, no_chart = report.write_report(results, clean, args.out, real)
-    ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True)
+    ok = clean["violations"] == 0 and all(r.ok for r in results) and real.get("ok", True) and in_vllm.get("ok", True)
     out.write(f"report: {md}  " + (f"chart: {chart}\n" if chart else f"no chart: {no_chart}\n"))
     if args.jsonl is not None:
         out.write(f"violations as JSON lines: {args.violations_jsonl}\n")

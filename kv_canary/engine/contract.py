@@ -154,6 +154,11 @@ class Engine(Protocol):
         """What the sweep verifies: the slots the engine keeps for reuse (prefix cache), nobody reading them now."""
         ...
 
+    # Optional: `same_forward_reads = True` for an engine whose forward may read a slot that another row
+    # of the same batch writes in that forward (vLLM: a prefix-cache hit on a block cached when it was
+    # scheduled); a batch then says so with `batch.same_forward_reads = True`, and the manager verifies
+    # those entries after TAIL's writes instead of at HEAD (CanaryManager._defer_same_forward_reads).
+
 
 @runtime_checkable
 class SlotTableEngine(Engine, Protocol):

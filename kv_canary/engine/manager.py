@@ -45,6 +45,7 @@ logger = logging.getLogger("kv_canary")
 V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 # Context columns the per-request and per-token buffers start with (CanaryManager initial_context).
 INITIAL_CONTEXT = 256
+LATE = "late"       # the launches of same-forward reads, verified after TAIL (Engine.same_forward_reads)
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
            "KvLayout", "CanaryStats")
 
@@ -241,6 +242,10 @@ class CanaryManager(Listened):
         self.fingerprinted = self._choose_layers(pools)
         self._allocate_inputs(cfg, pools)
         self._buf_of_tag: dict = {}  # launch tag value -> its canary buffer (what the drain reads records from)
+        # Engines whose batch may read a block another row writes in the same forward (vLLM: a prefix hit
+        # on a block cached when it was scheduled) get a second verify plan per group, run after TAIL.
+        self._late_capable = bool(getattr(engine, "same_forward_reads", False))
+        self._late_now = False
         self.groups = [self._make_group(name, pool, self._verify_capacity()) for name, pool in pools.items()]
         self._scatter = self.rt.bind("scatter_req_token_ids", flat_in=self._scatter_flat, offsets=self._scatter_offsets,
                                      req_pool_indices=self._scatter_row, pool_out=self.req_pool, backend=self.backend)
@@ -289,6 +294,8 @@ class CanaryManager(Listened):
                    A.VerifyPlan.allocate(verify_capacity=storage.num_slots, device=dev),
                    self._slot_tables(name, pool), self._fixed(self.token_capacity),
                    {f.name: self._fixed(self.token_capacity) for f in L.INPUT_FIELDS})
+        if self._late_capable:
+            g.late_plan = A.VerifyPlan.allocate(verify_capacity=verify_capacity, device=dev)
         g.launches["plan"] = bind(
             "launch_canary_plan_kernels", verify_plan_out=g.verify_plan, write_plan_out=g.write_plan,
             req_pool_indices=self._req_pool_indices, prefix_lens=self._prefix_lens,
@@ -312,6 +319,11 @@ class CanaryManager(Listened):
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
                     plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
                     check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables, backend=b)
+                if phase == "tail" and self._late_capable:   # the same-forward reads, verified after TAIL writes
+                    g.launches[(LATE, half, "verify")] = bind(
+                        "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
+                        plan=g.late_plan, check_verify_expected_token=self.check_verify_expected_token,
+                        extra_slot_tables=tables, backend=b)
                 if phase != SWEEP_PHASE:
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
                     mode = L.RealKvHashMode.NONE if phase == "head" else self.real_kv_hash_mode
@@ -418,6 +430,8 @@ class CanaryManager(Listened):
         A = self.alloc
         for g in self.groups:
             g.verify_plan = A.VerifyPlan.allocate(verify_capacity=self._verify_capacity(), device=self.device)
+            if self._late_capable:   # the same-forward reads' plan holds as many entries as the step's
+                g.late_plan = A.VerifyPlan.allocate(verify_capacity=self._verify_capacity(), device=self.device)
             g.out_cache_loc = self._fixed(self.token_capacity)
             g.token_inputs = {f.name: self._fixed(self.token_capacity) for f in self.L.INPUT_FIELDS}
             g.launches["plan"] = g.launches["plan"].rebind(
@@ -426,7 +440,8 @@ class CanaryManager(Listened):
             for key, launch in list(g.launches.items()):
                 if key == "plan" or key[0] == SWEEP_PHASE:
                     continue
-                g.launches[key] = launch.rebind(plan=g.verify_plan) if key[2] == "verify" else launch.rebind(
+                plan = g.late_plan if key[0] == LATE else g.verify_plan
+                g.launches[key] = launch.rebind(plan=plan) if key[2] == "verify" else launch.rebind(
                     input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
                     extra_inputs=g.token_inputs, **self._expected)
         self._scatter = self._scatter.rebind(flat_in=self._scatter_flat, pool_out=self.req_pool)
@@ -499,6 +514,9 @@ class CanaryManager(Listened):
             self._stage_batch(batch)
             for g in self.groups:
                 g.launches["plan"].run()
+            self._late_now = self._late_capable and bool(getattr(batch, "same_forward_reads", False))
+            if self._late_now:
+                self._defer_same_forward_reads(int(batch.input_ids.shape[0]))
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
             self._verify_and_write("head", batch)
@@ -507,6 +525,23 @@ class CanaryManager(Listened):
         """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
             self._verify_and_write("tail", batch)
+            if self._late_now:
+                for g in self.groups:
+                    for half in self.halves:
+                        g.launches[(LATE, half, "verify")].run()
+
+    def _defer_same_forward_reads(self, n: int) -> None:
+        """Move the verify entries of slots this very forward writes (a row reading a block another row
+        fills in the same step) from the step's plan to the late plan: HEAD would find those slots
+        before their records exist; after TAIL's writes they hold the writer's records and fingerprints.
+        A moved entry becomes slot 0 (padding, skipped) in the plan it leaves."""
+        for g in self.groups:
+            plan, late = g.verify_plan, g.late_plan
+            written = torch.isin(plan.verify_slot_indices, g.out_cache_loc[:n])
+            for f in dataclasses.fields(plan):
+                getattr(late, f.name).copy_(getattr(plan, f.name))
+            late.verify_slot_indices.masked_fill_(~written, 0)
+            plan.verify_slot_indices.masked_fill_(written, 0)
 
     def after_step(self, step: int) -> None:
         """End of an engine step: the sweep when due, draining, the stats line and the health check;
