@@ -49,7 +49,7 @@ def _load(schema_path: Path, tree: Tree | None = None):
     """(schema, the normalised text it was parsed from): the file is read once (by the name it is shown by).
     A schema that does not exist says where schemas come from (kv-canary.yaml, init, --schema)."""
     shown = _display(schema_path)
-    if not Path(schema_path).exists():
+    if not os.path.lexists(schema_path):   # a link that loops or dangles: read_schema says which
         where = "" if tree is None or not (tree.configured or tree.schema == Path.cwd().resolve() / "kernels.yaml") \
             else f"; {_where_schemas_come_from(tree)}"
         raise SchemaError([Diagnostic(Loc(shown, 1, 1), f"cannot read schema {shown}: No such file or directory{where}")])

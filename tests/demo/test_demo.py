@@ -150,7 +150,7 @@ def test_without_transformers_the_section_says_how_to_get_it(tmp_path, capsys, m
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--backend", "cdua"], "--backend must be one of torch, cuda, emulated, got 'cdua' (did you mean 'cuda'?)"),
+    (["--backend", "cdua"], "--backend must be one of torch, cpu, cuda, emulated, got 'cdua' (did you mean 'cuda'?)"),
     (["--device", "tpu"], "--device must be a torch device such as cpu or cuda, got 'tpu'"),
     (["--out", "/proc/nope/x"], "--out /proc/nope/x: cannot write the report there"),
 ])
