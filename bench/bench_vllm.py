@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     from kv_canary.demo import vllm as dv
     why = dv.available()
@@ -72,12 +72,16 @@ def main() -> int:
     hooks = ((scheduler.SchedulerSide, "build", "scheduler"), (worker.WorkerCanary, "before_forward", "head"),
              (worker.WorkerCanary, "after_forward", "tail"))
     for backend in ("torch", "emulated"):
+        # The schemas alternate within each repeat, so a slow spell of this shared machine hits both.
+        best: dict = {}
+        for _ in range(args.repeats):
+            for schema, layer in schemas.items():
+                m = _measured(run, {"mode": "log", "backend": backend, "sweep_interval": dv.SWEEP,
+                                    "request_inputs": "vllm_namespace", **layer}, hooks)
+                if schema not in best or m[0] < best[schema][0]:
+                    best[schema] = m
         per_schema = {}
-        for schema, layer in schemas.items():
-            options = {"mode": "log", "backend": backend, "sweep_interval": dv.SWEEP,
-                       "request_inputs": "vllm_namespace", **layer}
-            total, n, spent = min((_measured(run, options, hooks) for _ in range(args.repeats)),
-                                  key=lambda m: m[0])
+        for schema, (total, n, spent) in best.items():
             per = {k: v / n * 1e6 for k, v in spent.items()}
             per_schema[schema] = total / n
             print(f"{backend:<10} {schema:<10} {n:>5} {step_us:>10.0f}us {total / n * 1e6:>10.0f}us "
