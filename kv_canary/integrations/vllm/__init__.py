@@ -13,10 +13,11 @@ plugin, add `"kv_connector_module_path": "kv_canary.integrations.vllm.connector"
 of MultiConnector's connectors, beside a connector that moves KV. The scheduler side ships each
 step's request knowledge to the worker (StepMeta); the worker runs a CanaryManager: HEAD before the
 forward, TAIL after it, the sweep over the prefix cache's blocks, the drain. The options are
-`kv_connector_extra_config`'s keys (options.Options). Refused at start-up, with the reason: a vLLM
+`kv_connector_extra_config`'s keys (options.Options); `layer` and `request_inputs` run a schema of
+your own (a package `kv-canary generate` made) and fill its per-request input fields (inputs.py). Refused at start-up, with the reason: a vLLM
 outside TESTED_VERSIONS, asynchronous scheduling, speculative decoding, tensor or pipeline
 parallelism, more than one KV cache group (hybrid models), sliding-window or MLA attention, a
-quantised KV cache.
+quantised KV cache, a schema whose input fields the connector cannot fill.
 """
 from __future__ import annotations
 

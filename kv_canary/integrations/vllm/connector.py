@@ -20,6 +20,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from ...launch.runtime import choose_backend
 from . import check_vllm, refusals
+from .inputs import resolve
 from .meta import StepMeta
 from .options import Options
 from .scheduler import SchedulerSide
@@ -62,16 +63,20 @@ class KvCanaryConnector(KVConnectorBase_V1, SupportsHMA):
         if problems:
             raise ValueError("kv-canary: cannot guard this vLLM configuration: " + "; ".join(problems)
                              + " (or set kv_connector_extra_config {'mode': 'none'})")
+        # The schema (the user's generated package or the default) and what fills its request_input
+        # fields: refused here, in both roles, when the connector cannot fill it.
+        self.schema = resolve(self.options.layer, self.options.request_inputs)
         group = kv_cache_config.kv_cache_groups[0]
         block_size = int(group.kv_cache_spec.block_size)
         if role == KVConnectorRole.SCHEDULER:
             self.sched = SchedulerSide(block_size=block_size,
-                                       prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching))
+                                       prefix_caching=bool(vllm_config.cache_config.enable_prefix_caching),
+                                       input_fields=self.schema.fields, request_inputs=self.schema.request_inputs)
         else:
             sc = vllm_config.scheduler_config
             self.worker = WorkerCanary(self.options, block_size=block_size, max_running=int(sc.max_num_seqs),
                                        max_ctx=int(vllm_config.model_config.max_model_len),
-                                       layer_names=list(group.layer_names))
+                                       layer_names=list(group.layer_names), schema=self.schema)
             self._vllm_config = vllm_config
             self._group = group
 

@@ -16,7 +16,7 @@ Host work per step is per request (its row, its lengths, its new blocks), never 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -57,6 +57,7 @@ class Request:
     row: int
     matched: int
     req_id: str
+    inputs: dict = field(default_factory=dict)   # its request_input values (the scheduler side's, at admission)
 
 
 @dataclass
@@ -91,8 +92,9 @@ class VllmEngine:
     same_forward_reads = True     # a prefix hit may read a block another row writes in the same forward
 
     def __init__(self, storage: VllmKvStorage, *, block_size: int, max_running: int, max_ctx: int, device,
-                 max_requests: Optional[int] = None):
+                 max_requests: Optional[int] = None, input_fields: tuple = ()):
         self.storage = storage
+        self.input_fields = tuple(input_fields)   # the schema's request_input fields (Scheduled.inputs' order)
         self.block_size = block_size
         self.device = torch.device(device)
         self.max_blocks = -(-max_ctx // block_size)
@@ -169,7 +171,8 @@ class VllmEngine:
     def _admit(self, s) -> Request:
         if not self.free_rows:
             raise ValueError(f"kv-canary: more than {self.max_requests} requests hold KV cache at once")
-        req = Request(self._next_rid, self.free_rows.pop(0), max(s.matched, 0), s.req_id)
+        req = Request(self._next_rid, self.free_rows.pop(0), max(s.matched, 0), s.req_id,
+                      dict(zip(self.input_fields, s.inputs)))
         self._next_rid += 1
         self.requests[s.req_id] = req
         return req

@@ -22,6 +22,7 @@ class Scheduled:
     sent: int = 0                 # position of new_tokens[0] in the request's token ids
     new_tokens: tuple = ()        # its token ids the worker does not have yet
     new_blocks: tuple = ()        # blocks newly handed to it (their slots get a new allocation epoch)
+    inputs: tuple = ()            # on admission: its request_input values, in the schema's field order
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ class Options:
     metrics_port: Optional[int] = None  # serve Prometheus /metrics on 127.0.0.1:PORT from the worker (0: any free port)
     max_requests: Optional[int] = None  # requests holding KV at once (default: twice max_num_seqs)
     allow_untested_vllm: bool = False   # run on a vLLM outside TESTED_VERSIONS (at your own risk)
+    layer: Optional[str] = None         # the generated package to run (import name or directory; inputs.py)
+    request_inputs: Optional[str] = None  # "vllm_namespace" or "module:function": request_input values (inputs.py)
 
     @classmethod
     def parse(cls, extra: Optional[dict]) -> "Options":

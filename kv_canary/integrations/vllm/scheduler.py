@@ -8,13 +8,18 @@ typing (kv_canary.integrations.vllm.connector checks the version they come from)
 """
 from __future__ import annotations
 
+from ...engine.request_inputs import check_request_values
 from .meta import CachedBlock, Scheduled, StepMeta
 
 
 class SchedulerSide:
-    def __init__(self, *, block_size: int, prefix_caching: bool):
+    def __init__(self, *, block_size: int, prefix_caching: bool, input_fields: tuple = (), request_inputs=None):
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        # The schema's request_input fields and the user's function of vLLM's Request that fills them
+        # (inputs.resolve): asked here, where the Request with its adapter and cache salt lives.
+        self.input_fields = tuple(input_fields)
+        self.request_inputs = request_inputs
         self.kv_cache_manager = None
         self.requests: dict = {}      # req_id -> vLLM Request (admitted, not finished)
         self.sent: dict = {}          # req_id -> token ids shipped to the worker (the worker holds its row)
@@ -56,9 +61,11 @@ class SchedulerSide:
             computed = req.num_computed_tokens
             blocks = self.kv_cache_manager.get_block_ids(rid)[0]
             tokens = req.all_token_ids
-            matched = -1
+            matched, inputs = -1, ()
             if rid not in self.sent:             # admission: new, or resumed after a preemption
                 matched = computed
+                if self.input_fields:
+                    inputs = check_request_values(self.request_inputs(req), self.input_fields, req)
                 self.sent[rid] = 0
                 self.blocks_known[rid] = computed // bs
                 if computed:
@@ -72,7 +79,7 @@ class SchedulerSide:
             first, last = computed // bs, (computed + n - 1) // bs
             written.update((b, rid) for b in blocks[first:last + 1])
             scheduled.append(Scheduled(rid, computed, n, blocks[first] * bs + computed % bs, matched, sent,
-                                       new_tokens, new_blocks))
+                                       new_tokens, new_blocks, inputs))
         writers = {}
         for b, rid in written:
             writers.setdefault(b, set()).add(rid)

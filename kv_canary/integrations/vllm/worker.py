@@ -23,6 +23,7 @@ from ...engine.manager import CanaryCoverageWarning, CanaryManager
 from ...engine.monitor import CanaryHealthError
 from . import layout as kv_layout
 from .engine import VllmEngine, VllmKvStorage
+from .inputs import Schema, resolve
 from .options import Options
 
 logger = logging.getLogger("kv_canary")
@@ -30,8 +31,10 @@ STOPS = (CanaryViolationError, CanaryHealthError)   # what mode raise lets out o
 
 
 class WorkerCanary:
-    def __init__(self, options: Options, *, block_size: int, max_running: int, max_ctx: int, layer_names: list):
+    def __init__(self, options: Options, *, block_size: int, max_running: int, max_ctx: int, layer_names: list,
+                 schema: Optional[Schema] = None):
         self.options = options
+        self.schema = schema if schema is not None else resolve(options.layer, options.request_inputs)
         self.block_size = block_size
         self.max_running = max_running
         self.max_ctx = max_ctx
@@ -95,8 +98,11 @@ class WorkerCanary:
                               head_size=head_size)
         storage = VllmKvStorage(caches, blk, self.block_size)
         self.engine = VllmEngine(storage, block_size=self.block_size, max_running=self.max_running,
-                                 max_ctx=self.max_ctx, device=device, max_requests=self.options.max_requests)
-        self.manager = CanaryManager(**self.options.manager_options())
+                                 max_ctx=self.max_ctx, device=device, max_requests=self.options.max_requests,
+                                 input_fields=self.schema.fields)
+        # The request_input values came from the scheduler side with the request's admission.
+        reads = (lambda request: request.inputs) if self.schema.fields else None
+        self.manager = CanaryManager(layer=self.schema.layer, request_inputs=reads, **self.options.manager_options())
         with warnings.catch_warnings():
             warnings.simplefilter("always", CanaryCoverageWarning)
             self.manager.attach(self.engine)
