@@ -258,20 +258,23 @@ inline void fingerprints(const kvc::RealKvSources& kv, const kvc_i64* slots, kvc
   for (; k < n; ++k) out[k] = kvc::real_kv_fingerprint(kv, slots[k]);
 }
 
-// Entries a loop classifies, hashes and finishes together; the lines of the next block are asked
-// for while this one is hashed. One block is enough to cover a miss (measured: 16 entries of 2 x 128 B
-// rows are ~64 lines in flight; 64 entries ahead overflow the miss buffers and run slower).
-#ifndef KVC_CPU_BLOCK
-#define KVC_CPU_BLOCK 16
-#endif
-#ifndef KVC_CPU_CHAINS
-#define KVC_CPU_CHAINS 2
-#endif
-constexpr kvc_i64 kBlock = KVC_CPU_BLOCK;
+// Entries a loop classifies, hashes and finishes together (a multiple of kSlotsAtOnce).
+constexpr kvc_i64 kBlock = kSlotsAtOnce;
 
-// Whether `slot`'s lines are worth asking for: a slot right after the one before it continues a run
-// of rows that the hardware prefetcher already streams (software prefetches there only compete).
-inline bool scattered(kvc_i64 slot, kvc_i64 before) { return slot != before + 1; }
+// How far ahead (in entries) the loops ask for lines: about kLinesAhead lines in flight. Measured on
+// a 2-core AMD EPYC (2 x 128 B or 2 x 16 B of 256 B rows): 16 entries of 5 lines and 32 entries of 3
+// lines ran fastest; 8 entries left misses exposed, 64 overflowed the miss buffers. Rows that follow
+// each other are asked for too: reading 16 or 128 B of every 256 B row is a stride the hardware
+// prefetcher covers badly (measured: 1.5x faster with the prefetches).
+constexpr kvc_i64 kLinesAhead = 96;
+inline kvc_i64 prefetch_ahead(const kvc::RealKvSources& kv) {
+  kvc_i64 lines = 1;  // the record
+  if (kvc::real_kv_active(kv))
+    for (int s = 0; s < kv.num_sources && s < kvc::MAX_REAL_KV_SOURCES; ++s)
+      lines += (kvc::real_kv_read_len(kv, s) + kLine - 1) / kLine;
+  const kvc_i64 ahead = kLinesAhead / lines;
+  return ahead < kBlock ? kBlock : ahead > 4 * kBlock ? 4 * kBlock : ahead;
+}
 
 // -- verify (docs/semantics.md §5.2) ------------------------------------------------------------------
 // Entries [lo, hi) in blocks: kvc_verify::prepare_entry sorts each block's entries (rows it would
@@ -286,19 +289,17 @@ inline void verify_range(const kvc_verify::Args& a, const kvc::RealKvSources& kv
   kvc_i64 slot[kBlock], prev[kBlock];
   kvc_u64 fp[kBlock];
   int at[kBlock];
+  const kvc_i64 ahead = prefetch_ahead(kv);
   for (kvc_i64 b = lo; b < hi; b += kBlock) {
     const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
     int n = 0;
     for (kvc_i64 e = b; e < end; ++e) {
-      if (e + kBlock < hi) {  // the next block's lines
-        const kvc_i64 ahead = a.verify_slot_indices[e + kBlock];
-        if (scattered(ahead, a.verify_slot_indices[e + kBlock - 1])) {
-          prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, ahead);
-          prefetch_kv(kv, ahead);
-        }
-        const kvc_i64 prev_ahead = a.verify_prev_slot_indices[e + kBlock];
-        if (scattered(prev_ahead, a.verify_prev_slot_indices[e + kBlock - 1]) && prev_ahead != a.verify_slot_indices[e + kBlock - 1])
-          prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, prev_ahead);
+      if (e + ahead < hi) {  // lines for later entries (records also when one entry's prev is the entry before)
+        const kvc_i64 later = a.verify_slot_indices[e + ahead], later_prev = a.verify_prev_slot_indices[e + ahead];
+        prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, later);
+        prefetch_kv(kv, later);
+        if (later_prev != a.verify_slot_indices[e + ahead - 1])
+          prefetch_record<0>(a.canary_buf, a.num_slots, a.slot_stride_bytes, later_prev);
       }
       kvc_i64 s = 0, p = 0;
       at[e - b] = -1;
@@ -364,12 +365,12 @@ inline void token_fingerprints(const kvc_write::Inputs& in, const kvc::RealKvSou
                                kvc_u64* fp) {
   kvc_i64 slot[kBlock], token[kBlock];
   kvc_u64 got[kBlock];
+  const kvc_i64 ahead = prefetch_ahead(kv);
   for (kvc_i64 b = lo; b < hi; b += kBlock) {
     const kvc_i64 end = hi - b < kBlock ? hi : b + kBlock;
     int n = 0;
     for (kvc_i64 i = b; i < end; ++i) {
-      if (i + kBlock < hi && scattered(in.out_cache_loc[i + kBlock], in.out_cache_loc[i + kBlock - 1]))
-        prefetch_kv(kv, in.out_cache_loc[i + kBlock]);  // the next block's rows
+      if (i + ahead < hi) prefetch_kv(kv, in.out_cache_loc[i + ahead]);  // a later entry's rows
       const kvc_i64 s = in.out_cache_loc[i];
       if (s >= 0 && s < in.num_slots && kvc::real_kv_in_range(kv, s)) {
         slot[n] = s;
@@ -441,7 +442,7 @@ inline bool chains_independent(const kvc_write::Args& a, const kvc_write::Inputs
 // link[i] and, where the request asserts positions, the previous stored entry's position into
 // prev_pos[i]. kChains requests are folded in lock-step: each chain is a series of dependent mixes,
 // so one at a time runs at the multiplier's latency. Same entries, same fold as walk_request.
-constexpr int kChains = KVC_CPU_CHAINS;
+constexpr int kChains = 2;  // measured: 4 or 8 ran slower (more input streams than the L1 keeps apart)
 inline void fold_chains(const kvc_write::Args& a, const kvc_write::Inputs& in, const kvc::RealKvSources& kv,
                         const kvc_u64* fp, const kvc_write::Request* reqs, kvc_i64 lo, kvc_i64 hi, kvc_u64* link,
                         kvc_u64* prev_pos) {
@@ -488,7 +489,7 @@ inline unsigned long long store_requests(const kvc_write::Args& a, const kvc_wri
     kvc_write::Request q;
     if (!kvc_write::begin_request(a, ring, r, true, q)) continue;  // reports an out-of-range seed, in order
     for (kvc_i64 i = q.lo; i < q.hi; ++i) {
-      if (i + kBlock < q.hi && scattered(in.out_cache_loc[i + kBlock], in.out_cache_loc[i + kBlock - 1]))
+      if (i + kBlock < q.hi)
         prefetch_record<1>(a.canary_buf, a.num_slots, a.slot_stride_bytes, in.out_cache_loc[i + kBlock]);
       kvc_write::Entry e;
       kvc_write::load_entry(in, kv, i, e);
