@@ -139,6 +139,11 @@ def arg_passes(args) -> list[str]:
     return [f"{a.name}={a.name}" for a in args]
 
 
+def arg_items(args) -> list[str]:
+    """The launch's keywords as the items of a dict literal (what an operation takes)."""
+    return [f"{a.name!r}: {a.name}" for a in args]
+
+
 class LineDirectives(Extension):
     """`#line @` on a template line becomes `#line N "codegen/templates/<name>"`, N = next line.
 
@@ -165,7 +170,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, upper_ident=upper_ident,
                        wrap_call=wrap_call, comment_text=comment_text)
-    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr, zip=zip)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, arg_items=arg_items, getattr=getattr, zip=zip)
     return env
 
 

@@ -3,7 +3,7 @@
 # schema-sha256: f2ec7d1b80796922d20a729a039b5faf9707102b8028da6b7f6a69175bdb3d25
 # generator-sha256: not-recorded
 # generation-id: 530aadf769a57a09
-# body-sha256: ccdb225469dcd35e8d0c1eb88c4b3b4a7b36e308034e7a97ce577caabceb05f4
+# body-sha256: aa3b9e878e537878e5c2c9a782d5ba2630de9f2b8716f2af166a5bde18065829
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -28,7 +28,7 @@ REGENERATE_COMMAND = 'make generate'
 FILE_SHA256 = {
     "LAYOUT.md": "bb5e2d0bbf137ca9b3a07e2e175cbc01311f17939642190de8a431b137a31b74",
     "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
-    "api.py": "88bea8430374830baf5a1055f61eec1b9e68e56fd8f887ce6b7468da21322e0d",
+    "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
     "cpu/kv_canary_cpu.cpp": "0837a552618abb937bca970e4cf4dd07426fc8feed796a87196ef0c7bde3f7c1",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",

@@ -3,7 +3,7 @@
 # schema-sha256: 525f327df4c11a219530ffe737bb169ce44dad6f307da34a545e6c3b7d1fdebf
 # generator-sha256: not-recorded
 # generation-id: b65c4ac8dc81bdfb
-# body-sha256: a7f1079506232683cf812e5e073d1e99f3d6e3b0c81a4dbc777c42e859d5bcde
+# body-sha256: aa43f92f080f340f2f0aa3874ed7123bef92a55abd2ce8586279957a0bc633e1
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -28,7 +28,7 @@ REGENERATE_COMMAND = 'make generate'
 FILE_SHA256 = {
     "LAYOUT.md": "e02a62b5e92cd9ea09dfaad15cd8e7b1d398bbabf6b774c017e9e28819c2bdd9",
     "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
-    "api.py": "663adfe08fa36e6ea7e3a303f6b8dd31b320082038af888d9cc9a8d44bd6ca8b",
+    "api.py": "3ed3e7af7609f72aa07d38ee8ec88a2fd67ea7b27a9e865fc58d7470fb010da7",
     "cpu/kv_canary_cpu.cpp": "ee3caa1f1cb35569b99a9e2d3f6f02e88f99ff1bd2cad9bf6513b75631b5f488",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
