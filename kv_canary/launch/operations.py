@@ -166,9 +166,11 @@ class Operation:
         read = [] if self.reads_real_kv else None
         args = runtime.validators.check(self, arguments, read)
         device = self.device(args)
-        chosen = runtime.chosen.get((backend, os.environ.get(ENV_BACKEND), device))
+        # The environment is read only when no backend= names one (a read costs about a microsecond).
+        key = (backend, device) if backend is not None else (os.environ.get(ENV_BACKEND), device, None)
+        chosen = runtime.chosen.get(key)
         if chosen is None:
-            chosen = runtime.choose(backend, device)
+            chosen = runtime.choose(backend, device, key)
         prepared = chosen.prepare(self, args, read=read)
         if self.has_host_checks and chosen.checks_index_values is not None:  # a host backend: it reads index values
             host, kernels = runtime.host_checks[chosen.checks_index_values], prepared.run

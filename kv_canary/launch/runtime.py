@@ -74,7 +74,7 @@ class PreparedLaunch:
 
     def __init__(self, runtime: "Runtime", name: str, backend, arguments: dict):
         self.runtime, self.name, self.backend, self.arguments = runtime, name, backend, arguments
-        self.prepared: Prepared = operations.BY_NAME[runtime.launches[name]].prepare(runtime, backend, arguments)
+        self.prepared: Prepared = runtime.launches[name].prepare(runtime, backend, arguments)
         self.run = self.prepared.run
 
     def __call__(self) -> None:
@@ -96,9 +96,11 @@ class Runtime:
         self.api = layer.api  # the layer's generated public API module, with its per-schema signatures
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
-        self.launches = layer.api.LAUNCHES  # public launch name -> its operation's name
+        # public launch name -> its operation object (the generated table names it)
+        self.launches = {name: operations.BY_NAME[op] for name, op in layer.api.LAUNCHES.items()}
         self.operations = operations  # what the generated api launches (its WRITE, VERIFY, ...)
-        # (backend=, KV_CANARY_BACKEND, device) -> the backend chosen for them (Operation.prepare reads it)
+        # (backend=, device) or (KV_CANARY_BACKEND, device, None) -> the backend chosen for them
+        # (Operation.prepare reads it, Runtime.choose fills it)
         self.chosen: dict = {}
         # A host backend's checks_index_values -> the HostChecks its operations make before its kernels
         self.host_checks = {"all": operations.HostChecks(layer), "all_but_swa": operations.HostChecks(layer, swa=False)}
@@ -107,10 +109,10 @@ class Runtime:
     def backend(self, name: str):
         return get_backend(name, self.layer)
 
-    def choose(self, backend: str | None, device: torch.device):
-        """backend_for, remembered for the launches that follow with the same keyword, environment and device."""
-        chosen = self.backend_for(backend, device)
-        self.chosen[(backend, os.environ.get(ENV_BACKEND), device)] = chosen
+    def choose(self, backend: str | None, device: torch.device, key: tuple):
+        """backend_for, remembered under `key` for the launches that follow (Operation.prepare: the
+        backend= keyword and the device, or, without the keyword, KV_CANARY_BACKEND and the device)."""
+        chosen = self.chosen[key] = self.backend_for(backend, device)
         return chosen
 
     def backend_for(self, backend: str | None, device: torch.device):
