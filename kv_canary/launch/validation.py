@@ -100,8 +100,8 @@ class Validators:
         self.layout = layout
         self.abi = abi if abi is not None else importlib.import_module(layout.__name__.rpartition(".")[0] + ".kernel_abi")
         self.prefix = layout.MESSAGE_PREFIX
-        # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
-        # besides tensors is checked when they are built, not again at every launch.
+        # This layer's frozen launch classes (adopt): what they hold besides tensors is checked when
+        # they are built, not again at every launch.
         self.frozen_context = self.frozen_source = None
         self.frozen_plans: dict = {}
         self.ranges = {argument: self.abi.RANGES[kind] for argument, kind in self.abi.ARGUMENT_KINDS.items()}
@@ -119,6 +119,10 @@ class Validators:
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
+
+    def adopt(self, *, context: type, source: type, plans: dict) -> None:
+        """This layer's frozen launch classes (kv_canary/launch/allocation.py allocators_for makes them)."""
+        self.frozen_context, self.frozen_source, self.frozen_plans = context, source, dict(plans)
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
