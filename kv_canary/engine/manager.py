@@ -35,14 +35,13 @@ from .contract import KvLayout, KvPoolView, check_engine, check_storage_layouts,
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
-from .reporting import SWEEP_PHASE, ViolationReporter
+from .reporting import ViolationReporter
 from .request_inputs import check_request_values
 from .staging import HostStaging
 from .violations import Violation, ViolationGroup, group_cascades
 
 logger = logging.getLogger("kv_canary")
 
-V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 # Context columns the per-request and per-token buffers start with (CanaryManager initial_context).
 INITIAL_CONTEXT = 256
 __all__ = ("CanaryManager", "CanaryViolationError", "CanaryHealthError", "CanaryCoverageWarning", "KvPoolView",
@@ -104,7 +103,7 @@ class CanaryManager(Listened):
         self.enable_write_input_assert = bool(enable_write_input_assert)
         self.enable_mha_v = bool(enable_mha_v)
         # The K/V halves whose launches run: V only when checked (SGLang's ENABLE_MHA_V gate).
-        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != V_HALF or self.enable_mha_v)
+        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != self.L.STEP_V_HALF or self.enable_mha_v)
         self.stats_print_every_n_steps = stats_print_every_n_steps
         self.backend = backend
         self.keep_violations = keep_violations
@@ -310,11 +309,11 @@ class CanaryManager(Listened):
                 self._buf_of_tag[int(tag)] = buf
                 g.launches[(phase, half, "verify")] = bind(
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
-                    plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
+                    plan=g.sweep_plan if phase == L.STEP_SWEEP else g.verify_plan,
                     check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables, backend=b)
-                if phase != SWEEP_PHASE:
+                if phase != L.STEP_SWEEP:
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
-                    mode = L.RealKvHashMode.NONE if phase == "head" else self.real_kv_hash_mode
+                    mode = L.RealKvHashMode.NONE if phase == L.STEP_BEFORE_FORWARD else self.real_kv_hash_mode
                     g.launches[(phase, half, "write")] = bind(
                         "launch_canary_write_kernel", context=self._context(buf, tag, sources, mode), plan=g.write_plan,
                         input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
@@ -424,7 +423,7 @@ class CanaryManager(Listened):
                 verify_plan_out=g.verify_plan, req_to_token=self._slot_table, req_to_verify_expected_tokens=self.req_pool,
                 verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]))
             for key, launch in list(g.launches.items()):
-                if key == "plan" or key[0] == SWEEP_PHASE:
+                if key == "plan" or key[0] == self.L.STEP_SWEEP:
                     continue
                 g.launches[key] = launch.rebind(plan=g.verify_plan) if key[2] == "verify" else launch.rebind(
                     input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
@@ -501,12 +500,12 @@ class CanaryManager(Listened):
                 g.launches["plan"].run()
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
-            self._verify_and_write("head", batch)
+            self._verify_and_write(self.L.STEP_BEFORE_FORWARD, batch)
 
     def tail(self, batch) -> None:
         """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
-            self._verify_and_write("tail", batch)
+            self._verify_and_write(self.L.STEP_AFTER_FORWARD, batch)
 
     def after_step(self, step: int) -> None:
         """End of an engine step: the sweep when due, draining, the stats line and the health check;
@@ -610,7 +609,7 @@ class CanaryManager(Listened):
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
             for half in self.halves:
-                g.launches[(SWEEP_PHASE, half, "verify")].run()
+                g.launches[(self.L.STEP_SWEEP, half, "verify")].run()
         return len(slots)
 
     # -- host-offload support (records travel with the K/V bytes) ----------------------------

@@ -3,7 +3,7 @@
 # schema-sha256: f2ec7d1b80796922d20a729a039b5faf9707102b8028da6b7f6a69175bdb3d25
 # generator-sha256: not-recorded
 # generation-id: 530aadf769a57a09
-# body-sha256: aa3b9e878e537878e5c2c9a782d5ba2630de9f2b8716f2af166a5bde18065829
+# body-sha256: 84407824ccb43f13f7692dc16fe415420e64a286c0863ae7ac940d0cf40362cb
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -38,7 +38,7 @@ FILE_SHA256 = {
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
     "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
     "kernel_abi.py": "7b498a4add94ca33cb0f80112574ede84c11b93a7cb04d7c44d7d232a2565959",
-    "layout.py": "789d835591ba810702ea4f2a2560004e672ffad5e7d376a5690219e8f05285d7",
+    "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }
 

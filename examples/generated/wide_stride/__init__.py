@@ -3,7 +3,7 @@
 # schema-sha256: 525f327df4c11a219530ffe737bb169ce44dad6f307da34a545e6c3b7d1fdebf
 # generator-sha256: not-recorded
 # generation-id: b65c4ac8dc81bdfb
-# body-sha256: aa43f92f080f340f2f0aa3874ed7123bef92a55abd2ce8586279957a0bc633e1
+# body-sha256: 72b73a88f7039a68f80a6e353586c0807ddeefe62c4c0b230ccfbca14bad46cb
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -38,7 +38,7 @@ FILE_SHA256 = {
     "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
     "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
     "kernel_abi.py": "0ca74cbf8bc376af0f366f4949aa1f045f4ba742a45e7d5257a4dfd706e2ac17",
-    "layout.py": "69a083b26c5abeb6b16234e95a79078aab8a3663204e559f6b1e020235a5f3a3",
+    "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
 
