@@ -8,9 +8,9 @@ fingerprint. What it needs from an engine is kv_canary.engine.contract (checked 
 
 Every launch is bound at attach over buffers the manager owns; a step stages the batch into them
 (device copies), so a CUDA graph can capture `launch_head(batch)` and `tail(batch)` once
-`prepare(batch)` (host side) ran outside it. The per-request and per-token buffers follow the work,
+`stage(batch)` (host side) ran outside it. The per-request and per-token buffers follow the work,
 not the cache: their columns start at the context the engine has admitted so far (`initial_context`,
-at most the engine's max_ctx) and double on demand, in `on_tokens` and `prepare` (host side, outside
+at most the engine's max_ctx) and double on demand, in `on_tokens` and `stage` (host side, outside
 any graph: a growth rebinds the launches, `resizes` counts them); per-step work is proportional to
 the batch and its contexts. What it launches comes from the
 schema: each launch tag's phase, K/V half and pool group, each input field's value source
@@ -352,7 +352,7 @@ class CanaryManager(Listened):
     def _allocate_token_inputs(self) -> None:
         """The per-token buffers (and the scatter's input): ctx_cols tokens per batch row."""
         fixed = self._fixed
-        # No request extends by more than ctx_cols tokens in one step (prepare grows it first).
+        # No request extends by more than ctx_cols tokens in one step (stage grows it first).
         self.token_capacity = self.write_capacity * self.ctx_cols
         # The write's input assert: what each batch token should be (no inputs when the assert is off).
         names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
@@ -379,7 +379,7 @@ class CanaryManager(Listened):
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
         sweep_cap = max(p.storage.num_slots for p in pools.values())
-        rows_per_step = (1 + len(self._row_values)) * self.write_capacity  # prepare: valid lengths + row values
+        rows_per_step = (1 + len(self._row_values)) * self.write_capacity  # stage: valid lengths + row values
         self._stage = HostStaging(max(4 * sweep_cap, rows_per_step, cfg.max_ctx + 3), self.device)
 
     # -- expected-token pool ----------------------------------------------------------------
@@ -433,12 +433,16 @@ class CanaryManager(Listened):
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
-        """HEAD of a step: `prepare(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
-        self.prepare(batch)
+        """HEAD of a step: `stage(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
+        self.stage(batch)
         self.launch_head(batch)
 
     def prepare(self, batch) -> None:
-        """Host side of a step: refill the manager's fixed inputs in place (outside a CUDA graph)."""
+        """`stage(batch)` under its former name (kept for engines that call it)."""
+        self.stage(batch)
+
+    def stage(self, batch) -> None:
+        """Host side of a step (its staging): refill the manager's fixed inputs in place (outside a CUDA graph)."""
         if not self.enabled:
             return
         bs, n = batch.bs, int(batch.input_ids.shape[0])
@@ -490,7 +494,7 @@ class CanaryManager(Listened):
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
-        write. No host sync, so a CUDA graph can capture it (and `tail`); `prepare` must have refilled
+        write. No host sync, so a CUDA graph can capture it (and `tail`); `stage` must have refilled
         the host-side inputs for this batch."""
         if self.enabled:
             if self._block_table:
