@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import operator
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import torch
 
@@ -75,9 +75,24 @@ class _Rule:
         self.one = out[0] if len(out) == 1 and self.fixed is None else None
 
 
+class CompiledRule(NamedTuple):
+    """One rule as check_tensors reads it, in the order its loop unpacks it (a tuple: no attribute
+    lookups at every launch)."""
+    dtype: torch.dtype
+    kind: int                 # _FIXED, _GENERAL, or its one dimension's _BINDS / _MATCHES / _ANY
+    a1: Any                   # _FIXED: the shape; one dimension: the size symbol (or None)
+    a2: int                   # _MATCHES: the offset ("cap+1")
+    align: int                # the address must be a multiple of it (bytes)
+    element_size: int
+    output: bool
+    optional: bool
+    after: Optional[tuple]    # the size checks to run once it passed (Validators._size_checks), or None
+    overlap: Optional[str]    # the name it is reported under when it shares memory
+    rule: _Rule               # the whole rule, for refuse (the first thing that is wrong)
+
+
 def _compile(rules, checks: dict) -> tuple:
-    """Each rule as check_tensors reads it: (dtype, shape kind, its two values, alignment, element
-    size, output?, optional?, the size checks to run once it passed or None, overlap name, the rule)."""
+    """Each generated rule as a CompiledRule."""
     bound: set = set()
     out = []
     for r in map(lambda rule: _Rule(*rule, bound=bound), rules):
@@ -88,7 +103,7 @@ def _compile(rules, checks: dict) -> tuple:
         else:
             kind, a1, a2 = _GENERAL, None, 0
         after = tuple(checks[size] for size in r.binds if size in checks) or None
-        out.append((r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
+        out.append(CompiledRule(r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
     return tuple(out)
 
 
@@ -204,7 +219,7 @@ class Validators:
         rule binds it (what a size mismatch is a mismatch with). Only on the refusal path."""
         found: dict = {}
         for entry, t in zip(compiled, ts):
-            other = entry[-1]
+            other = entry.rule
             if other is rule:
                 break
             if t is None:
