@@ -37,7 +37,7 @@ from kv_canary.backends.cpu import default_threads  # noqa: E402
 LAYER = kv_canary.generated
 L = LAYER.layout
 ALLOC = kv_canary.allocators
-RT = kv_canary.runtime_for(LAYER)
+RT = scenarios.runtime_for(LAYER)
 ENTRIES = 65_536
 SOURCES, ROW_BYTES, READ_BYTES = 2, 256, 128
 REQUESTS = 32

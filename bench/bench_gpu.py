@@ -169,7 +169,7 @@ class Workload:
         if key not in self._lens:  # allocated once: the timed plan launches only the plan kernels
             self._lens[key] = tuple(torch.full((PLAN_REQS,), v, dtype=torch.int64, device="cuda") for v in key)
         prefix_lens, extend_seq_lens = self._lens[key]
-        self.rt.launch_canary_plan_kernels(
+        self.layer.api.launch_canary_plan_kernels(
             verify_plan_out=self.vplan, write_plan_out=self.wplan, req_pool_indices=self.rows,
             prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
             req_to_token=self.req_to_token, swa_window_size=0, full_to_swa_index_mapping=None,

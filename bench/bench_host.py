@@ -39,6 +39,7 @@ import torch  # noqa: E402
 from host_launch import bare  # noqa: E402
 
 import kv_canary  # noqa: E402
+from kv_canary.launch import operations  # noqa: E402
 from kv_canary.launch.runtime import runtime_for  # noqa: E402
 
 LAYER = kv_canary.generated
@@ -107,8 +108,9 @@ def _bare(op: str, args: dict, backend: str):
     the values the prepared launch bound; for torch, the reference's operation on validated arguments."""
     if backend == "emulated":
         return bare(LAYER, op, args, backend)
-    validated = RT.validators.check(op, args)
-    run = getattr(LAYER.reference, op)
+    operation = operations.BY_NAME[op]
+    validated = RT.validators.check(operation, args)
+    run = operation.reference(LAYER.reference)
     return (lambda: run(**validated)), 0
 
 

@@ -27,7 +27,7 @@ from tests.support.oracle import Oracle  # noqa: E402
 
 LAYER = kv_canary.generated
 ALLOC = kv_canary.allocators
-RT = kv_canary.runtime_for(LAYER)
+RT = scenarios.runtime_for(LAYER)
 # One intra-op thread by default: the reference's tensors are small enough that OpenMP fan-out
 # costs more than it gains, and on a shared 2-core machine spinning threads collapse throughput.
 torch.set_num_threads(int(os.environ.get("KV_CANARY_BENCH_THREADS", "1")))

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from kv_canary.launch import operations
 from kv_canary.launch.runtime import runtime_for
 
 LAUNCHES = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
@@ -153,7 +154,7 @@ def self_check(layer, device, backend: str, sync=lambda: None) -> None:
     ours, theirs = workloads(layer, device, seed=1), workloads(layer, device, seed=1)
     rt = runtime_for(layer)
     for op in LAUNCHES:
-        getattr(rt, LAUNCHES[op])(**ours[op], backend=backend)
+        operations.BY_NAME[layer.api.LAUNCHES[LAUNCHES[op]]].launch(rt, backend, dict(ours[op]))
         prepared(layer, op, ours[op], backend).run()
         launch, _ = bare(layer, op, theirs[op], backend)
         launch()

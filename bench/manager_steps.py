@@ -145,7 +145,7 @@ def manager_for(engine: StepEngine, backend: str, layer=None) -> CanaryManager:
 
 
 def run_step(manager: CanaryManager, batch) -> None:
-    manager.prepare(batch)
+    manager.stage(batch)
     manager.launch_head(batch)
     manager.tail(batch)
     manager.after_step(batch.step)

@@ -25,6 +25,8 @@ from .model import (
     REQUIRED_ENUMS,
     REQUIRED_FLAGS,
     REQUIRED_LAUNCH_GROUP,
+    STEP_HALVES,
+    STEP_PHASES,
     VIOLATION_CARRIES,
     Schema,
     block_per_request_shared_memory,
@@ -74,7 +76,7 @@ LAYOUT_FIXED_NAMES = frozenset({
     "to_signed64", "dataclass", "Optional", "annotations", "enum", "numbers", "operator",
     "VIOLATION_REASON_COUNT_NAMES", "VIOLATION_REASON_COUNT_BITS", "VIOLATION_REASON_COUNT_COLUMNS",
     "LAUNCH_PHASES", "LAUNCH_HALVES", "LAUNCH_GROUPS", "LAUNCH_TAG_COORDINATES", "LAUNCH_TAG_BY_COORDINATES",
-    "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS", "TOKEN_REASON_BITS",
+    *STEP_PHASES, *STEP_HALVES, "launch_tag", "FAIL_REASON_KINDS", "VERIFY_REASON_BITS", "WRITE_REASON_BITS", "TOKEN_REASON_BITS",
     "MESSAGE_PREFIX", "MESSAGES", "message", "fail",
 })
 

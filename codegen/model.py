@@ -82,6 +82,12 @@ INPUT_VALUE_SOURCES = {
 LAUNCH_TAG_ENUM = "CanaryLaunchTag"
 LAUNCH_PHASES = ("head", "tail", "sweep")
 LAUNCH_HALVES = ("k", "v")
+# What each phase and half is in the step protocol (the generated layout's STEP_* names, which the
+# manager reads): the head verifies and writes before the forward pass (the prefix only), the tail
+# after it (the prefix with its real K/V bytes), the sweep verifies every cached slot periodically;
+# the V half is the second K/V buffer, which only models with separate V caches (MHA) have.
+STEP_PHASES = {"STEP_BEFORE_FORWARD": "head", "STEP_AFTER_FORWARD": "tail", "STEP_SWEEP": "sweep"}
+STEP_HALVES = {"STEP_V_HALF": "v"}
 REQUIRED_LAUNCH_GROUP = "full"
 
 # The built-in FailReason members, fixed by the kernels and supplied by the generator (a schema

@@ -24,6 +24,8 @@ from .model import (
     LAUNCH_HALVES,
     LAUNCH_PHASES,
     MASK64,
+    STEP_HALVES,
+    STEP_PHASES,
     VIOLATION_CARRIES,
     Constant,
     Schema,
@@ -139,6 +141,11 @@ def arg_passes(args) -> list[str]:
     return [f"{a.name}={a.name}" for a in args]
 
 
+def arg_items(args) -> list[str]:
+    """The launch's keywords as the items of a dict literal (what an operation takes)."""
+    return [f"{a.name!r}: {a.name}" for a in args]
+
+
 class LineDirectives(Extension):
     """`#line @` on a template line becomes `#line N "codegen/templates/<name>"`, N = next line.
 
@@ -165,7 +172,7 @@ def make_environment() -> jinja2.Environment:
     )
     env.filters.update(cpp=cpp_literal, py=py_literal, hex64=hex64, upper_ident=upper_ident,
                        wrap_call=wrap_call, comment_text=comment_text)
-    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, getattr=getattr, zip=zip)
+    env.globals.update(splitmix64=splitmix64, arg_decls=arg_decls, arg_passes=arg_passes, arg_items=arg_items, getattr=getattr, zip=zip)
     return env
 
 
@@ -259,6 +266,7 @@ def template_context(schema: Schema) -> dict:
         "golden_rows": golden_rows(schema),
         "launch_phases": LAUNCH_PHASES,
         "launch_halves": LAUNCH_HALVES,
+        "step_roles": {**STEP_PHASES, **STEP_HALVES},
         "violation_carries": VIOLATION_CARRIES,
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),

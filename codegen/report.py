@@ -128,7 +128,7 @@ def _diff_tree(tree: Tree, base: str, result: TreeResult, want_layout: bool) -> 
 
 def report_doc(command: str, results: list, rev: str | None, how: str, status: int, error: str | None = None) -> dict:
     """The versioned JSON shape of both commands' reports (codegen/report.schema.json)."""
-    from .cli import fix_hint
+    from .trees import fix_hint
     verdict = "error" if error else max((r.verdict for r in results), key=VERDICTS.index, default="unchanged")
     return {"format": REPORT_JSON_FORMAT, "version": REPORT_JSON_VERSION, "kv_canary_version": kv_canary_version(),
             "command": command, "base": {"revision": rev, "how": how}, "verdict": verdict, "exit_status": status,
@@ -169,7 +169,7 @@ def abi_check(trees: list[Tree], base: str | None, fmt: str) -> int:
     """Each tree's schema against `base` (default: the merge base with the default branch). Exit 2 on a
     breaking change without a bump; a schema the base does not have, or no base at all, passes with a
     note; a base that does not exist is an error (1)."""
-    from .cli import fix_hint
+    from .trees import fix_hint
     if fmt == "json":
         return _abi_check_json(trees, base)
     try:
@@ -226,7 +226,7 @@ def _tree_section(r: TreeResult, hint) -> list[str]:
 
 def render_report(results: list[TreeResult], base_how: str, rev: str | None) -> tuple[str, str]:
     """(Markdown report, overall verdict)."""
-    from .cli import fix_hint
+    from .trees import fix_hint
     verdict = max((r.verdict for r in results), key=VERDICTS.index, default="unchanged")
     lines = ["## kv-canary ABI report", "",
              f"**{VERDICT_TEXT[verdict]}**" if verdict in ("stale", "breaking-without-bump") else VERDICT_TEXT[verdict],
@@ -244,7 +244,7 @@ def pr_report(trees: list[Tree], *, base: str | None, summary: Path | None, comm
               output: Path | None, fmt: str = "markdown") -> int:
     """Check the trees, diff them against the base, write the Markdown report to the job summary,
     the comment file and the step outputs; on stdout the report (fmt markdown) or its JSON (fmt json)."""
-    from .cli import check_tree, fix_hint
+    from .trees import check_tree, fix_hint
     summary = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
     output = output or (Path(os.environ["GITHUB_OUTPUT"]) if os.environ.get("GITHUB_OUTPUT") else None)
     if comment is None:

@@ -23,8 +23,11 @@ def lint(package_parent: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
-    """A copy of the package's Python files (what the contracts read) in a fresh directory."""
-    shutil.copytree(ROOT / "kv_canary", tmp_path / "kv_canary", ignore=shutil.ignore_patterns("__pycache__", "*.h", "*.cpp"))
+    """A copy of the packages' Python files (what the contracts read: kv_canary, the generator and the
+    default generated tree) in a fresh directory."""
+    for package in ("kv_canary", "codegen", "generated"):
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.h", "*.cpp", "*.cu", "*.cuh", "*.j2"))
     return tmp_path
 
 
@@ -41,3 +44,21 @@ def test_an_upward_import_and_a_cycle_break_the_contracts(copy):
     assert "kv_canary.layer.cache -> kv_canary.engine.config" in proc.stdout
     assert "no import cycles between the modules of any package BROKEN" in proc.stdout
     assert "- .manager -> .drain (1 import)" in proc.stdout  # the one edge that would make engine/ acyclic
+
+
+def test_a_cycle_in_the_generator_breaks_the_contracts(copy):
+    """codegen/ is under the contracts too: the commands and the PR tooling share codegen/trees.py, so
+    report.py importing cli.py again (which imports report.py) is a cycle."""
+    with open(copy / "codegen" / "report.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom .cli import fix_hint  # noqa: E402,F401\n")
+    proc = lint(copy)
+    assert proc.returncode != 0, proc.stdout
+    assert "no import cycles between the modules of any package BROKEN" in proc.stdout
+    assert "codegen" in proc.stdout
+
+
+def test_the_generator_may_not_import_the_runtime(copy):
+    with open(copy / "codegen" / "render.py", "a", encoding="utf-8") as f:
+        f.write("\nimport kv_canary.launch  # noqa: E402,F401\n")
+    proc = lint(copy)
+    assert "the generator imports nothing of the runtime BROKEN" in proc.stdout, proc.stdout

@@ -7,8 +7,10 @@ a GPU through CuPy) and
 exposes `create(layer)`; modules load lazily, so a missing optional dependency (CuPy, a compiler)
 only matters when asked for. A backend receives validated arguments (kv_canary.launch validates
 first) and must never read or write out of bounds. Its one method, `prepare(operation, args)`,
-binds an operation of the launch table (codegen/launches.py: write, verify, plan, plan_offsets,
-plan_entries, scatter) to its arguments and returns a `Prepared` launch.
+binds an operation object (kv_canary/launch/operations.py: WRITE, VERIFY, PLAN, PLAN_OFFSETS,
+PLAN_ENTRIES, SCATTER; the backend calls what the object says: its `reference` or its
+`kernel_launches`) to its arguments and returns a `Prepared` launch. A host backend's
+`checks_index_values` says which of the operation's index-value checks run before it.
 """
 from __future__ import annotations
 

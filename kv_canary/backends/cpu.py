@@ -11,7 +11,7 @@ taking at least `grain` entries (DEFAULT_GRAIN), so a small launch runs on the c
 
 As a host backend it reads index values for free: like the torch reference it raises for request
 rows outside req_to_token / pool_out, for SWA indices outside the LUT and for a plan-entries scratch
-the offsets stage did not fill (host_checks.py), before any kernel writes.
+the offsets stage did not fill (the operations' HostChecks), before any kernel writes.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from ..layer.identity import check_identity
 from ..layer.memo import PerLayer
 from ..layer.sources import kernel_abi
 from . import BackendUnavailable
-from .host_checks import HostChecks
 from .kernels import KernelBackend, packer
 
 if sys.byteorder != "little":  # the slot layout: a 32-bit value sits in the slot's first bytes
@@ -109,15 +108,13 @@ def library_for(layer) -> CpuLibrary:
 
 class CpuBackend(KernelBackend):
     name = "cpu"
+    checks_index_values = "all"  # it reads index values for free (kv_canary/launch/operations.py HostChecks)
 
     def __init__(self, layer, *, threads: int | None = None):
         super().__init__(layer)
         self.threads, self.grain = 1, DEFAULT_GRAIN
         self.set_threads(default_threads() if threads is None else threads)
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
-        host = HostChecks(layer)
-        # The operations that read index values check them at every run, before any kernel writes.
-        self._checks = {op: getattr(host, op) for op in self.abi.OPERATIONS if hasattr(host, op)}
         self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
 
     def set_threads(self, threads: int, *, grain: int | None = None) -> None:
@@ -132,9 +129,6 @@ class CpuBackend(KernelBackend):
         if device != _CPU:  # not device.type, which costs a string per launch
             raise ValueError(f"kv-canary: backend 'cpu' runs the kernels on the host and needs CPU tensors, "
                              f"got tensors on {device}")
-
-    def checks(self, operation: str):
-        return self._checks.get(operation)
 
     def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         return 1, 1  # one call per launch; its threads are chosen at run time (kvc_cpu.h)

@@ -12,7 +12,7 @@ lane, a barrier some threads skip) fails the launch.
 
 As a host backend it reads index values for free: like the torch reference it raises for request
 rows outside req_to_token / pool_out, for SWA indices outside the LUT and for a plan-entries
-scratch the offsets stage did not fill (host_checks.py), where a GPU kernel can only mark them.
+scratch the offsets stage did not fill (the operations' HostChecks), where a GPU kernel can only mark them.
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ from ..layer.identity import check_identity
 from ..layer.memo import PerLayer
 from ..layer.sources import kernel_abi
 from . import BackendUnavailable
-from .host_checks import HostChecks
 from .kernels import KernelBackend, blocks_for, packer
 
 if sys.byteorder != "little":  # the slot layout above: a 32-bit value sits in the slot's first bytes
@@ -102,6 +101,7 @@ def library_for(layer) -> EmulationLibrary:
 
 class EmulatedBackend(KernelBackend):
     name = "emulated"
+    checks_index_values = "all"  # it reads index values for free (kv_canary/launch/operations.py HostChecks)
 
     def __init__(self, layer, *, threads: int = EMULATED_THREADS, persistent_blocks: int = EMULATED_PERSISTENT_BLOCKS):
         super().__init__(layer)
@@ -110,19 +110,12 @@ class EmulatedBackend(KernelBackend):
         self.threads = threads
         self.persistent_blocks = persistent_blocks
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
-        host = HostChecks(layer)
-        # The operations that read index values check them at every run, before any kernel writes
-        # (HostChecks has a method of the operation's name).
-        self._checks = {op: getattr(host, op) for op in self.abi.OPERATIONS if hasattr(host, op)}
         self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
 
     def check_device(self, device: torch.device) -> None:
         if device != _CPU:  # not device.type, which costs a string per launch
             raise ValueError(f"kv-canary: backend 'emulated' runs the kernels on the host and needs CPU tensors, "
                              f"got tensors on {device}")
-
-    def checks(self, operation: str):
-        return self._checks.get(operation)
 
     def grid(self, kernel, entry_point: str, *, work: int, device: torch.device) -> tuple[int, int]:
         # Never more threads than kernels.yaml declares: kernels size their shared memory by it.

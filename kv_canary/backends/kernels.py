@@ -1,7 +1,7 @@
-"""What the `cuda` and `emulated` backends share: docs/semantics.md's operations (write, verify, plan and
-its two stages, scatter) as launches of the generated kernels.
+"""What the `cuda`, `cpu` and `emulated` backends share: an operation (kv_canary/launch/operations.py,
+whose `kernel_launches` names its kernels and work sizes) as launches of the generated kernels.
 
-Which kernel, which variant, every argument value: decided here, from the layer's generated kernel
+Which variant and every argument value: decided here, from the layer's generated kernel
 ABI (generated/kernel_abi.py: `KERNELS[name].bind(arguments[, kv])` returns a kernel's arguments in ABI
 order, rendered from the same parameter list as the CUDA signature). Subclasses say how big a grid
 is and how a launch of those values runs (`launcher`: CuPy's kernel call on a GPU, the emulation
@@ -26,6 +26,9 @@ class KernelBackend:
     """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one layer."""
 
     name = "kernels"
+    # Which of the operations' index-value checks run before its kernels ("all" on a host backend,
+    # which reads index values for free; None on a GPU: kv_canary/launch/operations.py HostChecks).
+    checks_index_values: str | None = None
 
     def __init__(self, layer):
         self.layer = layer
@@ -37,7 +40,6 @@ class KernelBackend:
                              f"run `{regenerate_command(layer)}`")
         self.kernels = {template: self.abi.kernel_for_template(template) for template in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
-        self._operations = {op: getattr(self, "_" + op) for op in (*self.abi.KERNEL_OPERATIONS, "plan")}
 
     # -- hooks ----------------------------------------------------------------------------------
     def check_device(self, device: torch.device) -> None:
@@ -51,10 +53,6 @@ class KernelBackend:
                  device: torch.device) -> Callable[[], None]:
         """A function of no arguments launching `entry_point` with `values` (ABI order)."""
         raise NotImplementedError
-
-    def checks(self, operation: str) -> Callable | None:
-        """The value checks a host backend makes at every run of `operation` (None: none)."""
-        return None
 
     # -- binding --------------------------------------------------------------------------------
     def entry_point(self, kernel, **flags) -> str:
@@ -84,68 +82,27 @@ class KernelBackend:
             values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
         return kernel, entry, blocks, threads, values, args
 
-    def prepare(self, operation: str, args: dict, *, host_checks: bool = True, read: list | None = None) -> Prepared:
-        """`operation` (validated `args`) bound to its kernel launches; `host_checks=False` leaves out
-        a host backend's value checks (what the kernels alone do with such values, as on a GPU);
-        `read`: what the validators read of the real-KV sources (write, verify; real_kv_args)."""
-        device, stages = self._operations[operation](args) if read is None else self._operations[operation](args, read)
+    def prepare(self, operation, args: dict, *, read: list | None = None) -> Prepared:
+        """`operation` (an object of kv_canary/launch/operations.py; validated `args`) bound to its
+        kernel launches (`operation.kernel_launches`), the kernels alone (an operation adds its
+        index-value checks on a host backend); `read`: what the validators read of the real-KV
+        sources (write, verify; real_kv_args)."""
+        device, stages = operation.kernel_launches(self, args, read)
         runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
                 for kernel, entry, blocks, threads, values, _ in stages]
-        checks = self.checks(operation) if host_checks else None
-        if checks is None and len(runs) == 1:
+        if len(runs) == 1:
             run = runs[0]  # the launch holds its values; `stages` below holds the tensors
         else:
             def run(_stages=stages) -> None:  # _stages: the run keeps every tensor it reads alive (the plan's scratch)
-                if checks is not None:
-                    checks(args)
                 for launch in runs:  # none for a scatter of no request (a zero-sized grid is not a launch)
                     launch()
         return Prepared(run, args, tuple(stages))
 
-    # -- the operations: (device, [bound kernel launch, ...]) -----------------------------------
-    def _device(self, tensor: torch.Tensor) -> torch.device:
+    def device_of(self, tensor: torch.Tensor) -> torch.device:
+        """The device of the launch's device tensor, checked for this backend (an operation's kernel_launches)."""
         device = tensor.device
         self.check_device(device)
         return device
-
-    def _write(self, args: dict, read: list | None = None):
-        device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"], read)
-        return device, [self.bound("write", args, kv=kv, work=int(args["plan"].write_seed_slot_indices.shape[0]),
-                                   device=device)]
-
-    def _verify(self, args: dict, read: list | None = None):
-        device = self._device(args["context"].canary_buf)
-        kv = self.abi.real_kv_args(args["context"], read)
-        return device, [self.bound("verify", args, kv=kv, work=int(args["plan"].verify_slot_indices.shape[0]),
-                                   device=device, check_verify_expected_token=args["check_verify_expected_token"])]
-
-    def _plan_offsets(self, args: dict):
-        device = self._device(args["req_to_token"])
-        return device, [self.bound("plan_offsets", args, work=int(args["req_pool_indices"].shape[0]), device=device)]
-
-    def _plan_entries(self, args: dict):
-        device = self._device(args["req_to_token"])
-        return device, [self.bound("plan_entries", args, work=int(args["out_verify_slot_indices"].shape[0]),
-                                   device=device)]
-
-    def _scatter(self, args: dict):
-        device = self._device(args["pool_out"])
-        bs = int(args["req_pool_indices"].shape[0])
-        return device, ([self.bound("scatter", args, work=bs, device=device)] if bs else [])
-
-    def _plan(self, args: dict):
-        """The two stages, as SGLang's launch_canary_plan_kernels calls them, bound over a scratch of
-        bs + 1 verify offsets that the first writes and the second reads (allocated once per binding:
-        a prepared plan launched twice reuses it, stream-ordered, like any other buffer it binds)."""
-        device = self._device(args["req_to_token"])
-        bs = int(args["req_pool_indices"].shape[0])
-        scratch = args["req_pool_indices"].new_empty(bs + 1)  # int64 on its device; new_empty: half torch.empty's cost
-        offsets, entries = self.abi.bind_plan(args, scratch)  # the stages' values, as plan_stage_args would bind them
-        held = (args, scratch)  # what the stages' values point into
-        return device, [self.bound("plan_offsets", held, values=offsets, work=bs, device=device),
-                        self.bound("plan_entries", held, values=entries, device=device,
-                                   work=int(args["verify_plan_out"].verify_slot_indices.shape[0]))]
 
 
 def blocks_for(kernel, work: int, *, threads: int, persistent_blocks: int) -> int:

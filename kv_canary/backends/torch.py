@@ -2,10 +2,10 @@
 (its generated `reference` module, generated/reference.py).
 
 It runs on tensors of any device (the reference copies what it needs to the CPU and writes results
-back in place) and appends violation rows in entry order. As a host backend it also rejects request
-rows outside req_to_token / pool_out and a plan-entries scratch that the offsets stage did not fill
-for the same batch (kv_canary/backends/host_checks.py); the reference itself raises for SWA indices
-outside the LUT.
+back in place) and appends violation rows in entry order. As a host backend its launches also reject
+request rows outside req_to_token / pool_out and a plan-entries scratch that the offsets stage did
+not fill for the same batch (the operations' HostChecks, kv_canary/launch/operations.py); the
+reference itself raises for SWA indices outside the LUT.
 """
 from __future__ import annotations
 
@@ -13,24 +13,21 @@ import importlib
 
 from ..layer.loader import regenerate_command
 from . import BackendUnavailable, Prepared
-from .host_checks import HostChecks
 
 
 class TorchBackend:
     name = "torch"
+    # The operations' index-value checks run before it (kv_canary/launch/operations.py), all but the
+    # SWA indices: the reference checks those itself.
+    checks_index_values = "all_but_swa"
 
-    def __init__(self, reference, checks: HostChecks):
+    def __init__(self, reference):
         self.reference = reference
-        self.checks = checks  # a method per operation that reads index values
 
-    def prepare(self, operation: str, args: dict, *, read: list | None = None) -> Prepared:
-        op, checks = getattr(self.reference, operation), getattr(self.checks, operation, None)
-
-        def run() -> None:
-            if checks is not None:
-                checks(args)
-            op(**args)
-        return Prepared(run, args)
+    def prepare(self, operation, args: dict, *, read: list | None = None) -> Prepared:
+        """`operation` (kv_canary/launch/operations.py) on validated `args`: its reference function."""
+        fn = operation.reference(self.reference)
+        return Prepared(lambda: fn(**args), args)
 
 
 def create(layer) -> TorchBackend:
@@ -39,4 +36,4 @@ def create(layer) -> TorchBackend:
     except ModuleNotFoundError as exc:
         raise BackendUnavailable(f"{layer.__name__} has no generated reference module (run "
                                  f"`{regenerate_command(layer)}`)") from exc
-    return TorchBackend(reference, HostChecks(layer, swa=False))  # the reference checks its SWA indices itself
+    return TorchBackend(reference)

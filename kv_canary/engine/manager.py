@@ -8,9 +8,9 @@ fingerprint. What it needs from an engine is kv_canary.engine.contract (checked 
 
 Every launch is bound at attach over buffers the manager owns; a step stages the batch into them
 (device copies), so a CUDA graph can capture `launch_head(batch)` and `tail(batch)` once
-`prepare(batch)` (host side) ran outside it. The per-request and per-token buffers follow the work,
+`stage(batch)` (host side) ran outside it. The per-request and per-token buffers follow the work,
 not the cache: their columns start at the context the engine has admitted so far (`initial_context`,
-at most the engine's max_ctx) and double on demand, in `on_tokens` and `prepare` (host side, outside
+at most the engine's max_ctx) and double on demand, in `on_tokens` and `stage` (host side, outside
 any graph: a growth rebinds the launches, `resizes` counts them); per-step work is proportional to
 the batch and its contexts. What it launches comes from the
 schema: each launch tag's phase, K/V half and pool group, each input field's value source
@@ -35,14 +35,13 @@ from .contract import KvLayout, KvPoolView, check_engine, check_storage_layouts,
 from .drain import CanaryStats, CanaryViolationError, RingDrain
 from .listeners import Listened
 from .monitor import CanaryHealthError, RuntimeMonitor
-from .reporting import SWEEP_PHASE, ViolationReporter
+from .reporting import ViolationReporter
 from .request_inputs import check_request_values
 from .staging import HostStaging
 from .violations import Violation, ViolationGroup, group_cascades
 
 logger = logging.getLogger("kv_canary")
 
-V_HALF = "v"        # the launch-tag half coordinate of the V buffers (kernels.yaml launch_tags)
 # Context columns the per-request and per-token buffers start with (CanaryManager initial_context).
 INITIAL_CONTEXT = 256
 LATE = "late"       # the launches of same-forward reads, verified after TAIL (Engine.same_forward_reads)
@@ -105,7 +104,7 @@ class CanaryManager(Listened):
         self.enable_write_input_assert = bool(enable_write_input_assert)
         self.enable_mha_v = bool(enable_mha_v)
         # The K/V halves whose launches run: V only when checked (SGLang's ENABLE_MHA_V gate).
-        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != V_HALF or self.enable_mha_v)
+        self.halves = tuple(h for h in self.L.LAUNCH_HALVES if h != self.L.STEP_V_HALF or self.enable_mha_v)
         self.stats_print_every_n_steps = stats_print_every_n_steps
         self.backend = backend
         self.keep_violations = keep_violations
@@ -317,16 +316,16 @@ class CanaryManager(Listened):
                 self._buf_of_tag[int(tag)] = buf
                 g.launches[(phase, half, "verify")] = bind(
                     "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
-                    plan=g.sweep_plan if phase == SWEEP_PHASE else g.verify_plan,
+                    plan=g.sweep_plan if phase == L.STEP_SWEEP else g.verify_plan,
                     check_verify_expected_token=self.check_verify_expected_token, extra_slot_tables=tables, backend=b)
-                if phase == "tail" and self._late_capable:   # the same-forward reads, verified after TAIL writes
+                if phase == L.STEP_AFTER_FORWARD and self._late_capable:   # the same-forward reads, verified after TAIL writes
                     g.launches[(LATE, half, "verify")] = bind(
                         "launch_canary_verify_kernel", context=self._context(buf, tag, sources, self.real_kv_hash_mode),
                         plan=g.late_plan, check_verify_expected_token=self.check_verify_expected_token,
                         extra_slot_tables=tables, backend=b)
-                if phase != SWEEP_PHASE:
+                if phase != L.STEP_SWEEP:
                     # HEAD writes run before the forward has written K/V: no fingerprint yet.
-                    mode = L.RealKvHashMode.NONE if phase == "head" else self.real_kv_hash_mode
+                    mode = L.RealKvHashMode.NONE if phase == L.STEP_BEFORE_FORWARD else self.real_kv_hash_mode
                     g.launches[(phase, half, "write")] = bind(
                         "launch_canary_write_kernel", context=self._context(buf, tag, sources, mode), plan=g.write_plan,
                         input_ids=self._input_ids, positions=self._positions, out_cache_loc=g.out_cache_loc,
@@ -365,7 +364,7 @@ class CanaryManager(Listened):
     def _allocate_token_inputs(self) -> None:
         """The per-token buffers (and the scatter's input): ctx_cols tokens per batch row."""
         fixed = self._fixed
-        # No request extends by more than ctx_cols tokens in one step (prepare grows it first).
+        # No request extends by more than ctx_cols tokens in one step (stage grows it first).
         self.token_capacity = self.write_capacity * self.ctx_cols
         # The write's input assert: what each batch token should be (no inputs when the assert is off).
         names = ("expected_input_tokens", "expected_input_positions") if self.enable_write_input_assert else ()
@@ -392,7 +391,7 @@ class CanaryManager(Listened):
         self._scatter_offsets = fixed(2)
         self._scatter_row = fixed(1)
         sweep_cap = max(p.storage.num_slots for p in pools.values())
-        rows_per_step = (1 + len(self._row_values)) * self.write_capacity  # prepare: valid lengths + row values
+        rows_per_step = (1 + len(self._row_values)) * self.write_capacity  # stage: valid lengths + row values
         self._stage = HostStaging(max(4 * sweep_cap, rows_per_step, cfg.max_ctx + 3), self.device)
 
     # -- expected-token pool ----------------------------------------------------------------
@@ -438,7 +437,7 @@ class CanaryManager(Listened):
                 verify_plan_out=g.verify_plan, req_to_token=self._slot_table, req_to_verify_expected_tokens=self.req_pool,
                 verify_capacity=int(g.verify_plan.verify_slot_indices.shape[0]))
             for key, launch in list(g.launches.items()):
-                if key == "plan" or key[0] == SWEEP_PHASE:
+                if key == "plan" or key[0] == self.L.STEP_SWEEP:
                     continue
                 plan = g.late_plan if key[0] == LATE else g.verify_plan
                 g.launches[key] = launch.rebind(plan=plan) if key[2] == "verify" else launch.rebind(
@@ -449,12 +448,16 @@ class CanaryManager(Listened):
 
     # -- the step protocol ------------------------------------------------------------------
     def head(self, batch) -> None:
-        """HEAD of a step: `prepare(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
-        self.prepare(batch)
+        """HEAD of a step: `stage(batch)` then `launch_head(batch)` (each does nothing in mode none)."""
+        self.stage(batch)
         self.launch_head(batch)
 
     def prepare(self, batch) -> None:
-        """Host side of a step: refill the manager's fixed inputs in place (outside a CUDA graph)."""
+        """`stage(batch)` under its former name (kept for engines that call it)."""
+        self.stage(batch)
+
+    def stage(self, batch) -> None:
+        """Host side of a step (its staging): refill the manager's fixed inputs in place (outside a CUDA graph)."""
         if not self.enabled:
             return
         bs, n = batch.bs, int(batch.input_ids.shape[0])
@@ -506,7 +509,7 @@ class CanaryManager(Listened):
 
     def launch_head(self, batch) -> None:
         """Device side of HEAD: the batch staged into the manager's buffers, plan, HEAD verify and
-        write. No host sync, so a CUDA graph can capture it (and `tail`); `prepare` must have refilled
+        write. No host sync, so a CUDA graph can capture it (and `tail`); `stage` must have refilled
         the host-side inputs for this batch."""
         if self.enabled:
             if self._block_table:
@@ -519,12 +522,12 @@ class CanaryManager(Listened):
                 self._defer_same_forward_reads(int(batch.input_ids.shape[0]))
             if self.enable_write_input_assert:
                 self._fill_expected_inputs(batch)
-            self._verify_and_write("head", batch)
+            self._verify_and_write(self.L.STEP_BEFORE_FORWARD, batch)
 
     def tail(self, batch) -> None:
         """TAIL verify and write, after the forward (device side only, capturable)."""
         if self.enabled:
-            self._verify_and_write("tail", batch)
+            self._verify_and_write(self.L.STEP_AFTER_FORWARD, batch)
             if self._late_now:
                 for g in self.groups:
                     for half in self.halves:
@@ -645,7 +648,7 @@ class CanaryManager(Listened):
             plan.verify_num_valid.fill_(n)
             plan.enable.fill_(1)
             for half in self.halves:
-                g.launches[(SWEEP_PHASE, half, "verify")].run()
+                g.launches[(self.L.STEP_SWEEP, half, "verify")].run()
         return len(slots)
 
     # -- host-offload support (records travel with the K/V bytes) ----------------------------

@@ -11,7 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from .reporting import SWEEP_PHASE
 from .staging import CounterSnapshot
 
 logger = logging.getLogger("kv_canary")
@@ -53,8 +52,8 @@ class RuntimeMonitor:
         mine = [(i, coordinates[t]) for i, t in enumerate(m.tags) if coordinates[t][2] in groups]
         checked = [(i, phase) for i, (phase, half, _) in mine if half in m.halves]
         # indices into kernel_runs / tag_names of the tags that must run every forward step / every sweep
-        self.per_forward = [i for i, phase in checked if phase != SWEEP_PHASE]
-        self.sweep = [i for i, phase in checked if phase == SWEEP_PHASE and m.sweep_interval > 0]
+        self.per_forward = [i for i, phase in checked if phase != m.L.STEP_SWEEP]
+        self.sweep = [i for i, phase in checked if phase == m.L.STEP_SWEEP and m.sweep_interval > 0]
         self.active_tags = len(mine)
         self.stats_every = m.stats_print_every_n_steps
         self._pending: collections.deque = collections.deque()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from .violations import Violation, hex64
 
-SWEEP_PHASE = "sweep"          # the launch-tag phase of the periodic sweep (kernels.yaml launch_tags)
 PER_FORWARD_PREFIX = "per_forward_"
 
 
@@ -16,6 +15,7 @@ class ViolationReporter:
     def __init__(self, layout):
         self.phase_of = {int(tag): coordinates[0] for tag, coordinates in layout.LAUNCH_TAG_COORDINATES.items()}
         self.token_bits = int(layout.TOKEN_REASON_BITS)
+        self.sweep_phase = layout.STEP_SWEEP
 
     def canary_kind(self, v: Violation) -> str:
         """The tag's name lower-cased, `per_forward_` first unless it is a sweep tag; unknown(N) as is."""
@@ -23,7 +23,7 @@ class ViolationReporter:
         if phase is None:
             return v.launch_tag
         name = v.launch_tag.lower()
-        return name if phase == SWEEP_PHASE else PER_FORWARD_PREFIX + name
+        return name if phase == self.sweep_phase else PER_FORWARD_PREFIX + name
 
     def message(self, v: Violation, *, total_violations: int, ring_overflow: bool, step_when_pumped: int) -> str:
         """The lines of one row joined by newlines: key=value line, header, kind, reasons, body, footer."""

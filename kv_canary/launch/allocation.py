@@ -3,17 +3,172 @@ one generated layer.
 
 Sizes and names come from the layer's layout tables: the record stride, the violation row width,
 the enums, and the plan arrays (one `verify_expected_<field>` array per input field a schema
-verifies per request). `allocators_for(layout, validators)` builds one namespace per layer, so two
-schemas' classes never mix.
+verifies per request). The classes are defined here, once: `RealKvSourceBase`,
+`VerifyOrWriteContextBase` and the plans' methods (`VerifyPlanMethods`, `WritePlanMethods`);
+`allocators_for(layout, validators)` derives one class of each per layer (holding that layer's
+validators and defaults, so two schemas' classes never mix), hands them to the validators
+(`Validators.adopt`) and returns the layer's namespace of classes and allocators.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from types import SimpleNamespace
-from typing import Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
+
+_DTYPES = {"int64": torch.int64, "int32": torch.int32}
+# What a layer's allocators namespace exports (= codegen ALLOCATOR_NAMES).
+NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf", "canary_buf_bytes",
+         "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts", "allocate_counter",
+         "allocate_counters", "allocate_chain_position_flag", "allocate_context")
+
+
+def allocate_or_explain(v, what: str, nbytes: int, device: torch.device, make: Callable):
+    """`make()`, or a ValueError naming what was asked for where the device cannot satisfy it."""
+    try:
+        return make()
+    except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
+
+
+# The plan classes' tensor fields, (name, dtype, dims over the capacity "cap", fill), from the
+# layer's kernel ABI (rendered from the operation table, codegen/operations.py).
+def _sized(dims: tuple, cap: int) -> tuple:
+    return tuple(cap if d == "cap" else cap + 1 if d == "cap+1" else d for d in dims)
+
+
+def _allocate_fields(fields: tuple, cap: int, device) -> dict:
+    return {name: torch.full(_sized(dims, cap), fill, dtype=_DTYPES[dtype], device=device)
+            for name, dtype, dims, fill in fields}
+
+
+def _fields_bytes(fields: tuple, cap: int) -> int:
+    return sum(math.prod(_sized(dims, cap)) * _DTYPES[dtype].itemsize for _, dtype, dims, _ in fields)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RealKvSourceBase:
+    """Real K/V bytes folded into the fingerprint (docs/semantics.md §4); validated on construction.
+
+    The first four fields are SGLang's (slots packed one after the other in a row of `tensor`).
+    The others say where a slot's bytes lie when they are not packed (vLLM, FlashAttention,
+    FlashInfer layouts), read in place: slot s's head h, chunk c starts at byte
+    `(s // page_size) * row stride + (s % page_size) * token_stride_bytes + h * head_stride_bytes
+    + c * chunk_stride_bytes` of the tensor. The fingerprint folds a slot's logical bytes (head
+    0's, then head 1's, ...), so it does not depend on the layout; the defaults are SGLang's."""
+    validators: ClassVar[Any] = None          # the layer's (its class, allocators_for)
+    tensor: torch.Tensor
+    page_size: int
+    num_bytes_per_token: int                  # a slot's bytes over all heads
+    read_bytes: int
+    token_stride_bytes: Optional[int] = None  # bytes between consecutive slots of a row (None: num_bytes_per_token)
+    num_heads: int = 1                        # each head holds num_bytes_per_token / num_heads bytes
+    head_stride_bytes: int = 0                # bytes between consecutive heads (> 0 when num_heads > 1)
+    chunk_bytes: int = 0                      # 0: a head's bytes contiguous; else 2, 4, 8 or a multiple of 16
+    chunk_stride_bytes: int = 0               # bytes between consecutive chunks of a head
+
+    def __post_init__(self) -> None:
+        v = self.validators
+        v.check_real_kv_params(page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
+                               read_bytes=self.read_bytes)
+        if self.token_stride_bytes is None:
+            object.__setattr__(self, "token_stride_bytes", self.num_bytes_per_token)
+        layout = v.check_real_kv_layout(self, self.num_bytes_per_token)
+        for name, value in zip(v.REAL_KV_LAYOUT_FIELDS, layout):  # numpy integers become ints
+            object.__setattr__(self, name, value)
+        v.check_real_kv_tensor(self.tensor, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
+                               layout=layout)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class VerifyOrWriteContextBase:
+    """What one verify or write launch works on (docs/semantics.md §3); the ring is shared by every launch."""
+    validators: ClassVar[Any] = None            # the layer's (its class, allocators_for)
+    canary_buf: torch.Tensor                    # uint8 [num_slots, stride]
+    kernel_kind: Any                            # the layer's CanaryLaunchTag: stamped into every violation row
+    violation_ring: torch.Tensor                # int64 [ring_capacity, VIOLATION_FIELDS]
+    violation_write_index: torch.Tensor         # int32 [1]
+    slot_run_counter: torch.Tensor              # int64 [1]
+    kernel_run_counter: torch.Tensor            # int64 [1]
+    real_kv_sources: tuple = ()                 # tuple[RealKvSource, ...], at most MAX_REAL_KV_SOURCES
+    real_kv_hash_mode: Any = None               # the layer's RealKvHashMode (its class: default NONE)
+    enable_chain_position_assert: torch.Tensor  # int32 [1]: the write's chain-position assert (0 = off)
+    # [extension] int64 [VIOLATION_REASON_COUNT_COLUMNS]: +1 per FailReason bit of every row a launch
+    # produces, dropped rows included (None = not counted). Share it like the ring.
+    violation_reason_counts: Optional[torch.Tensor] = None
+
+    def __post_init__(self) -> None:
+        # Frozen: what it holds besides tensors is checked once, here; tensors at every launch.
+        self.validators.check_context_fields(self)
+        self.validators.check_context_disjoint(self)
+
+
+class VerifyPlanMethods:
+    """What every layer's VerifyPlan has besides its fields (docs/semantics.md §5.2)."""
+    __slots__ = ()
+    validators: ClassVar[Any] = None
+
+    @classmethod
+    def allocate(cls, *, verify_capacity: int, device):
+        """Zeroed entries, expected values unknown (UNKNOWN = -1), num_valid 0 and enable 1 (SGLang's default)."""
+        v = cls.validators
+        cap = v.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
+        device = v.check_device("device", device)
+        return allocate_or_explain(v, f"a VerifyPlan of verify_capacity={cap}", cls.allocation_bytes(cap), device,
+                                   lambda: cls(**_allocate_fields(v.abi.VERIFY_PLAN_FIELDS, cap, device)))
+
+    @classmethod
+    def allocation_bytes(cls, verify_capacity: int) -> int:
+        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
+        v = cls.validators
+        return _fields_bytes(v.abi.VERIFY_PLAN_FIELDS, v.check_int("verify_capacity", verify_capacity, minimum=0))
+
+    def zero_for_testing_(self):
+        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values unknown (as
+        SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
+        verify and write bugs."""
+        abi = self.validators.abi
+        for name, _, _, fill in abi.VERIFY_PLAN_FIELDS:
+            getattr(self, name).fill_(fill if fill == abi.UNKNOWN else 0)
+        return self
+
+
+class WritePlanMethods:
+    """What every layer's WritePlan has besides its fields (docs/semantics.md §5.1)."""
+    __slots__ = ()
+    validators: ClassVar[Any] = None
+
+    @classmethod
+    def allocate(cls, *, write_req_capacity: int, device):
+        """Zeroed offsets and count, seeds unknown (UNKNOWN = -1: the chain head)."""
+        v = cls.validators
+        cap = v.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
+        device = v.check_device("device", device)
+        return allocate_or_explain(v, f"a WritePlan of write_req_capacity={cap}", cls.allocation_bytes(cap), device,
+                                   lambda: cls(**_allocate_fields(v.abi.WRITE_PLAN_FIELDS, cap, device)))
+
+    @classmethod
+    def allocation_bytes(cls, write_req_capacity: int) -> int:
+        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
+        v = cls.validators
+        return _fields_bytes(v.abi.WRITE_PLAN_FIELDS, v.check_int("write_req_capacity", write_req_capacity, minimum=0))
+
+    def zero_for_testing_(self):
+        """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
+        zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
+        for name, *_ in self.validators.abi.WRITE_PLAN_FIELDS:
+            getattr(self, name).zero_()
+        return self
+
+
+def _layer_class(name: str, base: type, v, fields: list, namespace: dict) -> type:
+    """`base` for one layer: its validators, its own fields (or defaults), named as SGLang names it."""
+    return dataclasses.make_dataclass(name, fields, bases=(base,),
+                                      namespace={"validators": v, "__module__": __name__, **namespace},
+                                      frozen=True, slots=True, kw_only=True)
 
 
 def allocators_for(layout, validators) -> SimpleNamespace:
@@ -24,131 +179,19 @@ def allocators_for(layout, validators) -> SimpleNamespace:
     cannot satisfy is a ValueError naming what was asked for, not an allocator traceback.
     """
     v, abi = validators, validators.abi
-
-    def allocate_or_explain(what: str, nbytes: int, device: torch.device, make: Callable):
-        try:
-            return make()
-        except (RuntimeError, MemoryError) as exc:  # torch.OutOfMemoryError is a RuntimeError
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ValueError(f"{v.prefix}cannot allocate {what} ({nbytes} bytes) on {device}: {reason}") from None
-
-    # The plan classes' tensor fields, (name, dtype, dims over the capacity "cap", fill), from the
-    # layer's kernel ABI (rendered from the operation table, codegen/operations.py).
-    dtypes = {"int64": torch.int64, "int32": torch.int32}
-
-    def sized(dims: tuple, cap: int) -> tuple:
-        return tuple(cap if d == "cap" else cap + 1 if d == "cap+1" else d for d in dims)
-
-    def allocate_fields(fields: tuple, cap: int, device) -> dict:
-        return {name: torch.full(sized(dims, cap), fill, dtype=dtypes[dtype], device=device)
-                for name, dtype, dims, fill in fields}
-
-    def fields_bytes(fields: tuple, cap: int) -> int:
-        return sum(math.prod(sized(dims, cap)) * dtypes[dtype].itemsize for _, dtype, dims, _ in fields)
-
-    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-    class RealKvSource:
-        """Real K/V bytes folded into the fingerprint (docs/semantics.md §4); validated on construction.
-
-        The first four fields are SGLang's (slots packed one after the other in a row of `tensor`).
-        The others say where a slot's bytes lie when they are not packed (vLLM, FlashAttention,
-        FlashInfer layouts), read in place: slot s's head h, chunk c starts at byte
-        `(s // page_size) * row stride + (s % page_size) * token_stride_bytes + h * head_stride_bytes
-        + c * chunk_stride_bytes` of the tensor. The fingerprint folds a slot's logical bytes (head
-        0's, then head 1's, ...), so it does not depend on the layout; the defaults are SGLang's."""
-        tensor: torch.Tensor
-        page_size: int
-        num_bytes_per_token: int                  # a slot's bytes over all heads
-        read_bytes: int
-        token_stride_bytes: Optional[int] = None  # bytes between consecutive slots of a row (None: num_bytes_per_token)
-        num_heads: int = 1                        # each head holds num_bytes_per_token / num_heads bytes
-        head_stride_bytes: int = 0                # bytes between consecutive heads (> 0 when num_heads > 1)
-        chunk_bytes: int = 0                      # 0: a head's bytes contiguous; else 2, 4, 8 or a multiple of 16
-        chunk_stride_bytes: int = 0               # bytes between consecutive chunks of a head
-
-        def __post_init__(self) -> None:
-            v.check_real_kv_params(page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
-                                   read_bytes=self.read_bytes)
-            if self.token_stride_bytes is None:
-                object.__setattr__(self, "token_stride_bytes", self.num_bytes_per_token)
-            layout = v.check_real_kv_layout(self, self.num_bytes_per_token)
-            for name, value in zip(v.REAL_KV_LAYOUT_FIELDS, layout):  # numpy integers become ints
-                object.__setattr__(self, name, value)
-            v.check_real_kv_tensor(self.tensor, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
-                                   layout=layout)
-
-    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-    class VerifyOrWriteContext:
-        """What one verify or write launch works on (docs/semantics.md §3); the ring is shared by every launch."""
-        canary_buf: torch.Tensor                    # uint8 [num_slots, stride]
-        kernel_kind: layout.CanaryLaunchTag         # stamped into every violation row
-        violation_ring: torch.Tensor                # int64 [ring_capacity, VIOLATION_FIELDS]
-        violation_write_index: torch.Tensor         # int32 [1]
-        slot_run_counter: torch.Tensor              # int64 [1]
-        kernel_run_counter: torch.Tensor            # int64 [1]
-        real_kv_sources: tuple = ()                 # tuple[RealKvSource, ...], at most MAX_REAL_KV_SOURCES
-        real_kv_hash_mode: layout.RealKvHashMode = layout.RealKvHashMode.NONE
-        enable_chain_position_assert: torch.Tensor  # int32 [1]: the write's chain-position assert (0 = off)
-        # [extension] int64 [VIOLATION_REASON_COUNT_COLUMNS]: +1 per FailReason bit of every row a launch
-        # produces, dropped rows included (None = not counted). Share it like the ring.
-        violation_reason_counts: Optional[torch.Tensor] = None
-
-        def __post_init__(self) -> None:
-            # Frozen: what it holds besides tensors is checked once, here; tensors at every launch.
-            v.check_context_fields(self)
-            v.check_context_disjoint(self)
-
-    def allocate_verify_plan(cls, *, verify_capacity: int, device):
-        """Zeroed entries, expected values unknown (UNKNOWN = -1), num_valid 0 and enable 1 (SGLang's default)."""
-        cap = v.check_capacity("verify_capacity", verify_capacity, "verify_capacity")
-        device = v.check_device("device", device)
-        return allocate_or_explain(f"a VerifyPlan of verify_capacity={cap}", verify_plan_bytes(cls, cap), device,
-                                   lambda: cls(**allocate_fields(abi.VERIFY_PLAN_FIELDS, cap, device)))
-
-    def verify_plan_bytes(cls, verify_capacity: int) -> int:
-        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts the two scalars alone)."""
-        return fields_bytes(abi.VERIFY_PLAN_FIELDS, v.check_int("verify_capacity", verify_capacity, minimum=0))
-
-    def zero_verify_plan(self):
-        """SGLang's test reset, in place: entries, num_valid and enable 0, expected values unknown (as
-        SGLang's verify contract wants); returns the plan. Only for plan tests: a zeroed plan hides
-        verify and write bugs."""
-        for name, _, _, fill in abi.VERIFY_PLAN_FIELDS:
-            getattr(self, name).fill_(fill if fill == abi.UNKNOWN else 0)
-        return self
-
-    VerifyPlan = dataclasses.make_dataclass(
-        "VerifyPlan", [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
-        namespace={"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
-                   "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",)),
-                   "allocate": classmethod(allocate_verify_plan), "allocation_bytes": classmethod(verify_plan_bytes),
-                   "zero_for_testing_": zero_verify_plan, "__module__": __name__},
-        frozen=True, slots=True, kw_only=True)
-
-    def allocate_write_plan(cls, *, write_req_capacity: int, device):
-        """Zeroed offsets and count, seeds unknown (UNKNOWN = -1: the chain head)."""
-        cap = v.check_capacity("write_req_capacity", write_req_capacity, "write_capacity")
-        device = v.check_device("device", device)
-        return allocate_or_explain(f"a WritePlan of write_req_capacity={cap}", write_plan_bytes(cls, cap), device,
-                                   lambda: cls(**allocate_fields(abi.WRITE_PLAN_FIELDS, cap, device)))
-
-    def write_plan_bytes(cls, write_req_capacity: int) -> int:
-        """Bytes allocate() takes for this capacity (SGLang's formula; 0 counts one offset and the scalar)."""
-        return fields_bytes(abi.WRITE_PLAN_FIELDS, v.check_int("write_req_capacity", write_req_capacity, minimum=0))
-
-    def zero_write_plan(self):
-        """SGLang's test reset, in place: every array 0; returns the plan. Only for plan tests: a
-        zeroed plan hides write bugs (seed 0 is a real slot, not the chain head)."""
-        for name, *_ in abi.WRITE_PLAN_FIELDS:
-            getattr(self, name).zero_()
-        return self
-
-    WritePlan = dataclasses.make_dataclass(
-        "WritePlan", [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
-        namespace={"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1).",
-                   "allocate": classmethod(allocate_write_plan), "allocation_bytes": classmethod(write_plan_bytes),
-                   "zero_for_testing_": zero_write_plan, "__module__": __name__},
-        frozen=True, slots=True, kw_only=True)
+    RealKvSource = _layer_class("RealKvSource", RealKvSourceBase, v, [], {"__doc__": RealKvSourceBase.__doc__})
+    VerifyOrWriteContext = _layer_class(
+        "VerifyOrWriteContext", VerifyOrWriteContextBase, v,
+        [("kernel_kind", layout.CanaryLaunchTag), ("real_kv_hash_mode", layout.RealKvHashMode,
+                                                   dataclasses.field(default=layout.RealKvHashMode.NONE))],
+        {"__doc__": VerifyOrWriteContextBase.__doc__})
+    VerifyPlan = _layer_class(
+        "VerifyPlan", VerifyPlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
+        {"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
+         "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",))})
+    WritePlan = _layer_class(
+        "WritePlan", WritePlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
+        {"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1)."})
 
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
@@ -156,7 +199,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         num_slots, slot_stride_bytes = canary_buf_shape(num_slots, slot_stride_bytes)
         device = v.check_device("device", device)
         return allocate_or_explain(
-            f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
+            v, f"canary_buf of {num_slots} slots", num_slots * slot_stride_bytes, device,
             lambda: torch.zeros((num_slots, slot_stride_bytes), dtype=torch.uint8, device=device))
 
     def canary_buf_shape(num_slots: int, slot_stride_bytes: int) -> tuple[int, int]:
@@ -177,7 +220,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
         ring_capacity = v.check_ring_capacity(ring_capacity)
         device = v.check_device("device", device)
         return allocate_or_explain(
-            f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
+            v, f"a violation ring of ring_capacity={ring_capacity}", violation_ring_bytes(ring_capacity), device,
             lambda: (torch.zeros((ring_capacity, layout.VIOLATION_FIELDS), dtype=torch.int64, device=device),
                      torch.zeros(1, dtype=torch.int32, device=device)))
 
@@ -204,7 +247,7 @@ def allocators_for(layout, validators) -> SimpleNamespace:
             raise ValueError(f"{v.prefix}n must be <= {most} (n int64 counters of 8 bytes each, counted in a "
                              f"signed 64-bit integer), got {n}")
         device = v.check_device("device", device)
-        return allocate_or_explain(f"{n} run counters", n * 8, device,
+        return allocate_or_explain(v, f"{n} run counters", n * 8, device,
                                    lambda: torch.zeros(n, dtype=torch.int64, device=device))
 
     def allocate_chain_position_flag(*, device, enabled: bool = False) -> torch.Tensor:
@@ -235,10 +278,11 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                                                                       enabled=enable_chain_position_assert),
             violation_reason_counts=allocate_reason_counts(device=device) if count_reasons else None)
 
-    v.frozen_context, v.frozen_source = VerifyOrWriteContext, RealKvSource
-    v.frozen_plans = {"VerifyPlan": VerifyPlan, "WritePlan": WritePlan}
-    names = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",  # = codegen ALLOCATOR_NAMES
-             "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
-             "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
-    scope = locals()
-    return SimpleNamespace(**{name: scope[name] for name in names}, __all__=names)
+    v.adopt(context=VerifyOrWriteContext, source=RealKvSource, plans={"VerifyPlan": VerifyPlan, "WritePlan": WritePlan})
+    return SimpleNamespace(
+        RealKvSource=RealKvSource, VerifyOrWriteContext=VerifyOrWriteContext, VerifyPlan=VerifyPlan,
+        WritePlan=WritePlan, allocate_canary_buf=allocate_canary_buf, canary_buf_bytes=canary_buf_bytes,
+        allocate_violation_ring=allocate_violation_ring, violation_ring_bytes=violation_ring_bytes,
+        allocate_reason_counts=allocate_reason_counts, allocate_counter=allocate_counter,
+        allocate_counters=allocate_counters, allocate_chain_position_flag=allocate_chain_position_flag,
+        allocate_context=allocate_context, __all__=NAMES)

@@ -1,22 +1,24 @@
-"""Validation + backend dispatch for one generated layer (the default one or any other schema's).
+"""The runtime of one generated layer (the default one or any other schema's): its validators,
+allocators and backends, and its prepared launches.
 
 A generated layer's public functions (generated/api.py, rendered from the launch table in
-codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) all call
-`Runtime.launch(operation, device_of, backend, **arguments)`, which does, at every call:
+codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) each call their
+operation object (kv_canary/launch/operations.py): `WRITE.launch(runtime, backend, arguments)`,
+which does, at every call:
 
-1. `Validators.check(operation, arguments)` (kv_canary/launch/validation.py): every check, from shapes,
-   dtypes, storages and Python values only; it returns the backend operation's keywords;
-2. the backend: the `backend=` keyword, else the KV_CANARY_BACKEND environment variable, else the
-   tensors' device (CUDA tensors -> `cuda` when CuPy sees a device, otherwise `torch`; CPU tensors ->
-   `cpu`, the kernels compiled for the host, or, where that backend cannot be built (no compiler, a
-   failed build), the torch reference, after one warning naming the cause);
-3. `backend.prepare(operation, args).run()` (kv_canary/backends/).
+1. `runtime.validators.check(WRITE, arguments)` (kv_canary/launch/validation.py): every check, from
+   shapes, dtypes, storages and Python values only; it returns the backend operation's keywords;
+2. the backend (`runtime.chosen`, else `Runtime.choose`): the `backend=` keyword, else the
+   KV_CANARY_BACKEND environment variable, else the tensors' device (CUDA tensors -> `cuda` when
+   CuPy sees a device, otherwise `torch`; CPU tensors -> `cpu`, the kernels compiled for the host,
+   or, where that backend cannot be built (no compiler, a failed build), the torch reference, after
+   one warning naming the cause);
+3. `backend.prepare(WRITE, args).run()` (kv_canary/backends/).
 
 `Runtime.bind(name, **arguments)` stops before the run: a `PreparedLaunch` that launches the same
 kernels again and again without looking at its arguments (what an engine with fixed buffers wants,
 and what a CUDA graph captures); `rebind(**changed)` names the arguments that changed and checks the
-whole launch again. The runtime of a layer also has each public launch as a method (taking every
-keyword of every schema; an absent input-field mapping means {}), what the manager and tests use.
+whole launch again.
 """
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ import torch
 
 from ..backends import KNOWN_BACKENDS, Prepared, get_backend
 from ..layer.memo import PerLayer
+from . import operations
 from .allocation import allocators_for
+from .operations import ENV_BACKEND
 from .validation import Validators
-
-ENV_BACKEND = "KV_CANARY_BACKEND"
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,15 +64,6 @@ def _choose(backend: str | None, device: torch.device) -> tuple[str, bool]:
     return name, False
 
 
-@functools.cache
-def _device_getter(path: str):
-    """args -> the device of the argument at `path` ("req_to_token", "context.canary_buf")."""
-    head, _, attr = path.partition(".")
-    if attr:
-        return lambda args: getattr(args[head], attr).device
-    return lambda args: args[head].device
-
-
 class PreparedLaunch:
     """One public launch validated and bound (Runtime.bind). Calling it (or `run()`) launches the
     bound kernels; it never looks at its arguments again, so it is for buffers whose shapes and
@@ -80,9 +73,8 @@ class PreparedLaunch:
     validated as a whole too, a context's tensors included, so there a moved tensor is refused)."""
 
     def __init__(self, runtime: "Runtime", name: str, backend, arguments: dict):
-        operation, device_of = runtime.launches[name]
         self.runtime, self.name, self.backend, self.arguments = runtime, name, backend, arguments
-        self.prepared: Prepared = runtime.prepare(operation, device_of, backend, arguments)
+        self.prepared: Prepared = runtime.launches[name].prepare(runtime, backend, arguments)
         self.run = self.prepared.run
 
     def __call__(self) -> None:
@@ -104,11 +96,24 @@ class Runtime:
         self.api = layer.api  # the layer's generated public API module, with its per-schema signatures
         self.validators = Validators(layer.layout)
         self.allocators = allocators_for(layer.layout, self.validators)
-        self.launches = layer.api.LAUNCHES  # public launch name -> (operation, device_of)
+        # public launch name -> its operation object (the generated table names it)
+        self.launches = {name: operations.BY_NAME[op] for name, op in layer.api.LAUNCHES.items()}
+        self.operations = operations  # what the generated api launches (its WRITE, VERIFY, ...)
+        # (backend=, device) or (KV_CANARY_BACKEND, device, None) -> the backend chosen for them
+        # (Operation.prepare reads it, Runtime.choose fills it)
+        self.chosen: dict = {}
+        # A host backend's checks_index_values -> the HostChecks its operations make before its kernels
+        self.host_checks = {"all": operations.HostChecks(layer), "all_but_swa": operations.HostChecks(layer, swa=False)}
         self._cpu_unavailable = False  # the cpu backend could not be built: CPU tensors get the torch reference
 
     def backend(self, name: str):
         return get_backend(name, self.layer)
+
+    def choose(self, backend: str | None, device: torch.device, key: tuple):
+        """backend_for, remembered under `key` for the launches that follow (Operation.prepare: the
+        backend= keyword and the device, or, without the keyword, KV_CANARY_BACKEND and the device)."""
+        chosen = self.chosen[key] = self.backend_for(backend, device)
+        return chosen
 
     def backend_for(self, backend: str | None, device: torch.device):
         """The backend a launch on `device` runs on (`backend`: the backend= keyword or None)."""
@@ -128,17 +133,6 @@ class Runtime:
                               f"or {ENV_BACKEND}=torch to silence this)", RuntimeWarning, stacklevel=5)
         return self.backend("torch")
 
-    def prepare(self, operation: str, device_of: str, backend, arguments: dict) -> Prepared:
-        """Validate `arguments` for `operation`, choose the backend, bind: everything before the kernel call."""
-        read = [] if operation in self.validators.real_kv_operations else None  # what validation reads, binding takes
-        args = self.validators.check(operation, arguments, read)
-        device = _device_getter(device_of)(args)
-        return self.backend_for(backend, device).prepare(operation, args, read=read)
-
-    def launch(self, operation: str, device_of: str, backend, **arguments) -> None:
-        """Validate `arguments` for `operation`, then run it on the chosen backend."""
-        self.prepare(operation, device_of, backend, arguments).run()
-
     def bind(self, name: str, **arguments) -> PreparedLaunch:
         """The public launch `name` validated and bound, not launched (PreparedLaunch)."""
         if name not in self.launches:
@@ -157,50 +151,6 @@ class Runtime:
         if by_default and name == "cpu":
             return self._default_host_backend().name == "torch"  # where no compiler builds it
         return name == "torch"
-
-    # -- the public launches by name (every keyword of every schema, plus backend=) ----------------
-    def _public(self, name: str, arguments: dict, *, reference: bool = False) -> None:
-        operation, device_of = self.launches[name]
-        backend = arguments.pop("backend", None)
-        if reference:  # SGLang's reference names pin the backend; a backend= there is a mistake, said plainly
-            if backend is not None:
-                raise TypeError(f"kv-canary: {name}_torch_reference always runs the torch reference and takes "
-                                f"no backend= keyword, got backend={backend!r}; call {name}(backend=...) instead")
-            backend = "torch"
-        self.prepare(operation, device_of, backend, arguments).run()
-
-    def launch_canary_write_kernel(self, **arguments) -> None:
-        self._public("launch_canary_write_kernel", arguments)
-
-    def launch_canary_verify_kernel(self, **arguments) -> None:
-        self._public("launch_canary_verify_kernel", arguments)
-
-    def launch_canary_plan_kernels(self, **arguments) -> None:
-        self._public("launch_canary_plan_kernels", arguments)
-
-    def scatter_req_token_ids(self, **arguments) -> None:
-        self._public("scatter_req_token_ids", arguments)
-
-    def launch_plan_offsets_kernel(self, **arguments) -> None:
-        self._public("launch_plan_offsets_kernel", arguments)
-
-    def launch_plan_entries_kernel(self, **arguments) -> None:
-        self._public("launch_plan_entries_kernel", arguments)
-
-    def launch_scatter_req_token_ids_kernel(self, **arguments) -> None:
-        self._public("launch_scatter_req_token_ids_kernel", arguments)
-
-    def launch_canary_write_kernel_torch_reference(self, **arguments) -> None:
-        self._public("launch_canary_write_kernel", arguments, reference=True)
-
-    def launch_canary_verify_kernel_torch_reference(self, **arguments) -> None:
-        self._public("launch_canary_verify_kernel", arguments, reference=True)
-
-    def launch_canary_plan_kernels_torch_reference(self, **arguments) -> None:
-        self._public("launch_canary_plan_kernels", arguments, reference=True)
-
-    def scatter_req_token_ids_torch_reference(self, **arguments) -> None:
-        self._public("scatter_req_token_ids", arguments, reference=True)
 
 
 _runtimes: PerLayer[Runtime] = PerLayer(Runtime)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import importlib
 import operator
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, NamedTuple, Optional
 
 import torch
 
@@ -75,9 +75,24 @@ class _Rule:
         self.one = out[0] if len(out) == 1 and self.fixed is None else None
 
 
+class CompiledRule(NamedTuple):
+    """One rule as check_tensors reads it, in the order its loop unpacks it (a tuple: no attribute
+    lookups at every launch)."""
+    dtype: torch.dtype
+    kind: int                 # _FIXED, _GENERAL, or its one dimension's _BINDS / _MATCHES / _ANY
+    a1: Any                   # _FIXED: the shape; one dimension: the size symbol (or None)
+    a2: int                   # _MATCHES: the offset ("cap+1")
+    align: int                # the address must be a multiple of it (bytes)
+    element_size: int
+    output: bool
+    optional: bool
+    after: Optional[tuple]    # the size checks to run once it passed (Validators._size_checks), or None
+    overlap: Optional[str]    # the name it is reported under when it shares memory
+    rule: _Rule               # the whole rule, for refuse (the first thing that is wrong)
+
+
 def _compile(rules, checks: dict) -> tuple:
-    """Each rule as check_tensors reads it: (dtype, shape kind, its two values, alignment, element
-    size, output?, optional?, the size checks to run once it passed or None, overlap name, the rule)."""
+    """Each generated rule as a CompiledRule."""
     bound: set = set()
     out = []
     for r in map(lambda rule: _Rule(*rule, bound=bound), rules):
@@ -88,7 +103,7 @@ def _compile(rules, checks: dict) -> tuple:
         else:
             kind, a1, a2 = _GENERAL, None, 0
         after = tuple(checks[size] for size in r.binds if size in checks) or None
-        out.append((r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
+        out.append(CompiledRule(r.dtype, kind, a1, a2, r.align_bytes, r.es, r.output, r.optional, after, r.overlap, r))
     return tuple(out)
 
 
@@ -100,8 +115,8 @@ class Validators:
         self.layout = layout
         self.abi = abi if abi is not None else importlib.import_module(layout.__name__.rpartition(".")[0] + ".kernel_abi")
         self.prefix = layout.MESSAGE_PREFIX
-        # This layer's frozen launch classes (kv_canary/launch/allocation.py sets them): what they hold
-        # besides tensors is checked when they are built, not again at every launch.
+        # This layer's frozen launch classes (adopt): what they hold besides tensors is checked when
+        # they are built, not again at every launch.
         self.frozen_context = self.frozen_source = None
         self.frozen_plans: dict = {}
         self.ranges = {argument: self.abi.RANGES[kind] for argument, kind in self.abi.ARGUMENT_KINDS.items()}
@@ -115,12 +130,14 @@ class Validators:
                            for name, op in self.abi.OPERATIONS.items()}
         self.key_sets = {names: frozenset(names) for names in (self.input_fields, self.per_request_fields,
                                                                self.per_slot_fields)}
-        self._checks = {op: getattr(self, "_check_" + op) for op in self.operations}
-        self.real_kv_operations = frozenset(("write", "verify"))  # the launches that read real-KV sources
         self.partial_mode = layout.RealKvHashMode.PARTIAL
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_classes = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                              "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
+
+    def adopt(self, *, context: type, source: type, plans: dict) -> None:
+        """This layer's frozen launch classes (kv_canary/launch/allocation.py allocators_for makes them)."""
+        self.frozen_context, self.frozen_source, self.frozen_plans = context, source, dict(plans)
 
     def message(self, key: str, **values: Any) -> str:
         """The full §7 text of `key` with its run-time values filled in."""
@@ -202,7 +219,7 @@ class Validators:
         rule binds it (what a size mismatch is a mismatch with). Only on the refusal path."""
         found: dict = {}
         for entry, t in zip(compiled, ts):
-            other = entry[-1]
+            other = entry.rule
             if other is rule:
                 break
             if t is None:
@@ -687,37 +704,16 @@ class Validators:
         return {name: given[name] for name in names}
 
     # -- per launch: each returns the backend operation's keyword arguments, normalised ----------------
-    def check(self, operation: str, arguments: dict, read: Optional[list] = None) -> dict:
-        """Validate `operation` over a dict of its keywords; returns the backend operation's keyword
-        arguments. `read` (write, verify) receives what the binding takes of the real-KV sources
-        (real_kv_args). Last of every operation's checks: no input shares memory with an output."""
-        a, spans = self._checks[operation](self.operations[operation][3](**arguments), read)
+    def check(self, operation, arguments: dict, read: Optional[list] = None) -> dict:
+        """Validate `operation` (an object of kv_canary/launch/operations.py) over a dict of its keywords;
+        returns the backend operation's keyword arguments. The keywords get their defaults from the
+        generated table (kernel_abi.OPERATIONS[...].arguments: SGLang's names and defaults), then the
+        operation makes its own checks (`operation.check`). `read` (write, verify) receives what the
+        binding takes of the real-KV sources (real_kv_args). Last of every operation's checks: no
+        input shares memory with an output."""
+        a, spans = operation.check(self, self.operations[operation.name][3](**arguments), read)
         self.check_spans(spans)
         return a
-
-    # Each takes the operation's keywords as a dict (generated/kernel_abi.py OPERATIONS[...].arguments:
-    # SGLang's names and defaults, from the operation table) and returns them, normalised, with the
-    # spans of their tensors.
-    def _check_write(self, a: dict, read: Optional[list] = None) -> tuple:
-        if type(a["context"]) is not self.frozen_context:  # a frozen one was checked when it was built
-            self.check_context_fields(a["context"])
-        self.check_plan_class(a["plan"], "WritePlan")
-        enabled = self.check_bool("enable_write_input_assert", a["enable_write_input_assert"])
-        missing = (a["expected_input_tokens"] is None, a["expected_input_positions"] is None)
-        if enabled and any(missing):
-            raise self.fail("expected_inputs_required")
-        if not enabled and not all(missing):
-            raise self.fail("expected_inputs_forbidden")
-        a["extra_inputs"] = self.mapping("extra_inputs", a["extra_inputs"], self.input_fields)
-        return self.check_context_tensors("write", a, read)
-
-    def _check_verify(self, a: dict, read: Optional[list] = None) -> tuple:
-        if type(a["context"]) is not self.frozen_context:
-            self.check_context_fields(a["context"])
-        self.check_plan_class(a["plan"], "VerifyPlan")
-        self.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
-        a["extra_slot_tables"] = self.mapping("extra_slot_tables", a["extra_slot_tables"], self.per_slot_fields)
-        return self.check_context_tensors("verify", a, read)
 
     # -- the plan and its two stages (SGLang dtypes: req_to_token and the expected-token pool int32) ----
     def check_plan_scalars(self, a: dict) -> None:
@@ -752,43 +748,6 @@ class Validators:
         if entries:
             self.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
                               unit="entries at most")
-
-    def _check_plan(self, a: dict, read: Optional[list] = None) -> tuple:
-        self.check_plan_class(a["verify_plan_out"], "VerifyPlan")
-        self.check_plan_class(a["write_plan_out"], "WritePlan")
-        self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
-        self.check_plan_scalars(a)
-        sizes, spans = self.check_tensors("plan", a)
-        if a["verify_capacity"] != sizes["cap"]:
-            raise ValueError(f"{self.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
-                             f"got {a['verify_capacity']}")
-        self.check_plan_sizes(a, sizes)
-        return a, spans
-
-    def _check_plan_offsets(self, a: dict, read: Optional[list] = None) -> tuple:
-        """The plan's first stage: the outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
-        self.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
-        self.check_plan_scalars(a)
-        sizes, spans = self.check_tensors("plan_offsets", a)
-        self.check_plan_sizes(a, sizes, "out_verify_offsets_scratch", entries=False)
-        return a, spans
-
-    def _check_plan_entries(self, a: dict, read: Optional[list] = None) -> tuple:
-        """The plan's second stage: the outputs are the VerifyPlan's entry arrays (their capacity is theirs)."""
-        self.check_plan_scalars(a)
-        sizes, spans = self.check_tensors("plan_entries", a)
-        self.check_plan_sizes(a, sizes, "verify_offsets_scratch")
-        return a, spans
-
-    def _check_scatter(self, a: dict, read: Optional[list] = None) -> tuple:
-        sizes, spans = self.check_tensors("scatter", a)
-        # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
-        pool_out = a["pool_out"]
-        rows, cols = pool_out.shape
-        if (cols > 1 and pool_out.stride(1) != 1) or (rows > 1 and pool_out.stride(0) < cols):
-            raise ValueError(f"{self.prefix}pool_out rows must be contiguous and must not overlap (stride(1) == 1 and "
-                             f"stride(0) >= {cols}), got shape {(rows, cols)} and strides {tuple(pool_out.stride())}")
-        return a, spans
 
     def validate_slot_hash(self, *, buf_i64, source_slot_idx) -> dict:
         """compute_slot_hash's inputs: the buffer as int64 [num_slots, words] (SGLang's form, any strides)

@@ -11,6 +11,7 @@ import subprocess
 import pytest
 import torch
 from kv_canary.codegen.load import load_schema
+from support import scenarios
 from support.layers import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS, ROOT, generate_layer
 
 import kv_canary
@@ -76,7 +77,7 @@ def reference_final_link(layer, ids: torch.Tensor, pos: torch.Tensor) -> int:
     plan.write_offsets.copy_(torch.tensor([0, n]))
     plan.write_seed_slot_indices.fill_(-1)
     plan.write_num_valid_reqs.fill_(1)
-    kv_canary.runtime_for(layer).launch_canary_write_kernel(
+    scenarios.runtime_for(layer).launch_canary_write_kernel(
         context=ctx, plan=plan, input_ids=ids, positions=pos, out_cache_loc=torch.arange(1, n + 1),
         enable_write_input_assert=False,
         extra_inputs={f.name: torch.zeros(n, dtype=torch.int64) for f in layer.layout.INPUT_FIELDS}, backend="torch")

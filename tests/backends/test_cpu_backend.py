@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 @pytest.fixture
 def backend():
-    b = kv_canary.runtime_for(kv_canary.generated).backend("cpu")
+    b = scenarios.runtime_for(kv_canary.generated).backend("cpu")
     saved = b.threads, b.grain
     yield b
     b.set_threads(saved[0], grain=saved[1])
@@ -89,7 +89,7 @@ def test_large_launches_split_at_the_default_grain_match_the_reference(backend, 
 
 def test_cpu_tensors_run_the_cpu_backend_by_default(monkeypatch):
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     assert rt.backend_for(None, torch.device("cpu")).name == "cpu"
     assert rt.backend_for("torch", torch.device("cpu")).name == "torch"
     monkeypatch.setenv(runtime_module.ENV_BACKEND, "torch")
@@ -108,10 +108,10 @@ def test_without_a_compiler_the_reference_runs_after_one_warning(monkeypatch):
                              "compiler (CXX or g++ on PATH), found no 'g++'")
         return real(name, layer)
     monkeypatch.setattr(runtime_module, "get_backend", no_cpu)
-    rt = runtime_module.Runtime(kv_canary.generated)  # a fresh runtime: nothing decided yet
+    rt = scenarios.CaseLaunches(kv_canary.generated, runtime_module.Runtime(kv_canary.generated))  # nothing decided yet
     case = scenarios.make_verify_case(random.Random(3), kv_canary.generated)
     want = scenarios.clone_case(case)
-    kv_canary.runtime_for(kv_canary.generated).launch_canary_verify_kernel(**want, backend="torch")
+    scenarios.runtime_for(kv_canary.generated).launch_canary_verify_kernel(**want, backend="torch")
     got = scenarios.clone_case(case)
     with pytest.warns(RuntimeWarning, match=r"^kv-canary: backend 'cpu' is not available: .*found no 'g\+\+'; "
                                             r"CPU tensors run on the torch reference instead"):

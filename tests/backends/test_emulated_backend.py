@@ -13,7 +13,7 @@ import torch
 from support import budget, scenarios
 from support.kernel_diff import compare
 
-import kv_canary
+from kv_canary.launch import operations
 from kv_canary.layer.loader import load_generated
 from kv_canary.layer.sources import kernel_abi, tree_dir
 
@@ -22,11 +22,11 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 
 def _kernels_only(backend, operation: str, **args) -> None:
     """The operation's kernels alone, without the host backend's value checks (as on a GPU)."""
-    backend.prepare(operation, args, host_checks=False).run()
+    backend.prepare(operations.BY_NAME[operation], args).run()
 
 
 def _backend(layer):
-    return kv_canary.runtime_for(layer).backend("emulated")
+    return scenarios.runtime_for(layer).backend("emulated")
 
 
 def test_plan_scans_batches_larger_than_a_block(default_layer):
@@ -43,7 +43,7 @@ def test_unreadable_lut_index_is_reported_not_read(default_layer, window):
     cuda backend launches) cannot, so it stores PLAN_UNREADABLE_INDEX (INT64_MAX, >= every slot
     count) and verify then reports SLOT_OUT_OF_RANGE for that entry."""
     layout, alloc = default_layer.layout, default_layer.allocators
-    rt = kv_canary.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_layer)
     lut = torch.arange(8, dtype=torch.int64)  # req_to_token holds 9: outside the LUT
     args = dict(req_pool_indices=torch.tensor([1]), prefix_lens=torch.tensor([2]), extend_seq_lens=torch.tensor([0]),
                 req_to_token=torch.tensor([[0, 0], [5, 9]], dtype=torch.int32), swa_window_size=window,

@@ -14,6 +14,7 @@ from support import scenarios
 from support.oracle import Oracle
 
 import kv_canary
+from kv_canary.launch import operations
 
 _NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 HOST_BACKENDS = ["torch", pytest.param("cpu", marks=_NEEDS_GXX), pytest.param("emulated", marks=_NEEDS_GXX)]
@@ -22,7 +23,7 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not inst
 
 def _kernels_only(backend, operation: str, **args) -> None:
     """The operation's kernels alone, without the host backend's value checks (as on a GPU)."""
-    backend.prepare(operation, args, host_checks=False).run()
+    backend.prepare(operations.BY_NAME[operation], args).run()
 
 
 def _plan_case(layer, seed: int, **kw) -> dict:
@@ -39,7 +40,7 @@ def test_plan_rejects_a_row_outside_req_to_token(any_layer, backend, bad):
     before = scenarios.clone_case(case)
     msg = f"kv-canary: req_pool_indices[1] = {value} is outside req_to_token rows [0, {rows})"
     with pytest.raises(ValueError, match="^" + re.escape(msg) + "$"):
-        kv_canary.runtime_for(any_layer).launch_canary_plan_kernels(**case, backend=backend)
+        scenarios.runtime_for(any_layer).launch_canary_plan_kernels(**case, backend=backend)
     scenarios.compare_state(case, before)   # nothing written
 
 
@@ -59,7 +60,7 @@ def test_scatter_rejects_a_row_outside_the_pool(backend):
 def test_kernels_treat_bad_rows_as_inactive(default_layer):
     """What the cuda backend does (it cannot raise): the same kernels without the host checks end
     where the oracle does, which leaves such a plan row inactive and skips such a scatter row."""
-    emulated = kv_canary.runtime_for(default_layer).backend("emulated")
+    emulated = scenarios.runtime_for(default_layer).backend("emulated")
     for seed in range(4):
         case = _plan_case(default_layer, seed)
         case["req_pool_indices"][seed % 3] = int(case["req_to_token"].shape[0]) + seed
@@ -80,7 +81,7 @@ def test_swa_index_outside_the_lut_raises_the_same_text_in_both_host_backends(de
     """Random plans with a truncated LUT (with or without a window): torch and emulated both raise the
     §7 text with the same index, or (when nothing read is outside, e.g. an overflowing verify plan)
     both end equal."""
-    rt = kv_canary.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_layer)
     raised = passed = 0
     for seed in range(150):
         rng = random.Random(seed)

@@ -14,8 +14,6 @@ import torch
 from support import scenarios
 from support.kernel_diff import run
 
-import kv_canary
-
 _NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 BACKENDS = ["torch", pytest.param("cpu", marks=_NEEDS_GXX), pytest.param("emulated", marks=_NEEDS_GXX)]
 SEEDS = int(os.environ.get("KV_CANARY_REASON_COUNT_SEEDS", "40"))
@@ -131,5 +129,5 @@ def test_bad_counts_are_rejected_before_launch(default_layer, make_bad, error, m
     case = _oor_verify(default_layer, ring_capacity=2, n=2)
     case["context"] = dataclasses.replace(case["context"], violation_reason_counts=make_bad(n))
     with pytest.raises(error, match="^kv-canary: " + match.format(n=n, n1=n + 1) + "$"):
-        kv_canary.runtime_for(default_layer).launch_canary_verify_kernel(**case, backend="torch")
+        scenarios.runtime_for(default_layer).launch_canary_verify_kernel(**case, backend="torch")
     assert case["context"].violation_write_index.tolist() == [0]  # nothing ran

@@ -27,7 +27,7 @@ def cases_for(layer) -> int:
 def run_both(layer, kind: str, case: dict) -> tuple[dict, dict]:
     """Run the reference (through the public runtime) and the oracle on copies of one case."""
     ref_case, oracle_case = scenarios.clone_case(case), scenarios.clone_case(case)
-    getattr(kv_canary.runtime_for(layer), LAUNCH[kind])(**ref_case, backend="torch")
+    getattr(scenarios.runtime_for(layer), LAUNCH[kind])(**ref_case, backend="torch")
     getattr(Oracle(layer), kind)(**oracle_case)
     return ref_case, oracle_case
 

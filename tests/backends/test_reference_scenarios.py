@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import kv_canary
+from support import scenarios
 
 SLOTS = [3, 5, 7, 9, 11]          # one request's chain, positions 0..4
 TOKENS = [101, 102, 103, 104, 105]
@@ -27,7 +26,7 @@ class World:
 
     def __init__(self, layer, *, mode=None, sources=(), ring_capacity=16, num_slots=16):
         self.layer, self.lay = layer, layer.layout
-        self.rt = kv_canary.runtime_for(layer)
+        self.rt = scenarios.runtime_for(layer)
         self.alloc = layer.allocators
         mode = self.lay.RealKvHashMode.NONE if mode is None else mode
         self.ctx = self.alloc.allocate_context(num_slots=num_slots, ring_capacity=ring_capacity, device="cpu",
@@ -236,7 +235,7 @@ def test_ring_overflow_keeps_counting(any_layer):
 def test_plan_sentinels_and_overflow(any_layer):
     lay = any_layer.layout
     alloc = any_layer.allocators
-    rt = kv_canary.runtime_for(any_layer)
+    rt = scenarios.runtime_for(any_layer)
     r2t = torch.arange(1, 4 * 8 + 1, dtype=torch.int32).view(4, 8)
     extra = {f.name: torch.tensor([5, 6, 7]) for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"}
 

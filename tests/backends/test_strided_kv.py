@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 import torch
+from support import scenarios
 from support.oracle import Oracle
 from support.write_shapes import write_shape_layer
 
@@ -91,7 +92,7 @@ def source(tensor: torch.Tensor, layout: KvLayout | None, nbpt: int, read_bytes:
            backend: str = "torch"):
     """A RealKvSource of the backend's layer (None layout: SGLang's packed rows)."""
     fields = {} if layout is None else dataclasses.asdict(layout)
-    return kv_canary.runtime_for(layer_of(backend)).allocators.RealKvSource(
+    return scenarios.runtime_for(layer_of(backend)).allocators.RealKvSource(
         tensor=tensor, page_size=BLOCK_SIZE, num_bytes_per_token=nbpt,
         read_bytes=nbpt if read_bytes is None else read_bytes, **fields)
 
@@ -104,7 +105,7 @@ def rows_of(logical: torch.Tensor) -> torch.Tensor:
 def fingerprints(src, mode, backend: str) -> list[int]:
     """The real_kv_hash a write of every slot stores (one request), through the public launch."""
     layer = layer_of(backend)
-    rt = kv_canary.runtime_for(layer)
+    rt = scenarios.runtime_for(layer)
     A = rt.allocators
     n = NUM_BLOCKS * BLOCK_SIZE
     ctx = A.allocate_context(num_slots=n, ring_capacity=4, device="cpu", real_kv_sources=(src,), real_kv_hash_mode=mode)
@@ -195,7 +196,7 @@ def test_verify_reads_the_layout_as_the_write_stored_it(name, backend):
     """A verify of every slot after the write: silent; after one flipped element: that slot's
     VERIFY_REAL_KV_HASH_MISMATCH row (the verify kernel's own, per-warp, fingerprint path)."""
     layer = layer_of(backend)
-    rt = kv_canary.runtime_for(layer)
+    rt = scenarios.runtime_for(layer)
     A, n = rt.allocators, NUM_BLOCKS * BLOCK_SIZE
     k, v = make_kv(torch.float32, 2, seed=3)
     t, layout, _ = stored(name, k, v)
@@ -339,7 +340,7 @@ def test_random_layouts_match_the_oracle_and_the_emulated_kernels(kind):
     from support import budget, kernel_diff, scenarios
 
     make = getattr(scenarios, f"make_{kind}_case")
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     launch = getattr(rt, f"launch_canary_{kind}_kernel")
     small = dict(n_reqs=4, max_prefix=16, **({"max_extend": 8} if kind == "write" else {}))  # the oracle is slow
     for seed in range(budget.cases(12)):

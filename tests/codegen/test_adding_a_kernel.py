@@ -18,7 +18,9 @@ NAMES = (
     ("codegen.operations", "KERNEL_TEMPLATES"), ("codegen.operations", "Operation.binding_args"),
     ("codegen.launches", "ROWS"), ("codegen.outputs", "KERNEL_SOURCE_TEMPLATES"),
     ("kv_canary.launch.validation", "Validators.check_tensors"), ("kv_canary.launch.validation", "Validators.mapping"),
-    ("kv_canary.launch.validation", "Validators._size_checks"), ("kv_canary.launch.runtime", "Runtime.launch"),
+    ("kv_canary.launch.validation", "Validators._size_checks"), ("kv_canary.launch.operations", "Operation"),
+    ("kv_canary.launch.operations", "BY_NAME"), ("kv_canary.launch.operations", "Operation.kernel_launches"),
+    ("kv_canary.launch.operations", "Operation.host_checks"),
     ("kv_canary.generated.kernel_abi", "OPERATIONS"), ("kv_canary.generated.kernel_abi", "VERIFY_PLAN_FIELDS"),
     ("kv_canary.generated.kernel_abi", "WRITE_PLAN_FIELDS"), ("kv_canary.backends.reference", "Reference"),
 )

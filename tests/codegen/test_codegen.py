@@ -167,7 +167,7 @@ def test_generation_is_byte_identical_across_hash_seeds(tmp_path):
     a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
     assert a and a == b
     # ... and identical to an in-process render (a third hash seed, and no disk round trip).
-    from kv_canary.codegen.cli import provenance_for
+    from kv_canary.codegen.trees import provenance_for
     files = render_all(load_schema(SCHEMA), SCHEMA.read_text(encoding="utf-8"),
                        provenance=provenance_for(SCHEMA, tmp_path / "a"))
     assert a == {f.path: f.text.encode("utf-8") for f in files}
@@ -187,7 +187,7 @@ def test_regenerating_an_unchanged_tree_writes_nothing(tmp_path):
 def test_a_comment_change_in_the_generator_rewrites_only_the_identity_file(tmp_path):
     """A generator whose source differs only in comments (a Python one, a Jinja one) has another
     generator hash, and that hash lives in one file: the rest of the tree is not rewritten."""
-    from kv_canary.codegen.cli import provenance_for
+    from kv_canary.codegen.trees import provenance_for
 
     out = tmp_path / "tree"
     write_tree(out, render_all(load_schema(SCHEMA), SCHEMA.read_text(encoding="utf-8"),

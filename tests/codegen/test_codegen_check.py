@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 from kv_canary.codegen import render
-from kv_canary.codegen.cli import main, provenance_for
+from kv_canary.codegen.cli import main
 from kv_canary.codegen.load import load_schema, read_schema
 from kv_canary.codegen.render import COMMENT_STYLES, HEADER_MARKER, render_all, sha256_text, split_header
+from kv_canary.codegen.trees import provenance_for
 from kv_canary.codegen.writer import compare_tree, write_tree
 from support.layers import default_schema_text
 

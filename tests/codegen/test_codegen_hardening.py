@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kv_canary.codegen import cli
+from kv_canary.codegen import cli, trees
 from kv_canary.codegen.diagnostics import Diagnostic, Loc, SchemaError, escape_text, quote
 from kv_canary.codegen.limits import MAX_SET_MEMBERS
 from kv_canary.codegen.load import load_schema_text, read_schema
@@ -163,13 +163,13 @@ def test_a_second_generate_waits_for_the_first(tmp_path):
         assert [p.name for p in out.iterdir()] == [LOCK_NAME]  # nothing written while the lock is held
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert compare_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), provenance=cli.provenance_for(DEFAULT_SCHEMA, out)),
+    assert compare_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), provenance=trees.provenance_for(DEFAULT_SCHEMA, out)),
                         "generated") == []
 
 
 def test_check_waits_for_a_generate_in_progress(tmp_path, env):
     out = tmp_path / "generated"
-    write_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), env, provenance=cli.provenance_for(DEFAULT_SCHEMA, out)))
+    write_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), env, provenance=trees.provenance_for(DEFAULT_SCHEMA, out)))
     with tree_lock(out):
         proc = _waits_for_the_lock(out, "check")
     stdout, err = proc.communicate(timeout=120)
@@ -184,7 +184,7 @@ def test_concurrent_generate_runs_all_succeed(tmp_path):
     assert [r[2] for r in results] == [0, 0, 0], results
     assert sum(r[0].count("\nwrote ") + r[0].startswith("wrote ") for r in results) == len(
         render_all(*read_schema(DEFAULT_SCHEMA)))  # each file written by exactly one run
-    assert compare_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), provenance=cli.provenance_for(DEFAULT_SCHEMA, out)),
+    assert compare_tree(out, render_all(*read_schema(DEFAULT_SCHEMA), provenance=trees.provenance_for(DEFAULT_SCHEMA, out)),
                         "generated") == []
 
 

@@ -144,13 +144,13 @@ class GraphedCanary:
         self._replaying = False
         if self.static is None and batch.step >= self.capture_at and len(batch.drafts) == batch.bs - batch.num_padding:
             self.static = batch
-            self.m.prepare(batch)
+            self.m.stage(batch)
             self.graphs = (self.capture(lambda: self.m.launch_head(self.static)),
                            self.capture(lambda: self.m.tail(self.static)))
         elif self.static is not None and self._same_shape(batch):
             for n in self.BATCH_TENSORS:
                 getattr(self.static, n).copy_(getattr(batch, n))
-            self.m.prepare(batch)
+            self.m.stage(batch)
         else:
             return self.m.head(batch)
         self._replaying = True

@@ -123,7 +123,7 @@ def test_plan_stages_match_reference(any_layer):
         ref_scratch, got_scratch = scratch.clone(), scratch.to("cuda")
         ref = run_plan_stages(any_layer, scenarios.clone_case(case), ref_scratch, "torch")
         whole_case = scenarios.clone_case(case)
-        kv_canary.runtime_for(any_layer).launch_canary_plan_kernels(**whole_case, backend="torch")
+        scenarios.runtime_for(any_layer).launch_canary_plan_kernels(**whole_case, backend="torch")
         got = run_plan_stages(any_layer, scenarios.case_to(scenarios.clone_case(case), "cuda"), got_scratch, "cuda")
         try:
             scenarios.compare_state(scenarios.case_to(got, "cpu"), ref)
@@ -205,7 +205,7 @@ class Step:
 
 
 def test_cuda_graph_capture_and_replay(any_layer):
-    rt = kv_canary.runtime_for(any_layer)
+    rt = scenarios.runtime_for(any_layer)
     step = Step(any_layer, "cuda")
     rng = random.Random(7)
     step.refill(rng)
@@ -228,7 +228,7 @@ def test_cuda_graph_capture_and_replay(any_layer):
 
 
 def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_layer):
-    rt = kv_canary.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_layer)
     step = Step(default_layer, "cuda")
     rng = random.Random(11)
     step.refill(rng)
@@ -254,7 +254,7 @@ def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_laye
 
 def test_loaded_modules_carry_the_layers_identity(default_layer):
     from kv_canary.layer.identity import AbiMismatchError, check_identity
-    mods = kv_canary.runtime_for(default_layer).backend("cuda").warm_up("cuda")
+    mods = scenarios.runtime_for(default_layer).backend("cuda").warm_up("cuda")
     assert set(mods.binaries) == set(kernel_abi(default_layer).KERNELS)
     import cupy
     import numpy as np

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support import scenarios
 from support.layers import default_schema_text, generate_layer, scratch_dir
-
-import kv_canary
 
 PARTIAL = 64
 BACKENDS = ("torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
@@ -51,7 +50,7 @@ def refusal(i: int, n: int) -> str:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_source_with_fewer_bytes_per_slot_than_partial_reads_is_refused(backend):
     layer = wide_partial_layer()
-    rt, A = kv_canary.runtime_for(layer), kv_canary.runtime_for(layer).allocators
+    rt, A = scenarios.runtime_for(layer), scenarios.runtime_for(layer).allocators
     mode = layer.layout.RealKvHashMode
     ok = A.RealKvSource(tensor=torch.zeros((8, 64), dtype=torch.uint8), page_size=1, num_bytes_per_token=64, read_bytes=64)
     short = A.RealKvSource(tensor=torch.zeros((8, 16), dtype=torch.uint8), page_size=1, num_bytes_per_token=16,
@@ -78,7 +77,7 @@ def test_a_source_at_the_partial_limit_reads_exactly_its_slot(backend):
     """num_bytes_per_token == REAL_KV_PARTIAL_READ_BYTES: PARTIAL reads every byte of the slot, up to
     the tensor's last byte, and fingerprints like ALL with read_bytes = 64."""
     layer = wide_partial_layer()
-    rt = kv_canary.runtime_for(layer)
+    rt = scenarios.runtime_for(layer)
     A, mode = rt.allocators, layer.layout.RealKvHashMode
     data = torch.randint(0, 256, (8, PARTIAL), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     src = A.RealKvSource(tensor=data, page_size=1, num_bytes_per_token=PARTIAL, read_bytes=16)

@@ -14,7 +14,7 @@ HOST_BACKENDS = ["torch", "cpu", "emulated"]
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
 def test_a_prepared_write_runs_like_the_free_function_and_rebinds_by_name(backend):
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     case = scenarios.make_write_case(random.Random(5), kv_canary.generated, n_reqs=3)
     ours, theirs = scenarios.clone_case(case), scenarios.clone_case(case)
     prepared = rt.bind("launch_canary_write_kernel", **ours, backend=backend)
@@ -31,7 +31,7 @@ def test_a_prepared_write_runs_like_the_free_function_and_rebinds_by_name(backen
 
 
 def test_rebind_checks_what_it_is_given():
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     case = scenarios.make_write_case(random.Random(6), kv_canary.generated, n_reqs=2)
     prepared = rt.bind("launch_canary_write_kernel", **case)
     with pytest.raises(TypeError, match=r"^kv-canary: launch_canary_write_kernel has no argument tokens to rebind"):
@@ -45,7 +45,7 @@ def test_rebind_checks_what_it_is_given():
 def test_a_rebind_checks_again_a_context_tensor_moved_after_binding():
     """A prepared launch does not look at its arguments again; rebinding validates the whole launch,
     the frozen context's tensors included: the ring moved into the canary records is refused."""
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     case = scenarios.make_write_case(random.Random(7), kv_canary.generated, n_reqs=2)
     prepared = rt.bind("launch_canary_write_kernel", **case)
     ctx = case["context"]

@@ -36,7 +36,7 @@ def raises(exc, text):
 
 
 def rt():
-    return kv_canary.runtime_for(kv_canary.generated)
+    return scenarios.runtime_for(kv_canary.generated)
 
 
 def plan_kwargs(**over):

@@ -23,6 +23,7 @@ from support.oracle import Canary, Oracle
 import kv_canary
 import kv_canary.launch.runtime as runtime_module
 from kv_canary.backends import Prepared
+from kv_canary.launch import operations
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 HOST_BACKENDS = ["torch", pytest.param("cpu", marks=needs_gxx), pytest.param("emulated", marks=needs_gxx)]
@@ -46,7 +47,7 @@ SGLANG_PARAMS = {
 
 def _kernels_only(backend, operation: str, **args) -> None:
     """The operation's kernels alone, without the host backend's value checks (as on a GPU)."""
-    backend.prepare(operation, args, host_checks=False).run()
+    backend.prepare(operations.BY_NAME[operation], args).run()
 
 
 def cases_for(layer) -> int:
@@ -64,7 +65,7 @@ def test_every_name_is_importable_from_kv_canary():
     for name in SGLANG_PARAMS:
         assert not hasattr(kv_canary, name + "_torch_reference"), name
         with pytest.raises(AttributeError):
-            getattr(kv_canary.runtime_for(kv_canary.generated), name + "_torch_reference")
+            getattr(kv_canary.generated.api, name + "_torch_reference")
 
 
 def test_launch_signatures_are_sglangs(default_layer):
@@ -144,7 +145,7 @@ def test_offsets_then_entries_equals_one_plan_call(any_layer, backend):
     """On each host backend, the two stages leave the plans exactly as launch_canary_plan_kernels does
     (itself checked against the oracle elsewhere), and the emulated kernels fill the same scratch as
     the reference."""
-    rt = kv_canary.runtime_for(any_layer)
+    rt = scenarios.runtime_for(any_layer)
     for seed in range(cases_for(any_layer)):
         rng = random.Random(seed)
         case = scenarios.make_plan_case(rng, any_layer)
@@ -168,7 +169,7 @@ def _small_case(layer, seed: int = 3) -> tuple[dict, torch.Tensor]:
         case = scenarios.make_plan_case(rng, layer, n_reqs=4)
         scratch = scenarios.make_plan_scratch(rng, case)
         probe = scenarios.clone_case(case)
-        kv_canary.runtime_for(layer).launch_plan_offsets_kernel(**scenarios.plan_stages(layer, probe, scratch.clone())[0])
+        scenarios.runtime_for(layer).launch_plan_offsets_kernel(**scenarios.plan_stages(layer, probe, scratch.clone())[0])
         if int(probe["verify_plan_out"].enable[0]) == 1 and int(probe["verify_plan_out"].verify_num_valid[0]) > 1:
             return case, scratch
 
@@ -213,7 +214,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     """What the cuda backend does (it cannot read the scratch to check it): the kernel, without the
     host checks, writes at most min(scratch[bs], capacity) entries and reads nothing out of bounds
     (a scratch claiming entries for an empty batch included)."""
-    rt = kv_canary.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_layer)
     emulated = rt.backend("emulated")
     case, scratch = _small_case(default_layer)
     empty = scenarios.clone_case(case)
@@ -222,7 +223,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     _, entries = scenarios.plan_stages(default_layer, empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
-    _kernels_only(emulated, "plan_entries", **rt.validators.check("plan_entries", entries))
+    _kernels_only(emulated, "plan_entries", **rt.validators.check(operations.BY_NAME["plan_entries"], entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
@@ -231,7 +232,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
         before = scenarios.clone_case(entries)
-        _kernels_only(emulated, "plan_entries", **rt.validators.check("plan_entries", entries))
+        _kernels_only(emulated, "plan_entries", **rt.validators.check(operations.BY_NAME["plan_entries"], entries))
         written = min(claimed, cap)
         for name in ("out_verify_slot_indices", "out_verify_expected_positions", "out_verify_prev_slot_indices"):
             assert torch.equal(entries[name][written:], before[name][written:]), (seed, name)
@@ -408,6 +409,7 @@ def test_use_torch_reference_composes_with_backend_and_the_environment(monkeypat
 
 
 class _Recorder:
+    checks_index_values = None  # records launches; makes no index-value checks
     def __init__(self, name: str, calls: list):
         self.name, self.calls = name, calls
 
@@ -420,6 +422,7 @@ class _Recorder:
 def test_use_torch_reference_answers_what_the_launches_do(monkeypatch, env, backend):
     calls: list = []
     monkeypatch.setattr(runtime_module, "get_backend", lambda name, layer: _Recorder(name, calls))
+    monkeypatch.setattr(kv_canary.runtime_for(kv_canary.generated), "chosen", {})  # the choices made before
     if env is None:
         monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     else:

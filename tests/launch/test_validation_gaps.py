@@ -195,7 +195,7 @@ LAUNCHES = {"write": "launch_canary_write_kernel", "verify": "launch_canary_veri
 def test_a_launch_changes_nothing_but_its_outputs_values(backend, kind):
     """Storage stays resizable (the reference once read tensors through .numpy(), which pins them),
     addresses, shapes, strides and dtypes stay, and only the documented outputs change values."""
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     make = {"write": scenarios.make_write_case, "verify": scenarios.make_verify_case,
             "plan": scenarios.make_plan_case, "scatter": scenarios.make_scatter_case}[kind]
     case = make(random.Random(11), kv_canary.generated, n_reqs=3)

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support import scenarios
 from support.launch_kwargs import plan_kwargs, verify_kwargs, write_kwargs
 from support.layers import default_schema_text, generate_layer
 
@@ -157,7 +158,7 @@ def test_extra_keywords_rejected_for_default_schema():
     # behind them (what the manager calls) accepts the mappings and validates them.
     with pytest.raises(TypeError, match="unexpected keyword argument 'extra_inputs'"):
         kv_canary.launch_canary_write_kernel(**write_kwargs(extra_inputs={}))
-    rt = kv_canary.runtime_for(kv_canary.generated)
+    rt = scenarios.runtime_for(kv_canary.generated)
     with raises(ValueError, P + "extra_inputs must have exactly the keys [no fields (this schema declares none)], got [epoch]"):
         rt.launch_canary_write_kernel(**write_kwargs(extra_inputs={"epoch": torch.zeros(3, dtype=torch.int64)}))
     rt.launch_canary_write_kernel(**write_kwargs(extra_inputs={}))
@@ -184,7 +185,7 @@ def test_mutated_schema_messages_and_extra_keywords(epoch_layer):
     with raises(ValueError, P + "canary_buf slot stride must hold at least 5 int64 fields, got 4"):
         alloc.allocate_canary_buf(4, device="cpu", slot_stride_bytes=32)
     assert alloc.allocate_canary_buf(4, device="cpu").shape == (4, 64)
-    rt = kv_canary.runtime_for(epoch_layer)
+    rt = scenarios.runtime_for(epoch_layer)
     ctx = alloc.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
     wplan = alloc.WritePlan.allocate(write_req_capacity=1, device="cpu")
     t = torch.zeros(2, dtype=torch.int64)

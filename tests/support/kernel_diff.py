@@ -17,7 +17,6 @@ from collections import Counter
 
 import torch
 
-import kv_canary
 from support import scenarios
 
 LAUNCH = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
@@ -25,13 +24,13 @@ LAUNCH = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify
 
 
 def run(layer, kind: str, case: dict, backend: str) -> dict:
-    getattr(kv_canary.runtime_for(layer), LAUNCH[kind])(**case, backend=backend)
+    getattr(scenarios.runtime_for(layer), LAUNCH[kind])(**case, backend=backend)
     return case
 
 
 def run_plan_stages(layer, case: dict, scratch, backend: str) -> dict:
     """launch_plan_offsets_kernel then launch_plan_entries_kernel on a plan case, with `scratch`."""
-    rt = kv_canary.runtime_for(layer)
+    rt = scenarios.runtime_for(layer)
     offsets, entries = scenarios.plan_stages(layer, case, scratch)
     rt.launch_plan_offsets_kernel(**offsets, backend=backend)
     rt.launch_plan_entries_kernel(**entries, backend=backend)

@@ -20,6 +20,8 @@ import random
 
 import torch
 
+import kv_canary
+
 PAGE_SIZES = (1, 4, 16)
 LUT_WITHOUT_WINDOW_ODDS = 0.3     # of the full-attention plan cases (2 in 3 of all plan cases)
 SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.float32)
@@ -577,3 +579,32 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 def _sorted_rows(ring: torch.Tensor) -> torch.Tensor:
     rows = ring.tolist()
     return torch.tensor(sorted(rows), dtype=ring.dtype).view(ring.shape) if rows else ring
+
+
+class CaseLaunches:
+    """A layer's runtime, plus its public launches by name taking a case of this module (keywords of
+    every schema: an input-field mapping the schema does not declare may be given empty, as the
+    operation's own keywords allow) and `backend=`. Each runs the launch's operation object
+    (kv_canary/launch/operations.py) as the generated api does; `<name>_torch_reference` pins torch.
+    Anything else is the runtime's (backend, bind, allocators, validators)."""
+
+    def __init__(self, layer, runtime=None):
+        self.layer = layer
+        self.runtime = kv_canary.runtime_for(layer) if runtime is None else runtime
+
+    def __getattr__(self, name: str):
+        from kv_canary.launch import operations
+
+        base, pinned = (name[: -len("_torch_reference")], "torch") if name.endswith("_torch_reference") else (name, None)
+        if base not in self.layer.api.LAUNCHES:
+            return getattr(self.runtime, name)
+        operation, runtime = operations.BY_NAME[self.layer.api.LAUNCHES[base]], self.runtime
+
+        def launch(backend=None, **case) -> None:
+            operation.launch(runtime, pinned or backend, case)
+        return launch
+
+
+def runtime_for(layer) -> CaseLaunches:
+    """`layer`'s runtime with its launches by name over cases (CaseLaunches)."""
+    return CaseLaunches(layer)

@@ -422,7 +422,7 @@ def build_and_run(out: Path, files, seeds: int, *, nvrtc_compile: bool = True) -
     layer = kv_canary.load_generated(out, f"kv_canary_fuzz_{out.name}_{id(files):x}")
     for module in sorted(p.stem for p in out.glob("*.py") if p.stem != "__init__"):  # every generated module
         importlib.import_module(f"{layer.__name__}.{module}")
-    kv_canary.runtime_for(layer).backend("emulated")  # g++ builds the emulation library
+    scenarios.runtime_for(layer).backend("emulated")  # g++ builds the emulation library
     abi = kernel_abi(layer)
     try:
         importlib.import_module("cupy_backends.cuda.libs.nvrtc")
@@ -449,12 +449,11 @@ def check_partial_limit(layer, seeds: int) -> None:
     import pytest
     import torch
 
-    import kv_canary
     from support import kernel_diff, scenarios
 
     lay = layer.layout
     partial, align, mode = lay.REAL_KV_PARTIAL_READ_BYTES, lay.REAL_KV_LOAD_ALIGN_BYTES, lay.RealKvHashMode.PARTIAL
-    alloc = kv_canary.runtime_for(layer).allocators
+    alloc = scenarios.runtime_for(layer).allocators
     for seed in range(seeds):
         case = scenarios.make_write_case(random.Random(seed), layer)
         slots = int(case["context"].canary_buf.shape[0])
@@ -473,7 +472,7 @@ def check_partial_limit(layer, seeds: int) -> None:
             refusal = lay.MESSAGE_PREFIX + lay.MESSAGES["real_kv_partial"].format(i=0, n=partial - align)
             for backend in ("torch", "emulated", "cpu"):
                 with pytest.raises(ValueError) as exc:
-                    kv_canary.runtime_for(layer).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
+                    scenarios.runtime_for(layer).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
                 assert str(exc.value) == refusal
 
 
@@ -483,7 +482,6 @@ def check_refusals(layer) -> None:
     records after its context was built), on both host backends, before anything is written."""
     import torch
 
-    import kv_canary
     from support import scenarios
 
     alloc, prefix = layer.allocators, layer.layout.MESSAGE_PREFIX
@@ -495,7 +493,7 @@ def check_refusals(layer) -> None:
                 assert str(e).startswith(prefix), (helper.__name__, bad, e)
             else:
                 raise AssertionError(f"{helper.__name__}({bad!r}) was accepted")
-    runtime = kv_canary.runtime_for(layer)
+    runtime = scenarios.runtime_for(layer)
     for backend in ("torch", "emulated", "cpu"):
         case = scenarios.make_write_case(random.Random(0), layer, n_reqs=1)
         ctx = case["context"]

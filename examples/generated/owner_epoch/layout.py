@@ -156,6 +156,12 @@ class CanaryLaunchTag(enum.IntEnum):
 LAUNCH_PHASES = ("head", "tail", "sweep", )
 LAUNCH_HALVES = ("k", "v", )
 LAUNCH_GROUPS = ("full", "swa", )
+# The step protocol's roles (codegen/model.py STEP_PHASES, STEP_HALVES): the phase before the
+# forward pass, the one after it, the periodic sweep, and the half only MHA models have.
+STEP_BEFORE_FORWARD = "head"
+STEP_AFTER_FORWARD = "tail"
+STEP_SWEEP = "sweep"
+STEP_V_HALF = "v"
 LAUNCH_TAG_COORDINATES = {
     CanaryLaunchTag.HEAD_K_FULL: ("head", "k", "full"),
     CanaryLaunchTag.HEAD_V_FULL: ("head", "v", "full"),

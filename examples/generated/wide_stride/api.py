@@ -5,8 +5,9 @@
 Every launch also takes `backend=` ('torch', 'cuda' or 'emulated'; otherwise the KV_CANARY_BACKEND
 environment variable, otherwise the tensors' device). The `*_torch_reference` variants always run
 the torch reference and take no `backend=`. SGLang's helpers compute_slot_hash and
-use_torch_reference close the module (docs/sglang-compat.md, "Names"). Validation and dispatch live in the runtime this layer
-is loaded with (kv_canary.load_generated hands it over; this module imports nothing from it).
+use_torch_reference close the module (docs/sglang-compat.md, "Names"). Each launch hands its arguments
+to its operation object (kv_canary/launch/operations.py), with the runtime of this package (validation,
+backends; created on the first launch, so importing this module imports nothing from kv-canary).
 
 This schema declares no input fields, so no launch takes extra keywords (docs/semantics.md §8).
 """
@@ -23,34 +24,44 @@ if _check_generated_file is None:
                       + 'make generate' + "`")
 _check_generated_file(__file__)
 
-from . import _runtime
+from . import _runtime as _package_runtime
 
-# Public name -> (backend operation, the argument whose device chooses the backend).
+# Public name -> the operation it launches (kv_canary/launch/operations.py BY_NAME; Runtime.bind).
 LAUNCHES = {
-    "launch_canary_write_kernel": ("write", "context.canary_buf"),
-    "launch_canary_verify_kernel": ("verify", "context.canary_buf"),
-    "launch_canary_plan_kernels": ("plan", "req_to_token"),
-    "scatter_req_token_ids": ("scatter", "pool_out"),
-    "launch_plan_offsets_kernel": ("plan_offsets", "req_to_token"),
-    "launch_plan_entries_kernel": ("plan_entries", "req_to_token"),
-    "launch_scatter_req_token_ids_kernel": ("scatter", "pool_out"),
+    "launch_canary_write_kernel": "write",
+    "launch_canary_verify_kernel": "verify",
+    "launch_canary_plan_kernels": "plan",
+    "scatter_req_token_ids": "scatter",
+    "launch_plan_offsets_kernel": "plan_offsets",
+    "launch_plan_entries_kernel": "plan_entries",
+    "launch_scatter_req_token_ids_kernel": "scatter",
 }
+
+_rt = None  # this package's Runtime, from the first launch on
+
+
+def _load():
+    global _rt
+    _rt = _package_runtime()
+    return _rt
 
 
 def launch_canary_write_kernel(*, context, plan, input_ids, positions, out_cache_loc, enable_write_input_assert,
                                expected_input_tokens=None, expected_input_positions=None, backend=None) -> None:
     """Write the records of a WritePlan's chains (docs/semantics.md §5.1)."""
-    _runtime().launch('write', 'context.canary_buf', backend, context=context, plan=plan, input_ids=input_ids,
-                      positions=positions, out_cache_loc=out_cache_loc,
-                      enable_write_input_assert=enable_write_input_assert,
-                      expected_input_tokens=expected_input_tokens,
-                      expected_input_positions=expected_input_positions)
+    rt = _rt or _load()
+    rt.operations.WRITE.launch(rt, backend, {'context': context, 'plan': plan, 'input_ids': input_ids,
+                                             'positions': positions, 'out_cache_loc': out_cache_loc,
+                                             'enable_write_input_assert': enable_write_input_assert,
+                                             'expected_input_tokens': expected_input_tokens,
+                                             'expected_input_positions': expected_input_positions})
 
 
 def launch_canary_verify_kernel(*, context, plan, check_verify_expected_token, backend=None) -> None:
     """Check the entries of a VerifyPlan and append mismatches to the ring (docs/semantics.md §5.2)."""
-    _runtime().launch('verify', 'context.canary_buf', backend, context=context, plan=plan,
-                      check_verify_expected_token=check_verify_expected_token)
+    rt = _rt or _load()
+    rt.operations.VERIFY.launch(rt, backend, {'context': context, 'plan': plan,
+                                              'check_verify_expected_token': check_verify_expected_token})
 
 
 def launch_canary_plan_kernels(*, verify_plan_out, write_plan_out, req_pool_indices, prefix_lens, extend_seq_lens,
@@ -58,20 +69,23 @@ def launch_canary_plan_kernels(*, verify_plan_out, write_plan_out, req_pool_indi
                                req_to_verify_expected_tokens=None, req_to_verify_expected_tokens_valid_lens=None,
                                kv_token_id_vs_position_offset=0, backend=None) -> None:
     """Derive the verify and write plans of a batch (docs/semantics.md §5.3)."""
-    _runtime().launch('plan', 'req_to_token', backend, verify_plan_out=verify_plan_out,
-                      write_plan_out=write_plan_out, req_pool_indices=req_pool_indices, prefix_lens=prefix_lens,
-                      extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
-                      swa_window_size=swa_window_size, full_to_swa_index_mapping=full_to_swa_index_mapping,
-                      verify_capacity=verify_capacity,
-                      req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                      req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                      kv_token_id_vs_position_offset=kv_token_id_vs_position_offset)
+    rt = _rt or _load()
+    rt.operations.PLAN.launch(rt, backend, {'verify_plan_out': verify_plan_out, 'write_plan_out': write_plan_out,
+                                            'req_pool_indices': req_pool_indices, 'prefix_lens': prefix_lens,
+                                            'extend_seq_lens': extend_seq_lens, 'req_to_token': req_to_token,
+                                            'swa_window_size': swa_window_size,
+                                            'full_to_swa_index_mapping': full_to_swa_index_mapping,
+                                            'verify_capacity': verify_capacity,
+                                            'req_to_verify_expected_tokens': req_to_verify_expected_tokens,
+                                            'req_to_verify_expected_tokens_valid_lens': req_to_verify_expected_tokens_valid_lens,
+                                            'kv_token_id_vs_position_offset': kv_token_id_vs_position_offset})
 
 
 def scatter_req_token_ids(*, flat_in, offsets, req_pool_indices, pool_out, backend=None) -> None:
     """Copy each request's token ids into its row of the expected-token pool (docs/semantics.md §5.4)."""
-    _runtime().launch('scatter', 'pool_out', backend, flat_in=flat_in, offsets=offsets,
-                      req_pool_indices=req_pool_indices, pool_out=pool_out)
+    rt = _rt or _load()
+    rt.operations.SCATTER.launch(rt, backend, {'flat_in': flat_in, 'offsets': offsets,
+                                               'req_pool_indices': req_pool_indices, 'pool_out': pool_out})
 
 
 def launch_plan_offsets_kernel(*, req_pool_indices, prefix_lens, extend_seq_lens, req_to_token,
@@ -79,15 +93,20 @@ def launch_plan_offsets_kernel(*, req_pool_indices, prefix_lens, extend_seq_lens
                                out_write_seed_slot_indices, out_verify_num_valid, out_verify_enable,
                                out_write_num_valid_reqs, swa_window_size, verify_capacity, backend=None) -> None:
     """The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the overflow decision (docs/semantics.md §5.3)."""
-    _runtime().launch('plan_offsets', 'req_to_token', backend, req_pool_indices=req_pool_indices,
-                      prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens, req_to_token=req_to_token,
-                      full_to_swa_index_mapping=full_to_swa_index_mapping,
-                      out_verify_offsets_scratch=out_verify_offsets_scratch,
-                      out_write_offsets=out_write_offsets,
-                      out_write_seed_slot_indices=out_write_seed_slot_indices,
-                      out_verify_num_valid=out_verify_num_valid, out_verify_enable=out_verify_enable,
-                      out_write_num_valid_reqs=out_write_num_valid_reqs, swa_window_size=swa_window_size,
-                      verify_capacity=verify_capacity)
+    rt = _rt or _load()
+    rt.operations.PLAN_OFFSETS.launch(rt, backend, {'req_pool_indices': req_pool_indices,
+                                                    'prefix_lens': prefix_lens,
+                                                    'extend_seq_lens': extend_seq_lens,
+                                                    'req_to_token': req_to_token,
+                                                    'full_to_swa_index_mapping': full_to_swa_index_mapping,
+                                                    'out_verify_offsets_scratch': out_verify_offsets_scratch,
+                                                    'out_write_offsets': out_write_offsets,
+                                                    'out_write_seed_slot_indices': out_write_seed_slot_indices,
+                                                    'out_verify_num_valid': out_verify_num_valid,
+                                                    'out_verify_enable': out_verify_enable,
+                                                    'out_write_num_valid_reqs': out_write_num_valid_reqs,
+                                                    'swa_window_size': swa_window_size,
+                                                    'verify_capacity': verify_capacity})
 
 
 def launch_plan_entries_kernel(*, req_pool_indices, prefix_lens, req_to_token, full_to_swa_index_mapping,
@@ -97,24 +116,27 @@ def launch_plan_entries_kernel(*, req_pool_indices, prefix_lens, req_to_token, f
                                out_verify_prev_slot_indices, kv_token_id_vs_position_offset, swa_window_size,
                                backend=None) -> None:
     """The plan's second stage: the verify entries, from the offsets the first stage wrote (docs/semantics.md §5.3)."""
-    _runtime().launch('plan_entries', 'req_to_token', backend, req_pool_indices=req_pool_indices,
-                      prefix_lens=prefix_lens, req_to_token=req_to_token,
-                      full_to_swa_index_mapping=full_to_swa_index_mapping,
-                      verify_offsets_scratch=verify_offsets_scratch, verify_enable=verify_enable,
-                      req_to_verify_expected_tokens=req_to_verify_expected_tokens,
-                      req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
-                      out_verify_slot_indices=out_verify_slot_indices,
-                      out_verify_expected_tokens=out_verify_expected_tokens,
-                      out_verify_expected_positions=out_verify_expected_positions,
-                      out_verify_prev_slot_indices=out_verify_prev_slot_indices,
-                      kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
-                      swa_window_size=swa_window_size)
+    rt = _rt or _load()
+    rt.operations.PLAN_ENTRIES.launch(rt, backend, {'req_pool_indices': req_pool_indices,
+                                                    'prefix_lens': prefix_lens, 'req_to_token': req_to_token,
+                                                    'full_to_swa_index_mapping': full_to_swa_index_mapping,
+                                                    'verify_offsets_scratch': verify_offsets_scratch,
+                                                    'verify_enable': verify_enable,
+                                                    'req_to_verify_expected_tokens': req_to_verify_expected_tokens,
+                                                    'req_to_verify_expected_tokens_valid_lens': req_to_verify_expected_tokens_valid_lens,
+                                                    'out_verify_slot_indices': out_verify_slot_indices,
+                                                    'out_verify_expected_tokens': out_verify_expected_tokens,
+                                                    'out_verify_expected_positions': out_verify_expected_positions,
+                                                    'out_verify_prev_slot_indices': out_verify_prev_slot_indices,
+                                                    'kv_token_id_vs_position_offset': kv_token_id_vs_position_offset,
+                                                    'swa_window_size': swa_window_size})
 
 
 def launch_scatter_req_token_ids_kernel(*, flat_in, offsets, req_pool_indices, pool_out, backend=None) -> None:
     """scatter_req_token_ids under SGLang's launcher name (docs/semantics.md §5.4)."""
-    _runtime().launch('scatter', 'pool_out', backend, flat_in=flat_in, offsets=offsets,
-                      req_pool_indices=req_pool_indices, pool_out=pool_out)
+    rt = _rt or _load()
+    rt.operations.SCATTER.launch(rt, backend, {'flat_in': flat_in, 'offsets': offsets,
+                                               'req_pool_indices': req_pool_indices, 'pool_out': pool_out})
 
 
 def launch_canary_write_kernel_torch_reference(*, context, plan, input_ids, positions, out_cache_loc,
@@ -165,7 +187,7 @@ def compute_slot_hash(buf_i64, source_slot_idx) -> int:
     `buf_i64` is the canary buffer viewed as int64 [num_slots, words] (SGLang's form) or the uint8
     canary_buf itself; any device. A slot at or past num_slots is a ValueError.
     """
-    return _runtime().compute_slot_hash(buf_i64, source_slot_idx)
+    return (_rt or _load()).compute_slot_hash(buf_i64, source_slot_idx)
 
 
 def use_torch_reference(device, *, backend=None) -> bool:
@@ -175,7 +197,7 @@ def use_torch_reference(device, *, backend=None) -> bool:
     else the device (CUDA tensors with a visible GPU -> the `cuda` kernels, CPU tensors -> the `cpu`
     kernels where they can be built, anything else -> torch).
     """
-    return _runtime().use_torch_reference(device, backend=backend)
+    return (_rt or _load()).use_torch_reference(device, backend=backend)
 
 
 __all__ = [

@@ -1,0 +1,42 @@
+"""docs/architecture.md's glossary holds: the uses it retires are gone from the code, the tests, the
+benchmarks and the documents (a word keeps one meaning)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+SOURCES = [p for d in ("kv_canary", "bench", "tests", "docs", "generated") for p in (ROOT / d).rglob("*")
+           if p.suffix in (".py", ".md") and "__pycache__" not in p.parts] + [ROOT / "README.md"]
+# (what is retired, the pattern of a use, the one file that may still hold it: its alias or this test)
+RETIRED = [
+    ("the manager's staging called prepare", re.compile(r"\b(?:manager|self\.m|m)\.prepare\(batch\)|`prepare\(batch\)`"),
+     {"docs/architecture.md"}),
+    ("Runtime.prepare / Runtime.launch by operation name", re.compile(r"\bRuntime\.(?:prepare|launch)\b"), set()),
+    ("the generated api's _runtime hop", re.compile(r"_runtime\(\)\.launch\("), set()),
+    ("a launch-tag phase or half spelled out in the engine", re.compile(r"SWEEP_PHASE|(?<!STEP_)V_HALF\b"), set()),
+    ("dispatch by an operation's name", re.compile(r'getattr\(self\.(?:reference|checks), operation|_checks\[operation\]'),
+     {"tests/test_launch_path.py"}),
+]
+
+
+def test_the_glossary_names_each_word():
+    for word in ("operation", "binding", "staging", "step roles", "template", "layer"):
+        assert re.search(rf"^\| {word} \|", DOC, re.M), word
+
+
+@pytest.mark.parametrize("what,pattern,allowed", RETIRED, ids=[r[0] for r in RETIRED])
+def test_retired_uses_are_gone(what, pattern, allowed):
+    here = Path(__file__).relative_to(ROOT).as_posix()
+    found = [f"{p.relative_to(ROOT).as_posix()}:{n}" for p in SOURCES for n, line in
+             enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if pattern.search(line) and p.relative_to(ROOT).as_posix() not in allowed | {here}]
+    assert not found, f"{what}: {found}"
+
+
+def test_the_staging_alias_is_the_staging():
+    from kv_canary.engine.manager import CanaryManager
+    assert "stage(batch)" in CanaryManager.prepare.__doc__
