@@ -169,24 +169,27 @@ class Workload:
         if key not in self._lens:  # allocated once: the timed plan launches only the plan kernels
             self._lens[key] = tuple(torch.full((PLAN_REQS,), v, dtype=torch.int64, device="cuda") for v in key)
         prefix_lens, extend_seq_lens = self._lens[key]
-        self.layer.api.launch_canary_plan_kernels(
+        # The plan operation itself (any schema's keywords: the input-field mapping may be empty).
+        self.rt.operations.PLAN.launch(self.rt, backend, dict(
             verify_plan_out=self.vplan, write_plan_out=self.wplan, req_pool_indices=self.rows,
             prefix_lens=prefix_lens, extend_seq_lens=extend_seq_lens,
             req_to_token=self.req_to_token, swa_window_size=0, full_to_swa_index_mapping=None,
             verify_capacity=ENTRIES, req_to_verify_expected_tokens=None,
             req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0,
-            extra_request_values=self.request_values, backend=backend)
+            extra_request_values=self.request_values))
 
     def write(self, *, input_ids, positions, out_cache_loc, plan=None, backend="cuda", rt=None):
         n = int(input_ids.shape[0])
-        (rt or self.rt).launch_canary_write_kernel(context=self.ctx, plan=plan or self.wplan, input_ids=input_ids,
-                                           positions=positions, out_cache_loc=out_cache_loc,
-                                           enable_write_input_assert=False,
-                                           extra_inputs={k: v[:n] for k, v in self.extra_tokens.items()}, backend=backend)
+        rt = rt or self.rt
+        rt.operations.WRITE.launch(rt, backend, dict(
+            context=self.ctx, plan=plan or self.wplan, input_ids=input_ids, positions=positions,
+            out_cache_loc=out_cache_loc, enable_write_input_assert=False,
+            extra_inputs={k: v[:n] for k, v in self.extra_tokens.items()}))
 
     def verify(self, rt=None):
-        (rt or self.rt).launch_canary_verify_kernel(context=self.ctx, plan=self.vplan, check_verify_expected_token=False,
-                                                    extra_slot_tables=self.slot_tables, backend="cuda")
+        rt = rt or self.rt
+        rt.operations.VERIFY.launch(rt, "cuda", dict(context=self.ctx, plan=self.vplan, check_verify_expected_token=False,
+                                                     extra_slot_tables=self.slot_tables))
 
     def verify_bytes_per_entry(self) -> int:
         lay = self.layer.layout
