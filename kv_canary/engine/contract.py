@@ -15,7 +15,7 @@ from typing import Callable, Optional, Protocol, Union, runtime_checkable
 
 import torch
 
-__all__ = ("KvLayout", "KvStorage", "KvPool", "KvPoolView", "EngineLimits", "Request", "ForwardBatch", "SweepEntries",
+__all__ = ("KvLayout", "KvStorage", "KvPool", "KvPoolView", "EngineLimits", "Limits", "Request", "ForwardBatch", "SweepEntries",
            "Engine", "SlotTableEngine", "BlockTableEngine", "check_engine", "check_storage_layouts",
            "slot_table_kind")
 
@@ -110,6 +110,13 @@ class EngineLimits(Protocol):
     """Capacities fixed at attach (`Engine.cfg`)."""
     max_running: int               # request rows one forward batch may hold (padding rows included)
     max_ctx: int                   # tokens one request may hold (columns of the slot table)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A ready-made EngineLimits."""
+    max_running: int
+    max_ctx: int
 
 
 class Request(Protocol):

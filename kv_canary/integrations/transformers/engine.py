@@ -29,7 +29,7 @@ from typing import Optional
 
 import torch
 
-from ...engine.contract import KvPoolView
+from ...engine.contract import KvPoolView, Limits
 from ...engine.manager import CanaryCoverageWarning
 
 FULL_GROUP = "full"           # the canary's launch-tag group of full-attention layers
@@ -54,12 +54,6 @@ class PagedKvStorage:
 
     def halves(self):
         return (self.k, self.v)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_running: int
-    max_ctx: int
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from ...engine.contract import KvPoolView
+from ...engine.contract import KvPoolView, Limits
 from . import layout as kv_layout
 
 logger = logging.getLogger("kv_canary")
@@ -43,12 +43,6 @@ class VllmKvStorage:
 
     def halves(self):
         return (self.k, self.v)
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_running: int
-    max_ctx: int
 
 
 @dataclass(eq=False)
