@@ -8,8 +8,8 @@
 // Reads stay inside req_to_token, the SWA LUT and the expected-token pool: an index that cannot be
 // read without leaving either becomes kvc::PLAN_UNREADABLE_INDEX, which verify and write report as
 // SLOT_OUT_OF_RANGE, and a request row outside req_to_token is inactive: a kernel cannot raise. The
-// host backends (torch, emulated) raise a ValueError for both before launching
-// (kv_canary/backends/host_checks.py).
+// host backends (torch, emulated, cpu) raise a ValueError for both before launching
+// (HostChecks, kv_canary/launch/operations.py).
 //
 // Hand-written and schema-independent (the schema reaches it through kv_canary_layout.cuh, included
 // first); the generated cuda/<kernel>.cu of each plan kernel defines its entry point over this.

@@ -1,6 +1,6 @@
 // scatter_req_token_ids (docs/semantics.md §5.4): one thread per request copies its tokens into its pool
 // row; reads stay inside flat_in, writes inside pool_out. A request row outside pool_out is skipped
-// here (a kernel cannot raise); the host backends reject it instead (host_checks.py).
+// here (a kernel cannot raise); the host backends reject it instead (HostChecks in kv_canary/launch/operations.py).
 // Hand-written; the generated cuda/<kernel>.cu defines the entry point over kvc_scatter::run.
 #pragma once
 
