@@ -129,7 +129,7 @@ def kernel_source(schema: Schema, kernel: Kernel) -> KernelSource:
     canary = schema.canary
     base = dict(kernel=kernel, entry_points=entry_points(kernel), real_kv_sources=real_kv_sources_init(schema),
                 inputs=canary.input_fields, per_request=canary.per_request_fields, per_slot=canary.per_slot_fields)
-    if kernel.template == "verify":
+    if kernel.operation == "verify":
         return VerifySource(**base, slice_chunks=verify_slice_chunks(kernel.launch.threads),
                             shared_memory_limit=STATIC_SHARED_MEMORY_BYTES)
     if kernel.launch.shape == "block_per_request":
@@ -138,7 +138,7 @@ def kernel_source(schema: Schema, kernel: Kernel) -> KernelSource:
 
 
 def launchers(schema: Schema) -> Launchers:
-    return Launchers(tuple(EmulatedKernel(k, entry_points(k), k.template == "verify")
+    return Launchers(tuple(EmulatedKernel(k, entry_points(k), k.operation == "verify")
                            for k in schema.kernels if kernel_source_template(k) is not None))
 
 

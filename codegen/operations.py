@@ -361,7 +361,7 @@ FIELD_KEYWORDS = {k.name: (k.fields, k.what) for op in OPERATIONS.values() for k
 
 
 def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
-    return OPERATIONS[kernel.template].params(schema)
+    return OPERATIONS[kernel.operation].params(schema)
 
 
 def _narrowest(a: str, b: str) -> str:
@@ -386,7 +386,7 @@ def argument_kinds(schema: Schema) -> dict[str, str]:
         if source_field(value) and C_TYPES[ctype][0] != "ptr":
             add("RealKvSource." + source_field(value), C_TYPES[ctype][0])
     for kernel in schema.kernels:
-        op = OPERATIONS.get(kernel.template)
+        op = OPERATIONS.get(kernel.operation)
         if op is None or op.params is None:
             continue
         for p in kernel_params(schema, kernel):
@@ -418,7 +418,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     by construction: a size, a stride, a count of sources), "fits" (an argument the validators
     range-check against this parameter's C type or a narrower one: argument_kinds) or "checked" (an int range-checked
     here against its C type)."""
-    op = OPERATIONS[kernel.template]
+    op = OPERATIONS[kernel.operation]
     required = {r.path for r in op.tensors(schema) if not r.optional}
     kinds = argument_kinds(schema)
     out = []
@@ -457,7 +457,7 @@ def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str
 
 def binding_roots(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     """The operation arguments the binding's expressions read (besides `kv`), in first-use order."""
-    args = set(OPERATIONS[kernel.template].binding_args) - {"kv"}
+    args = set(OPERATIONS[kernel.operation].binding_args) - {"kv"}
     used = (name for _, _, expr in binding_items(schema, kernel) for name in re.findall(r"[A-Za-z_]\w*", expr))
     return tuple(dict.fromkeys(name for name in used if name in args))
 
@@ -467,7 +467,7 @@ def plan_binding(schema: Schema) -> dict:
     bound over the plan's own arguments: the plan keywords read ("roots"), the stage keywords the
     bindings read that are not plan keywords, as plan_stage_values maps them ("locals"), the
     parameters both stages begin with alike, read once ("head"), and each stage's kernel with the rest."""
-    kernels = [next(k for k in schema.kernels if k.template == stage) for stage in PLAN_STAGES]
+    kernels = [next(k for k in schema.kernels if k.operation == stage) for stage in PLAN_STAGES]
     items = [binding_items(schema, k) for k in kernels]
     head = 0
     while head < min(map(len, items)) and items[0][head] == items[1][head] and items[0][head][1] != "checked":

@@ -33,5 +33,5 @@ KERNEL_SOURCE_TEMPLATES: dict[str, str | dict[str, str]] = {
 
 def kernel_source_template(kernel) -> str | None:
     """The template of a kernel's CUDA source (None for a kernel template without one)."""
-    template = KERNEL_SOURCE_TEMPLATES.get(kernel.template)
+    template = KERNEL_SOURCE_TEMPLATES.get(kernel.operation)
     return template.get(kernel.launch.shape) if isinstance(template, dict) else template
