@@ -3,7 +3,7 @@
 # schema-sha256: d7487ad5f2a56021ed0f7dc1ae7a4ca155838bbe161cbd377efd721cabf1bb69
 # generator-sha256: not-recorded
 # generation-id: fd01e80b5ddf2608
-# body-sha256: 2e57a38456d7bb5a4a7ed8f5342af69b662d9b627f4f5ed6b0dd7940b606f6cd
+# body-sha256: 7a28047023d31b9424fd7b6c0c060a0da222288d79e173ba3d6aa15ca6ab8155
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,7 +29,7 @@ FILE_SHA256 = {
     "LAYOUT.md": "393876e87722ac9dbc1d4ac42e15fb12f0807a86342355577592735768f8f49f",
     "allocators.py": "828c7cb668c412416b5a23567818cfd59eb1d502d20d0dbc5d73eb155aa806ac",
     "api.py": "582eed2c00b05287453d1d25be6e1cc60218732211292bb0cdd281a8aefba81e",
-    "cpu/kv_canary_cpu.cpp": "08e8090c0f6e035c7eca22806e6d0dac9a983b640ae03d5c80fb2b87e86b344c",
+    "cpu/kv_canary_cpu.cpp": "7300a8a2ecb636ffb83f2d14ff3c96c9487ce55479e24220dd1ad69f6b137fe4",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
     "cuda/canary_plan_offsets.cu": "44748dc71d2ac97abb74b915ee4aa2dcf5177e5d16140239f254a4da1e0d2747",
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",

@@ -3,7 +3,7 @@
 # schema-sha256: 4eff884a3f96ed65a4305ac7356318191a7d8834f3f866c35a70629766a9771b
 # generator-sha256: not-recorded
 # generation-id: 961462d924ecf170
-# body-sha256: aa47183aab91efe0bfae95cb1443ce97fb1900dfe3c7389b462b2e5587f4c9d4
+# body-sha256: add137fc78f1eae73c265efb42cfa76e04f9dd523eabb6ba94827dba966067e7
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,7 +29,7 @@ FILE_SHA256 = {
     "LAYOUT.md": "9609cd38c559adad48fe3975ff7bc9ac2194cb8efca7a822ef6cc2436db834b8",
     "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
     "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
-    "cpu/kv_canary_cpu.cpp": "0837a552618abb937bca970e4cf4dd07426fc8feed796a87196ef0c7bde3f7c1",
+    "cpu/kv_canary_cpu.cpp": "481bd05c6808464f85a10970fa36d37d9e3bbed9df9d18b8dddb23bd8e0f60a8",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",

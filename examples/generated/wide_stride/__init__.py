@@ -3,7 +3,7 @@
 # schema-sha256: 8da5eeda1cee034fdd890f35115c30e220697fe3a43ca0ae154d1ce16b4d9d5f
 # generator-sha256: not-recorded
 # generation-id: 596aecf436368199
-# body-sha256: bbe9d41f7fc9c83a1dab1fc0f7fb108fe3a93bb72b8b9ee1194c8e856a24e67c
+# body-sha256: 8eb81bb98f6d443cb979ab3cdb2dd060d726fb041beca20bd3f9961190b1d55f
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,7 +29,7 @@ FILE_SHA256 = {
     "LAYOUT.md": "fd485bb711cab440d4e72d4d93d3b08ccbf30926159ec6337f9f9f3908fce023",
     "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
     "api.py": "3ed3e7af7609f72aa07d38ee8ec88a2fd67ea7b27a9e865fc58d7470fb010da7",
-    "cpu/kv_canary_cpu.cpp": "ee3caa1f1cb35569b99a9e2d3f6f02e88f99ff1bd2cad9bf6513b75631b5f488",
+    "cpu/kv_canary_cpu.cpp": "143e8d841ffb235d8582e87ca3469d2dce7d62288254d0e0eebd1a0507418e59",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
