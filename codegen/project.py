@@ -1,6 +1,6 @@
 """Where the generator runs: the schema/output pairs it works on (kv-canary.yaml's trees), and what its
-hints and generated headers tell the user. (The git side of the workflow, base revisions, lives in
-workflow/base.py: the generator reads no history.)
+hints and generated headers tell the user. (Which base revision a pull request's schema is judged
+against is the workflow's: workflow/base.py.)
 
 Three places run the same commands:
 - kv-canary's own checkout: `kernels.yaml` -> `generated/`, and each example schema

@@ -1,6 +1,7 @@
 """The base revision a schema change is judged against: the merge base of HEAD with the pull
 request's target (GITHUB_BASE_REF), with kv-canary.yaml's base_branch, or with the default branch;
-or a revision given as --base. The generator itself reads no history: this is the workflow's.
+or a revision given as --base. The generator reads a schema at a revision it is given
+(codegen/sources.py, `diff OLD NEW`); choosing the revision a change is judged against is the workflow's.
 """
 from __future__ import annotations
 
