@@ -3,7 +3,7 @@
 # schema-sha256: 3682b70b3cfaaffa87c0711ef631d8478506dfda6035ef68c792b023272674cb
 # generator-sha256: not-recorded
 # generation-id: 9ebee29b83acba82
-# body-sha256: a279094210af774637d962e95e50953f9e06bc3f20c24e9e2b2800c3459dff8d
+# body-sha256: a99ebc716084e6c036e1854fb32adccfea8e4371e83c330c6c6308ae864c6aac
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,15 +29,15 @@ FILE_SHA256 = {
     "LAYOUT.md": "3dccb92067976e4d489864cf570fac24efb5a86cbdb13ec537ed6c30a7b8526b",
     "allocators.py": "828c7cb668c412416b5a23567818cfd59eb1d502d20d0dbc5d73eb155aa806ac",
     "api.py": "582eed2c00b05287453d1d25be6e1cc60218732211292bb0cdd281a8aefba81e",
-    "cpu/kv_canary_cpu.cpp": "08e8090c0f6e035c7eca22806e6d0dac9a983b640ae03d5c80fb2b87e86b344c",
+    "cpu/kv_canary_cpu.cpp": "8c6ce6bc2e0fa98945ae1b790ea682ba332bd18f17d572d028223721e9bbafc0",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
     "cuda/canary_plan_offsets.cu": "44748dc71d2ac97abb74b915ee4aa2dcf5177e5d16140239f254a4da1e0d2747",
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",
-    "cuda/canary_verify.cu": "a680b2823da289f1c097f2bf51d8162f574d3188c364023fa1efd426dbe64cd4",
-    "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
+    "cuda/canary_verify.cu": "bb28b4724f450074e6eef46c30a3dd9ea2b9f4f110e15a109c7cfd27f8e90207",
+    "cuda/canary_write.cu": "d57f72a5e89bd8049e5cba68199308103a6226d702c738eba959a7100d4873c9",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
-    "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "47fd4d60eaee121bdd9a504d408fc955088c6b6b9d9e3140280559155c383f7d",
+    "emulation/kv_canary_launchers.cpp": "b8c20c0ec316fb4c6f2fe04c425dd31a60af338da438e0d58c8803b594737042",
+    "kernel_abi.py": "9959e793b7fb34e911a7fe4aa2aa0adf27646ce214f4a1c23d389bcd9271ddb6",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: f2ec7d1b80796922d20a729a039b5faf9707102b8028da6b7f6a69175bdb3d25
 # generator-sha256: not-recorded
 # generation-id: 530aadf769a57a09
-# body-sha256: 84407824ccb43f13f7692dc16fe415420e64a286c0863ae7ac940d0cf40362cb
+# body-sha256: 04e50e7c4d3194e9b8e2eef8aa850e5746f8636777bdd4770a048381430e0ea7
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,15 +29,15 @@ FILE_SHA256 = {
     "LAYOUT.md": "bb5e2d0bbf137ca9b3a07e2e175cbc01311f17939642190de8a431b137a31b74",
     "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
     "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
-    "cpu/kv_canary_cpu.cpp": "0837a552618abb937bca970e4cf4dd07426fc8feed796a87196ef0c7bde3f7c1",
+    "cpu/kv_canary_cpu.cpp": "48278aeb830843ba7def224c88299a72298b22723eaeaac66d77f20526f46352",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
-    "cuda/canary_verify.cu": "6ed413e3dd53f4e0af50e675cdd7c338cdbf222c768abfa05beff28105efa9e0",
-    "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
+    "cuda/canary_verify.cu": "5853ad78516bb7cc3ae3639345de5d66ddfeccdef2e7a6509c39ebcac6494837",
+    "cuda/canary_write.cu": "39ffc700091141fbc70fe56618cd2b595f0ca612fd9f702c8888876985b5a9a9",
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
-    "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
-    "kernel_abi.py": "7b498a4add94ca33cb0f80112574ede84c11b93a7cb04d7c44d7d232a2565959",
+    "emulation/kv_canary_launchers.cpp": "37679e689ca14564b6448bbf51e808b268855ec78edd177c5bd9edcbab3b465a",
+    "kernel_abi.py": "db819e777c098ffcc7b7d77a5d7a90a92d1b7d894123b80c47288d6a5555e91e",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }
