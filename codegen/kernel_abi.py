@@ -63,6 +63,10 @@ REAL_KV_SOURCE_PARAMS = (
     ("real_kv_head_stride_bytes", "long long", "getattr(s, 'head_stride_bytes', 0)"),
     ("real_kv_chunk_bytes", "int", "getattr(s, 'chunk_bytes', 0)"),
     ("real_kv_chunk_stride_bytes", "long long", "getattr(s, 'chunk_stride_bytes', 0)"),
+    ("real_kv_token_group_size", "int", "getattr(s, 'token_group_size', 0)"),
+    ("real_kv_token_group_stride_bytes", "long long", "getattr(s, 'token_group_stride_bytes', 0)"),
+    ("real_kv_chunk_group_size", "int", "getattr(s, 'chunk_group_size', 0)"),
+    ("real_kv_chunk_group_stride_bytes", "long long", "getattr(s, 'chunk_group_stride_bytes', 0)"),
 )
 
 

@@ -164,24 +164,39 @@ def _source_hash(t: torch.Tensor, start: np.ndarray, nwords: int) -> np.ndarray:
     return h
 
 
-def _layout(src: Any) -> tuple[int, int, int, int, int]:
-    """(token stride, heads, head stride, chunk bytes, chunk stride) of a validated source; a source
-    without the layout fields (SGLang's) has packed rows."""
+def _layout(src: Any) -> tuple[int, ...]:
+    """(token stride, heads, head stride, chunk bytes, chunk stride, token group size, token group
+    stride, chunk group size, chunk group stride) of a validated source; a source without the layout fields (SGLang's) has packed rows."""
     ts = getattr(src, "token_stride_bytes", None)
     return (int(src.num_bytes_per_token if ts is None else ts), int(getattr(src, "num_heads", 1)),
             int(getattr(src, "head_stride_bytes", 0)), int(getattr(src, "chunk_bytes", 0)),
-            int(getattr(src, "chunk_stride_bytes", 0)))
+            int(getattr(src, "chunk_stride_bytes", 0)), int(getattr(src, "token_group_size", 0)),
+            int(getattr(src, "token_group_stride_bytes", 0)), int(getattr(src, "chunk_group_size", 0)),
+            int(getattr(src, "chunk_group_stride_bytes", 0)))
+
+
+def _token_offsets(in_page: np.ndarray, layout: tuple) -> np.ndarray:
+    """Byte offset of each slot's first byte from its row's (token groups: vLLM's AMX K cache)."""
+    ts, group, group_stride = layout[0], layout[5], layout[6]
+    if not group:
+        return in_page * ts
+    g, t = np.divmod(in_page, group)
+    return g * group_stride + t * ts
 
 
 def _logical_offsets(num_bytes_per_token: int, layout: tuple, nbytes: int, unit: int) -> np.ndarray:
     """Byte offset, from a slot's first byte, of every `unit`-th of its first `nbytes` logical bytes
     (head by head, each head's bytes in order, chunk by chunk); `unit` divides a head's chunks."""
-    _, heads, head_stride, chunk, chunk_stride = layout
+    _, heads, head_stride, chunk, chunk_stride, _, _, chunk_group, chunk_group_stride = layout
     b = np.arange(0, nbytes, unit, dtype=np.int64)
     h, o = np.divmod(b, num_bytes_per_token // heads)
     if chunk:
         c, o = np.divmod(o, chunk)
-        o = c * chunk_stride + o
+        if chunk_group:
+            g, c = np.divmod(c, chunk_group)
+            o = g * chunk_group_stride + c * chunk_stride + o
+        else:
+            o = c * chunk_stride + o
     return h * head_stride + o
 
 
@@ -466,7 +481,7 @@ class Reference:
             layout = _layout(src)
             if int(t.shape[0]) > 0:
                 # First byte of each slot; out-of-range rows read row 0 (result discarded).
-                first = t.storage_offset() * es + np.where(bad, 0, rows) * (t.stride(0) * es) + in_page * layout[0]
+                first = t.storage_offset() * es + np.where(bad, 0, rows) * (t.stride(0) * es) + _token_offsets(in_page, layout)
                 if layout[1] == 1 and layout[3] == 0:  # one run per slot (SGLang's packed rows among them)
                     total ^= _source_hash(t, first // self._word_bytes, nbytes // self._word_bytes)
                 else:

@@ -248,10 +248,14 @@ __device__ __forceinline__ kvc_u64 load_chunk(const unsigned char* p, int bytes)
 
 // The real-KV sources of a launch, from the kernel's real_kv_* scalar parameters (in their ABI
 // order: codegen/kernel_abi.py REAL_KV_SOURCE_PARAMS). Slot s's head h, chunk c of source i starts
-// at ptr + (s / page_size) * row_stride_bytes + (s % page_size) * token_stride_bytes
-// + h * head_stride_bytes + c * chunk_stride_bytes; a head is num_bytes_per_token / num_heads bytes,
-// contiguous when chunk_bytes is 0. SGLang's packed rows: token_stride_bytes = num_bytes_per_token,
-// one head, no chunks.
+// at ptr + (s / page_size) * row_stride_bytes + token(s % page_size) + h * head_stride_bytes
+// + c * chunk_stride_bytes, where token(t) = t * token_stride_bytes, or with token groups
+// (token_group_size > 0: a row keeps its tokens in groups, as vLLM's AMX CPU cache keeps K)
+// (t / token_group_size) * token_group_stride_bytes + (t % token_group_size) * token_stride_bytes;
+// a head is num_bytes_per_token / num_heads bytes, contiguous when chunk_bytes is 0; chunks in groups
+// likewise (chunk_group_size > 0, vLLM's AMX V: chunk c at (c / chunk_group_size) *
+// chunk_group_stride_bytes + (c % chunk_group_size) * chunk_stride_bytes). SGLang's packed rows:
+// token_stride_bytes = num_bytes_per_token, one head, no chunks, no groups.
 struct RealKvSources {
   const unsigned char* ptr[MAX_REAL_KV_SOURCES];
   kvc_i64 row_stride_bytes[MAX_REAL_KV_SOURCES];
@@ -264,6 +268,10 @@ struct RealKvSources {
   kvc_i64 head_stride_bytes[MAX_REAL_KV_SOURCES];
   int chunk_bytes[MAX_REAL_KV_SOURCES];
   kvc_i64 chunk_stride_bytes[MAX_REAL_KV_SOURCES];
+  int token_group_size[MAX_REAL_KV_SOURCES];
+  kvc_i64 token_group_stride_bytes[MAX_REAL_KV_SOURCES];
+  int chunk_group_size[MAX_REAL_KV_SOURCES];
+  kvc_i64 chunk_group_stride_bytes[MAX_REAL_KV_SOURCES];
   int num_sources;
   int hash_mode;
 };
@@ -278,12 +286,23 @@ __device__ __forceinline__ bool real_kv_contiguous(const RealKvSources& kv, int 
 __device__ __forceinline__ const unsigned char* real_kv_slot(const RealKvSources& kv, int s, kvc_i64 slot) {
   const kvc_i64 page = kv.page_size[s];
   if (page == 1) return kv.ptr[s] + slot * kv.row_stride_bytes[s];
-  return kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s] + (slot % page) * kv.token_stride_bytes[s];
+  const unsigned char* row = kv.ptr[s] + (slot / page) * kv.row_stride_bytes[s];
+  const kvc_i64 t = slot % page;
+  const kvc_i64 group = kv.token_group_size[s];
+  if (group == 0) return row + t * kv.token_stride_bytes[s];
+  return row + (t / group) * kv.token_group_stride_bytes[s] + (t % group) * kv.token_stride_bytes[s];
 }
 
 // How many logical bytes of a slot the fingerprint reads in source s.
 __device__ __forceinline__ int real_kv_read_len(const RealKvSources& kv, int s) {
   return kv.hash_mode == hash_mode::kvc_member_PARTIAL ? REAL_KV_PARTIAL_READ_BYTES : kv.read_bytes[s];
+}
+
+// Byte offset of chunk c of a head from the head's first byte in source s.
+__device__ __forceinline__ kvc_i64 real_kv_chunk_offset(const RealKvSources& kv, int s, int c) {
+  const int group = kv.chunk_group_size[s];
+  if (group == 0) return c * kv.chunk_stride_bytes[s];
+  return (kvc_i64)(c / group) * kv.chunk_group_stride_bytes[s] + (kvc_i64)(c % group) * kv.chunk_stride_bytes[s];
 }
 
 // Logical bytes [b, b + 16) of the slot at p (b a multiple of 16: a head's bytes are too, so the 16
@@ -302,15 +321,20 @@ __device__ __forceinline__ void load_logical_u64x2(const RealKvSources& kv, int 
   const kvc_i64 cs = kv.chunk_stride_bytes[s];
   if (cb >= REAL_KV_LOAD_ALIGN_BYTES) {  // a multiple of 16: the 16 bytes lie in one chunk
     const int c = o / cb;
-    load_u64x2(q + c * cs + (o - c * cb), lo, hi);
+    load_u64x2(q + real_kv_chunk_offset(kv, s, c) + (o - c * cb), lo, hi);
     return;
   }
   // 2-, 4- or 8-byte chunks: 16 / cb consecutive ones, the first 8 bytes into lo, the next into hi.
-  const unsigned char* c0 = q + (o / cb) * cs;
   const int per_word = 8 / cb;
   kvc_u64 w[2] = {0, 0};
-  for (int k = 0; k < REAL_KV_LOAD_ALIGN_BYTES / cb; ++k)
-    w[k / per_word] |= load_chunk(c0 + k * cs, cb) << (8 * cb * (k % per_word));
+  if (kv.chunk_group_size[s] == 0) {
+    const unsigned char* c0 = q + (o / cb) * cs;
+    for (int k = 0; k < REAL_KV_LOAD_ALIGN_BYTES / cb; ++k)
+      w[k / per_word] |= load_chunk(c0 + k * cs, cb) << (8 * cb * (k % per_word));
+  } else {
+    for (int k = 0; k < REAL_KV_LOAD_ALIGN_BYTES / cb; ++k)
+      w[k / per_word] |= load_chunk(q + real_kv_chunk_offset(kv, s, o / cb + k), cb) << (8 * cb * (k % per_word));
+  }
   lo = w[0];
   hi = w[1];
 }

@@ -30,8 +30,12 @@ class KvLayout:
     A slot's logical bytes are its heads in order, each head's bytes in element order; the
     fingerprint folds them the same way whatever the storage, so a layout changes where bytes are
     read, never the fingerprint of the same K/V. Slot s's head h, chunk c lives at
-    `row(s // row_slots) + (s % row_slots) * token_stride_bytes + h * head_stride_bytes + c * chunk_stride_bytes`,
-    a head being `bytes_per_token / num_heads` bytes, in chunks of `chunk_bytes` (0: contiguous).
+    `row(s // row_slots) + token(s % row_slots) + h * head_stride_bytes + c * chunk_stride_bytes`,
+    a head being `bytes_per_token / num_heads` bytes, in chunks of `chunk_bytes` (0: contiguous), where
+    `token(t) = t * token_stride_bytes`, or, when a row keeps its tokens in groups of
+    `token_group_size` (vLLM's CPU K cache on AMX: 16 tokens per tile),
+    `(t // token_group_size) * token_group_stride_bytes + (t % token_group_size) * token_stride_bytes`;
+    chunks may be grouped the same way (`chunk_group_size`, vLLM's CPU V cache on AMX).
     SGLang's layout (slots packed one after the other in a row) is `KvLayout.rows(bytes_per_token)`.
     """
     token_stride_bytes: int        # bytes between consecutive slots of a row
@@ -39,6 +43,10 @@ class KvLayout:
     head_stride_bytes: int = 0     # bytes between consecutive heads of a slot (> 0 when num_heads > 1)
     chunk_bytes: int = 0           # 0: a head's bytes are contiguous; else its chunks' size (2, 4, 8 or 16·k)
     chunk_stride_bytes: int = 0    # bytes between consecutive chunks of a head (chunk_bytes > 0)
+    token_group_size: int = 0      # 0: no groups; else the tokens of a row's groups
+    token_group_stride_bytes: int = 0  # bytes between consecutive token groups (token_group_size > 0)
+    chunk_group_size: int = 0      # 0: no groups; else the chunks of a head's groups
+    chunk_group_stride_bytes: int = 0  # bytes between consecutive chunk groups (chunk_group_size > 0)
 
     @classmethod
     def rows(cls, bytes_per_token: int) -> "KvLayout":
@@ -65,6 +73,19 @@ class KvLayout:
         paged-attention K): a head's bytes in x_bytes chunks, block_size chunks apart."""
         return cls(token_stride_bytes=x_bytes, num_heads=num_heads, head_stride_bytes=head_dim * block_size * element_size,
                    chunk_bytes=x_bytes, chunk_stride_bytes=block_size * x_bytes)
+
+    @classmethod
+    def token_tiles(cls, *, block_size: int, num_heads: int, head_dim: int, element_size: int, tile_tokens: int = 16,
+                    run_bytes: int = 4) -> "KvLayout":
+        """A block as [heads, block_size / T, head_dim * element_size / run_bytes, T, run_bytes] with T =
+        tile_tokens (vLLM's CPU K cache on AMX: 16 tokens, 4-byte runs): a head's bytes in run_bytes
+        chunks, T chunks apart, inside the tile of T tokens its slot belongs to."""
+        chunk_stride = tile_tokens * run_bytes
+        group_stride = head_dim * element_size // run_bytes * chunk_stride
+        return cls(token_stride_bytes=run_bytes, num_heads=num_heads,
+                   head_stride_bytes=-(-block_size // tile_tokens) * group_stride, chunk_bytes=run_bytes,
+                   chunk_stride_bytes=chunk_stride, token_group_size=tile_tokens,
+                   token_group_stride_bytes=group_stride)
 
 
 @runtime_checkable

@@ -56,8 +56,10 @@ class RealKvSourceBase:
     The first four fields are SGLang's (slots packed one after the other in a row of `tensor`).
     The others say where a slot's bytes lie when they are not packed (vLLM, FlashAttention,
     FlashInfer layouts), read in place: slot s's head h, chunk c starts at byte
-    `(s // page_size) * row stride + (s % page_size) * token_stride_bytes + h * head_stride_bytes
-    + c * chunk_stride_bytes` of the tensor. The fingerprint folds a slot's logical bytes (head
+    `(s // page_size) * row stride + token(s % page_size) + h * head_stride_bytes
+    + c * chunk_stride_bytes` of the tensor, token(t) being `t * token_stride_bytes`, or with token
+    groups `(t // token_group_size) * token_group_stride_bytes + (t % token_group_size) * token_stride_bytes`,
+    and chunks in groups the same way (`chunk_group_size`, `chunk_group_stride_bytes`). The fingerprint folds a slot's logical bytes (head
     0's, then head 1's, ...), so it does not depend on the layout; the defaults are SGLang's."""
     validators: ClassVar[Any] = None          # the layer's (its class, allocators_for)
     tensor: torch.Tensor
@@ -69,6 +71,10 @@ class RealKvSourceBase:
     head_stride_bytes: int = 0                # bytes between consecutive heads (> 0 when num_heads > 1)
     chunk_bytes: int = 0                      # 0: a head's bytes contiguous; else 2, 4, 8 or a multiple of 16
     chunk_stride_bytes: int = 0               # bytes between consecutive chunks of a head
+    token_group_size: int = 0                 # 0: no token groups; else the tokens of one group of a row
+    token_group_stride_bytes: int = 0         # bytes between consecutive token groups of a row
+    chunk_group_size: int = 0                 # 0: no chunk groups; else the chunks of one group of a head
+    chunk_group_stride_bytes: int = 0         # bytes between consecutive chunk groups of a head
 
     def __post_init__(self) -> None:
         v = self.validators

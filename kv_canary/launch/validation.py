@@ -45,6 +45,16 @@ def _bound(value: int) -> str:
     return str(value)
 
 
+def _farthest(n: int, stride: int, group: int, group_stride: int) -> int:
+    """The largest offset of items 0..n-1 (n >= 1) at `i * stride`, or, in groups of `group`, at
+    `(i // group) * group_stride + (i % group) * stride`: the last item, or the last of the group before it."""
+    last = n - 1
+    if not group:
+        return last * stride
+    return max((last // group) * group_stride + (last % group) * stride,
+               (last // group - 1) * group_stride + (group - 1) * stride if last >= group else 0)
+
+
 class _Rule:
     """One generated tensor rule, ready to check: `dims` as (what, value, offset) per dimension."""
     __slots__ = ("name", "dtype", "dims", "rank", "output", "optional", "contiguous", "align", "words", "overlap",
@@ -425,7 +435,9 @@ class Validators:
             self.check_fits("RealKvSource." + field, value)
 
     # The layout fields of a RealKvSource (after SGLang's four), in the kernels' parameter order.
-    REAL_KV_LAYOUT_FIELDS = ("token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes", "chunk_stride_bytes")
+    REAL_KV_LAYOUT_FIELDS = ("token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes", "chunk_stride_bytes",
+                             "token_group_size", "token_group_stride_bytes", "chunk_group_size",
+                             "chunk_group_stride_bytes")
 
     def check_real_kv_layout(self, src: Any, num_bytes_per_token: int) -> tuple:
         """Where a source keeps a slot's bytes (its layout fields, SGLang's packed rows where it has
@@ -434,8 +446,10 @@ class Validators:
         chunk of 2, 4 or 8 bytes), so every offset is a multiple of it."""
         token_stride = getattr(src, "token_stride_bytes", None)
         got = (num_bytes_per_token if token_stride is None else token_stride, getattr(src, "num_heads", 1),
-               getattr(src, "head_stride_bytes", 0), getattr(src, "chunk_bytes", 0), getattr(src, "chunk_stride_bytes", 0))
-        ts, heads, hs, chunk, cs = (self.check_fits("RealKvSource." + name, self.check_int("RealKvSource." + name, value))
+               getattr(src, "head_stride_bytes", 0), getattr(src, "chunk_bytes", 0), getattr(src, "chunk_stride_bytes", 0),
+               getattr(src, "token_group_size", 0), getattr(src, "token_group_stride_bytes", 0),
+               getattr(src, "chunk_group_size", 0), getattr(src, "chunk_group_stride_bytes", 0))
+        ts, heads, hs, chunk, cs, group, gs, cgroup, cgs = (self.check_fits("RealKvSource." + name, self.check_int("RealKvSource." + name, value))
                                     for name, value in zip(self.REAL_KV_LAYOUT_FIELDS, got))
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
 
@@ -461,17 +475,30 @@ class Validators:
             raise bad("chunk_stride_bytes", f"a multiple of {width} and >= chunk_bytes={chunk}", cs)
         if chunk and head == chunk and (cs < 0 or cs % width):  # one chunk per head: the stride is never used
             raise bad("chunk_stride_bytes", f"a non-negative multiple of {width}", cs)
-        return ts, heads, hs, chunk, cs
+        if group < 0:
+            raise bad("token_group_size", "0 (no token groups) or a positive number of tokens", group)
+        if group == 0 and gs:
+            raise bad("token_group_stride_bytes", "0 when token_group_size is 0 (no token groups)", gs)
+        if group and (gs < 0 or gs % width):
+            raise bad("token_group_stride_bytes", f"a non-negative multiple of {width}", gs)
+        if cgroup < 0 or (cgroup and not chunk):
+            raise bad("chunk_group_size", "0 (no chunk groups), or a positive number of chunks when chunk_bytes > 0",
+                      cgroup)
+        if cgroup == 0 and cgs:
+            raise bad("chunk_group_stride_bytes", "0 when chunk_group_size is 0 (no chunk groups)", cgs)
+        if cgroup and (cgs < 0 or cgs % width):
+            raise bad("chunk_group_stride_bytes", f"a non-negative multiple of {width}", cgs)
+        return ts, heads, hs, chunk, cs, group, gs, cgroup, cgs
 
     def real_kv_layout_reach(self, num_bytes_per_token: int, page_size: int, layout: tuple) -> tuple[bool, int, int]:
         """(packed: SGLang's layout, the load width, the end of the farthest byte one row's slots read
         relative to the row's first byte)."""
-        ts, heads, hs, chunk, cs = layout
+        ts, heads, hs, chunk, cs, group, gs, cgroup, cgs = layout
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
         head = num_bytes_per_token // heads
-        last_head = (heads - 1) * hs + ((head // chunk - 1) * cs + chunk if chunk else head)
-        return (ts == num_bytes_per_token and heads == 1 and chunk == 0,
-                chunk if 0 < chunk < align else align, (page_size - 1) * ts + last_head)
+        last_head = (heads - 1) * hs + (_farthest(head // chunk, cs, cgroup, cgs) + chunk if chunk else head)
+        return (ts == num_bytes_per_token and heads == 1 and chunk == 0 and group == 0,
+                chunk if 0 < chunk < align else align, _farthest(page_size, ts, group, gs) + last_head)
 
     def check_partial_read(self, sources: Any, mode: Any) -> None:
         """[extension] PARTIAL reads the first REAL_KV_PARTIAL_READ_BYTES of a slot: a source with fewer
@@ -542,11 +569,12 @@ class Validators:
             ok = False
             if frozen and type(src) is self.frozen_source:
                 layout = (src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
-                          src.chunk_stride_bytes)
+                          src.chunk_stride_bytes, src.token_group_size, src.token_group_stride_bytes,
+                          src.chunk_group_size, src.chunk_group_stride_bytes)
                 # The usual case, in one pass: a contiguous tensor of packed rows, on the device, in its storage.
                 t = src.tensor
                 if (type(t) is _TENSOR and (t.is_cpu if cpu else t.device == device) and t.is_contiguous()
-                        and src.num_heads == 1 and src.chunk_bytes == 0
+                        and src.num_heads == 1 and src.chunk_bytes == 0 and src.token_group_size == 0
                         and src.token_stride_bytes == src.num_bytes_per_token):
                     ptr, n, es, size, strides = t.data_ptr(), t.nbytes, t.itemsize, t.shape, t.stride()
                     ok = (len(size) >= 2 and size[0] and not ptr % align and not strides[0] * es % align
@@ -631,7 +659,8 @@ class Validators:
                 t = src.tensor
                 reach = self.real_kv_layout_reach(src.num_bytes_per_token, src.page_size, (
                     src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
-                    src.chunk_stride_bytes))[2] + (t.shape[0] - 1) * t.stride(0) * t.element_size()
+                    src.chunk_stride_bytes, src.token_group_size, src.token_group_stride_bytes,
+                    src.chunk_group_size, src.chunk_group_stride_bytes))[2] + (t.shape[0] - 1) * t.stride(0) * t.element_size()
                 if t.shape[0] and reach > self.extent(t):
                     inputs.append((t.data_ptr(), t.data_ptr() + reach, f"real_kv_sources[{i}].tensor", False))
         outputs = spans({name: getattr(context, name, None) for name in (

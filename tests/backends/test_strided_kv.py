@@ -25,8 +25,11 @@ from kv_canary.engine.contract import KvLayout
 P = "kv-canary: "
 L = kv_canary.generated.layout
 MODES = {"ALL": L.RealKvHashMode.ALL, "PARTIAL": L.RealKvHashMode.PARTIAL}
-LAYOUTS = ("vllm_v", "vllm_k_elements", "vllm_k_x", "flash_attn_k", "flash_attn_v", "flashinfer_hnd_k",
+LAYOUTS = ("vllm_v", "vllm_k_elements", "vllm_k_x", "vllm_k_amx", "flash_attn_k", "flash_attn_v", "flashinfer_hnd_k",
            "flashinfer_hnd_v")
+# vLLM CPU's K on AMX keeps a block's tokens in tiles (16 tokens there; 2 in these 4-slot blocks) of
+# 4-byte runs of a head's elements.
+AMX_TILE_TOKENS, AMX_RUN_BYTES = 2, 4
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INT_OF = {2: torch.int16, 4: torch.int32}
 NUM_BLOCKS, BLOCK_SIZE, HEAD_DIM = 3, 4, 16
@@ -60,6 +63,11 @@ def stored(name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, K
         x = 16 // es
         t = k.reshape(nb, bs, heads, hd // x, x).permute(0, 2, 3, 1, 4).contiguous()
         return t, KvLayout.paged_x(block_size=bs, num_heads=heads, head_dim=hd, element_size=es), k
+    if name == "vllm_k_amx":    # [heads, block_size / T, head_dim / r, T, r]: T tokens per tile, r elements per run
+        tt, r = AMX_TILE_TOKENS, AMX_RUN_BYTES // es
+        t = k.reshape(nb, bs // tt, tt, heads, hd // r, r).permute(0, 3, 1, 4, 2, 5).contiguous()
+        return t, KvLayout.token_tiles(block_size=bs, num_heads=heads, head_dim=hd, element_size=es,
+                                       tile_tokens=tt, run_bytes=AMX_RUN_BYTES), k
     if name.startswith("flash_attn"):  # [2, num_blocks, block_size, heads, head_dim]
         kv = torch.stack([k, v])
         return (kv[0], KvLayout.rows(heads * hd * es), k) if name.endswith("k") else \
@@ -81,6 +89,9 @@ def stored_index(name: str, blk: int, tok: int, head: int, i: int, es: int) -> t
     if name == "vllm_k_x":
         x = 16 // es
         return blk, head, i // x, tok, i % x
+    if name == "vllm_k_amx":
+        r = AMX_RUN_BYTES // es
+        return blk, head, tok // AMX_TILE_TOKENS, i // r, tok % AMX_TILE_TOKENS, i % r
     return blk, tok, head, i
 
 

@@ -144,6 +144,7 @@ class Oracle:
                 return 0, True
             n = self.partial if int(mode) == int(self.modes.PARTIAL) else src.read_bytes
             if getattr(src, "num_heads", 1) == 1 and getattr(src, "chunk_bytes", 0) == 0 and \
+                    getattr(src, "token_group_size", 0) == 0 and \
                     getattr(src, "token_stride_bytes", src.num_bytes_per_token) == src.num_bytes_per_token:
                 key = (k, row)
                 if key not in cache:
@@ -164,7 +165,9 @@ class Oracle:
         """The first n logical bytes of `slot` in a source with a layout (docs/semantics.md §4 as RealKvSource
         documents it), byte by byte from the tensor's storage: logical byte b is byte b % head of head
         b // head (head = num_bytes_per_token / num_heads), which is byte i % chunk_bytes of the head's
-        chunk i // chunk_bytes (one chunk when chunk_bytes is 0)."""
+        chunk i // chunk_bytes (one chunk when chunk_bytes is 0); token t of a row starts t token strides
+        in, or with token groups t // group group strides plus t % group token strides in; chunks in
+        groups likewise."""
         key = ("storage", k)
         if key not in cache:
             t = src.tensor
@@ -174,12 +177,18 @@ class Oracle:
         data, first = cache[key]
         head = src.num_bytes_per_token // src.num_heads
         row_stride = src.tensor.stride(0) * src.tensor.element_size()
-        base = first + (slot // src.page_size) * row_stride + (slot % src.page_size) * src.token_stride_bytes
+        t, group = slot % src.page_size, getattr(src, "token_group_size", 0)
+        token = t * src.token_stride_bytes if not group else \
+            (t // group) * src.token_group_stride_bytes + (t % group) * src.token_stride_bytes
+        base = first + (slot // src.page_size) * row_stride + token
         out = bytearray()
         for b in range(n):
             h, i = b // head, b % head
             chunk = src.chunk_bytes or head
-            at = base + h * src.head_stride_bytes + (i // chunk) * src.chunk_stride_bytes + i % chunk
+            c, group = i // chunk, getattr(src, "chunk_group_size", 0)
+            at_chunk = c * src.chunk_stride_bytes if not group else \
+                (c // group) * src.chunk_group_stride_bytes + (c % group) * src.chunk_stride_bytes
+            at = base + h * src.head_stride_bytes + at_chunk + i % chunk
             out.append(data[at])
         return bytes(out)
 

@@ -89,10 +89,14 @@ def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None
 def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, min_bytes: int):
     """A source whose slots' bytes lie as an engine keeps them (RealKvSource's layout fields), over rows
     of random bytes: one run per slot with a gap after it, heads a block apart (vLLM's V, FlashInfer's
-    HND), element-strided heads (vLLM's K), 16- or 32-byte chunks (vLLM's paged-attention K)."""
+    HND), element-strided heads (vLLM's K), 16- or 32-byte chunks (vLLM's paged-attention K), token
+    groups of small chunks (vLLM's CPU K on AMX: 16 tokens of 2 elements per 64 bytes), and both token
+    and chunk groups (vLLM's CPU V on AMX: token pairs, 16 elements per 1 KiB group)."""
     heads = rng.choice((1, 2, 3))
-    form = rng.choice(("gap", "heads", "elements", "chunks"))
-    chunk = {"gap": 0, "heads": 0, "elements": rng.choice((2, 4, 8)), "chunks": rng.choice((16, 32))}[form]
+    form = rng.choice(("gap", "heads", "elements", "chunks", "groups", "vnni"))
+    chunk = {"gap": 0, "heads": 0, "elements": rng.choice((2, 4, 8)), "chunks": rng.choice((16, 32)),
+             "groups": rng.choice((2, 4)), "vnni": rng.choice((2, 4))}[form]
+    group = gs = cgroup = cgs = 0
     unit = max(align, chunk)
     head = unit * rng.randint(1, 3)
     while heads * head < min_bytes:
@@ -106,6 +110,19 @@ def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, m
         ts, cs = head, 0
         hs = page * head + align * rng.choice((0, 1))
         block = heads * hs
+    elif form == "groups":  # [block, heads, token group, chunk, slot of the group, chunk bytes]
+        group = rng.choice((1, 2, 3, 4))
+        ts, cs = chunk, group * chunk
+        gs = head // chunk * cs + align * rng.choice((0, 1))
+        hs = -(-page // group) * gs
+        block = heads * hs
+    elif form == "vnni":    # [block, heads, chunk group, token group, chunk of the group, slot of the group, chunk bytes]
+        group, cgroup = rng.choice((1, 2, 3)), rng.choice((1, 2, 4))
+        ts, cs = chunk, group * chunk
+        gs = cgroup * cs
+        cgs = -(-page // group) * gs + align * rng.choice((0, 1))
+        hs = -(-(head // chunk) // cgroup) * cgs
+        block = heads * hs
     else:                  # [block, heads, chunk, slot, chunk bytes]
         ts, cs = chunk, page * chunk
         hs = head // chunk * cs
@@ -116,7 +133,8 @@ def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, m
     tensor = raw.view(dtype).view(rows, pitch // raw.view(dtype).element_size())
     return alloc.RealKvSource(tensor=tensor, page_size=page, num_bytes_per_token=nbpt, read_bytes=read,
                               token_stride_bytes=ts, num_heads=heads, head_stride_bytes=hs, chunk_bytes=chunk,
-                              chunk_stride_bytes=cs)
+                              chunk_stride_bytes=cs, token_group_size=group, token_group_stride_bytes=gs,
+                              chunk_group_size=cgroup, chunk_group_stride_bytes=cgs)
 
 
 def flip_source_byte(rng: random.Random, sources: tuple, slot: int) -> bool:
@@ -130,7 +148,13 @@ def flip_source_byte(rng: random.Random, sources: tuple, slot: int) -> bool:
     flat = src.tensor[row].reshape(-1).view(torch.uint8)
     b = rng.randrange(16)  # a byte of head 0's first 16 (within one chunk of 16 or more, or a small chunk's)
     chunk = src.chunk_bytes or 16
-    at = (slot % src.page_size) * src.token_stride_bytes + b // chunk * src.chunk_stride_bytes + b % chunk
+    t = slot % src.page_size
+    token = (t // src.token_group_size * src.token_group_stride_bytes + t % src.token_group_size * src.token_stride_bytes
+             if src.token_group_size else t * src.token_stride_bytes)
+    c = b // chunk
+    at_chunk = (c // src.chunk_group_size * src.chunk_group_stride_bytes + c % src.chunk_group_size * src.chunk_stride_bytes
+                if src.chunk_group_size else c * src.chunk_stride_bytes)
+    at = token + at_chunk + b % chunk
     flat[at] ^= 1 << rng.randrange(8)
     return True
 

@@ -3,7 +3,7 @@
 # schema-sha256: d7487ad5f2a56021ed0f7dc1ae7a4ca155838bbe161cbd377efd721cabf1bb69
 # generator-sha256: not-recorded
 # generation-id: fd01e80b5ddf2608
-# body-sha256: 7a28047023d31b9424fd7b6c0c060a0da222288d79e173ba3d6aa15ca6ab8155
+# body-sha256: dc5d3e350322ace766fbfc1628a10e45480d6a4058381ee80eecf2a846487d3d
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,15 +29,15 @@ FILE_SHA256 = {
     "LAYOUT.md": "393876e87722ac9dbc1d4ac42e15fb12f0807a86342355577592735768f8f49f",
     "allocators.py": "828c7cb668c412416b5a23567818cfd59eb1d502d20d0dbc5d73eb155aa806ac",
     "api.py": "582eed2c00b05287453d1d25be6e1cc60218732211292bb0cdd281a8aefba81e",
-    "cpu/kv_canary_cpu.cpp": "7300a8a2ecb636ffb83f2d14ff3c96c9487ce55479e24220dd1ad69f6b137fe4",
+    "cpu/kv_canary_cpu.cpp": "55c42ca7a088f24c24276bdb95a141da78f8c10ce7ffe54fca447c2853dd3f2a",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
     "cuda/canary_plan_offsets.cu": "44748dc71d2ac97abb74b915ee4aa2dcf5177e5d16140239f254a4da1e0d2747",
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",
-    "cuda/canary_verify.cu": "a680b2823da289f1c097f2bf51d8162f574d3188c364023fa1efd426dbe64cd4",
-    "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
+    "cuda/canary_verify.cu": "bb28b4724f450074e6eef46c30a3dd9ea2b9f4f110e15a109c7cfd27f8e90207",
+    "cuda/canary_write.cu": "d57f72a5e89bd8049e5cba68199308103a6226d702c738eba959a7100d4873c9",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
-    "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "47fd4d60eaee121bdd9a504d408fc955088c6b6b9d9e3140280559155c383f7d",
+    "emulation/kv_canary_launchers.cpp": "b8c20c0ec316fb4c6f2fe04c425dd31a60af338da438e0d58c8803b594737042",
+    "kernel_abi.py": "9959e793b7fb34e911a7fe4aa2aa0adf27646ce214f4a1c23d389bcd9271ddb6",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

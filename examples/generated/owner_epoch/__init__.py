@@ -3,7 +3,7 @@
 # schema-sha256: 4eff884a3f96ed65a4305ac7356318191a7d8834f3f866c35a70629766a9771b
 # generator-sha256: not-recorded
 # generation-id: 961462d924ecf170
-# body-sha256: add137fc78f1eae73c265efb42cfa76e04f9dd523eabb6ba94827dba966067e7
+# body-sha256: 4f0de36c1b7da19a3bf8371d4000b744310fa9823e28d08e4445bb6c5615c5e0
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,15 +29,15 @@ FILE_SHA256 = {
     "LAYOUT.md": "9609cd38c559adad48fe3975ff7bc9ac2194cb8efca7a822ef6cc2436db834b8",
     "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
     "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
-    "cpu/kv_canary_cpu.cpp": "481bd05c6808464f85a10970fa36d37d9e3bbed9df9d18b8dddb23bd8e0f60a8",
+    "cpu/kv_canary_cpu.cpp": "af8da6de23b85857e50e1e5e14906f7d20cb048c717c5e814f98d75a39d37a1c",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
-    "cuda/canary_verify.cu": "6ed413e3dd53f4e0af50e675cdd7c338cdbf222c768abfa05beff28105efa9e0",
-    "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
+    "cuda/canary_verify.cu": "5853ad78516bb7cc3ae3639345de5d66ddfeccdef2e7a6509c39ebcac6494837",
+    "cuda/canary_write.cu": "39ffc700091141fbc70fe56618cd2b595f0ca612fd9f702c8888876985b5a9a9",
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
-    "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
-    "kernel_abi.py": "7b498a4add94ca33cb0f80112574ede84c11b93a7cb04d7c44d7d232a2565959",
+    "emulation/kv_canary_launchers.cpp": "37679e689ca14564b6448bbf51e808b268855ec78edd177c5bd9edcbab3b465a",
+    "kernel_abi.py": "db819e777c098ffcc7b7d77a5d7a90a92d1b7d894123b80c47288d6a5555e91e",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: 8da5eeda1cee034fdd890f35115c30e220697fe3a43ca0ae154d1ce16b4d9d5f
 # generator-sha256: not-recorded
 # generation-id: 596aecf436368199
-# body-sha256: 8eb81bb98f6d443cb979ab3cdb2dd060d726fb041beca20bd3f9961190b1d55f
+# body-sha256: 53248a7674ccc5cba20f1b2cb2fc85c43cb6b00a49664245a91e51f3e03342bb
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,15 +29,15 @@ FILE_SHA256 = {
     "LAYOUT.md": "fd485bb711cab440d4e72d4d93d3b08ccbf30926159ec6337f9f9f3908fce023",
     "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
     "api.py": "3ed3e7af7609f72aa07d38ee8ec88a2fd67ea7b27a9e865fc58d7470fb010da7",
-    "cpu/kv_canary_cpu.cpp": "143e8d841ffb235d8582e87ca3469d2dce7d62288254d0e0eebd1a0507418e59",
+    "cpu/kv_canary_cpu.cpp": "87a8adaa398631c8673d2381ad8914875ef7ee7abbeae677018c1bb46c779c1d",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
-    "cuda/canary_verify.cu": "69c0de96e883be552c5ad7751f65f1691ff8ceeed0b7c4a7041377b84f57f2d8",
-    "cuda/canary_write.cu": "849ff3492c3996344a20e46d2cf3d7b7054f4c03e8d5ed6be2e9440a11f7998f",
+    "cuda/canary_verify.cu": "300c280b803f0add4e242ca1216a7b32f76afd5baee8d7a4e1a25a0bba7c9b6a",
+    "cuda/canary_write.cu": "b9c52246e473b8d6e48dc28d986be4a76f80661e40c67804f6f743166238ac8a",
     "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
-    "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
-    "kernel_abi.py": "0ca74cbf8bc376af0f366f4949aa1f045f4ba742a45e7d5257a4dfd706e2ac17",
+    "emulation/kv_canary_launchers.cpp": "033cdb9fb5b2d764b8ec6a6ced67002d4e528bef836ed14de9434929c6297d5f",
+    "kernel_abi.py": "7cab04dcabd4121556a5aab56e731247487a21ba215fd701560cd80705e22667",
     "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }

@@ -58,12 +58,16 @@ C_NAMES = {"i64": "long long", "i32": "int"}
 # outside RANGES[kind] with the argument's own name before any launch.
 ARGUMENT_KINDS = {
     "RealKvSource.chunk_bytes": "i32",
+    "RealKvSource.chunk_group_size": "i32",
+    "RealKvSource.chunk_group_stride_bytes": "i64",
     "RealKvSource.chunk_stride_bytes": "i64",
     "RealKvSource.head_stride_bytes": "i64",
     "RealKvSource.num_bytes_per_token": "i32",
     "RealKvSource.num_heads": "i32",
     "RealKvSource.page_size": "i32",
     "RealKvSource.read_bytes": "i32",
+    "RealKvSource.token_group_size": "i32",
+    "RealKvSource.token_group_stride_bytes": "i64",
     "RealKvSource.token_stride_bytes": "i64",
     "enable_write_input_assert": "i32",
     "kv_token_id_vs_position_offset": "i64",
@@ -115,7 +119,7 @@ def _int(kernel: str, param: str, kind: str, value) -> int:
 
 
 # The real-KV parameters of an unused source slot.
-_NO_SOURCE = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, )
+_NO_SOURCE = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, )
 
 
 def real_kv_args(context, read: tuple | None = None) -> tuple:
@@ -127,10 +131,10 @@ def real_kv_args(context, read: tuple | None = None) -> tuple:
     for i, s in enumerate(sources[:MAX_REAL_KV_SOURCES]):  # validated: never more
         if read is None:
             t = s.tensor
-            out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes, getattr(s, 'token_stride_bytes', None) or s.num_bytes_per_token, getattr(s, 'num_heads', 1), getattr(s, 'head_stride_bytes', 0), getattr(s, 'chunk_bytes', 0), getattr(s, 'chunk_stride_bytes', 0))
+            out += (t.data_ptr(), t.stride(0) * t.element_size(), t.shape[0], s.page_size, s.num_bytes_per_token, s.read_bytes, getattr(s, 'token_stride_bytes', None) or s.num_bytes_per_token, getattr(s, 'num_heads', 1), getattr(s, 'head_stride_bytes', 0), getattr(s, 'chunk_bytes', 0), getattr(s, 'chunk_stride_bytes', 0), getattr(s, 'token_group_size', 0), getattr(s, 'token_group_stride_bytes', 0), getattr(s, 'chunk_group_size', 0), getattr(s, 'chunk_group_stride_bytes', 0))
         else:
             ptr, stride0, element_size, rows = read[i]
-            out += (ptr, stride0 * element_size, rows, s.page_size, s.num_bytes_per_token, s.read_bytes, getattr(s, 'token_stride_bytes', None) or s.num_bytes_per_token, getattr(s, 'num_heads', 1), getattr(s, 'head_stride_bytes', 0), getattr(s, 'chunk_bytes', 0), getattr(s, 'chunk_stride_bytes', 0))
+            out += (ptr, stride0 * element_size, rows, s.page_size, s.num_bytes_per_token, s.read_bytes, getattr(s, 'token_stride_bytes', None) or s.num_bytes_per_token, getattr(s, 'num_heads', 1), getattr(s, 'head_stride_bytes', 0), getattr(s, 'chunk_bytes', 0), getattr(s, 'chunk_stride_bytes', 0), getattr(s, 'token_group_size', 0), getattr(s, 'token_group_stride_bytes', 0), getattr(s, 'chunk_group_size', 0), getattr(s, 'chunk_group_stride_bytes', 0))
     return out + _NO_SOURCE * (MAX_REAL_KV_SOURCES - len(sources)) + (len(context.real_kv_sources), context.real_kv_hash_mode)
 
 
@@ -160,8 +164,8 @@ def bind_canary_write(a: dict, kv: tuple) -> tuple:
         _ptr(expected_input_tokens if enable_write_input_assert else None),  # expected_input_tokens: const long long*
         _ptr(expected_input_positions if enable_write_input_assert else None),  # expected_input_positions: const long long*
         context.enable_chain_position_assert.data_ptr(),  # enable_chain_position_assert: const int*
-        *kv[0:45],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
-        _int("canary_write", "real_kv_hash_mode", "i32", kv[45]),
+        *kv[0:61],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
+        _int("canary_write", "real_kv_hash_mode", "i32", kv[61]),
         _int("canary_write", "launch_tag", "i64", context.kernel_kind),
         context.violation_ring.data_ptr(),  # violation_ring: long long*
         context.violation_ring.shape[0],  # violation_ring_capacity: long long (a size)
@@ -187,8 +191,8 @@ def bind_canary_verify(a: dict, kv: tuple) -> tuple:
         plan.verify_num_valid.data_ptr(),  # verify_num_valid: const int*
         plan.enable.data_ptr(),  # verify_enable: const int*
         plan.verify_slot_indices.shape[0],  # verify_capacity: long long (a size)
-        *kv[0:45],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
-        _int("canary_verify", "real_kv_hash_mode", "i32", kv[45]),
+        *kv[0:61],  # real_kv_ptr_0 .. : the real-KV parameters, as real_kv_args made them
+        _int("canary_verify", "real_kv_hash_mode", "i32", kv[61]),
         _int("canary_verify", "launch_tag", "i64", context.kernel_kind),
         context.violation_ring.data_ptr(),  # violation_ring: long long*
         context.violation_ring.shape[0],  # violation_ring_capacity: long long (a size)
@@ -339,6 +343,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_0", "long long"),
             ("real_kv_chunk_bytes_0", "int"),
             ("real_kv_chunk_stride_bytes_0", "long long"),
+            ("real_kv_token_group_size_0", "int"),
+            ("real_kv_token_group_stride_bytes_0", "long long"),
+            ("real_kv_chunk_group_size_0", "int"),
+            ("real_kv_chunk_group_stride_bytes_0", "long long"),
             ("real_kv_ptr_1", "const unsigned char*"),
             ("real_kv_row_stride_bytes_1", "long long"),
             ("real_kv_num_rows_1", "long long"),
@@ -350,6 +358,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_1", "long long"),
             ("real_kv_chunk_bytes_1", "int"),
             ("real_kv_chunk_stride_bytes_1", "long long"),
+            ("real_kv_token_group_size_1", "int"),
+            ("real_kv_token_group_stride_bytes_1", "long long"),
+            ("real_kv_chunk_group_size_1", "int"),
+            ("real_kv_chunk_group_stride_bytes_1", "long long"),
             ("real_kv_ptr_2", "const unsigned char*"),
             ("real_kv_row_stride_bytes_2", "long long"),
             ("real_kv_num_rows_2", "long long"),
@@ -361,6 +373,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_2", "long long"),
             ("real_kv_chunk_bytes_2", "int"),
             ("real_kv_chunk_stride_bytes_2", "long long"),
+            ("real_kv_token_group_size_2", "int"),
+            ("real_kv_token_group_stride_bytes_2", "long long"),
+            ("real_kv_chunk_group_size_2", "int"),
+            ("real_kv_chunk_group_stride_bytes_2", "long long"),
             ("real_kv_ptr_3", "const unsigned char*"),
             ("real_kv_row_stride_bytes_3", "long long"),
             ("real_kv_num_rows_3", "long long"),
@@ -372,6 +388,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_3", "long long"),
             ("real_kv_chunk_bytes_3", "int"),
             ("real_kv_chunk_stride_bytes_3", "long long"),
+            ("real_kv_token_group_size_3", "int"),
+            ("real_kv_token_group_stride_bytes_3", "long long"),
+            ("real_kv_chunk_group_size_3", "int"),
+            ("real_kv_chunk_group_stride_bytes_3", "long long"),
             ("real_kv_num_sources", "int"),
             ("real_kv_hash_mode", "int"),
             ("launch_tag", "long long"),
@@ -382,7 +402,7 @@ KERNELS = {
             ("slot_run_counter", "unsigned long long*"),
             ("kernel_run_counter", "unsigned long long*"),
         ),
-        kinds=("ptr", "i64", "i64", "ptr", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i32", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i32", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", ),
+        kinds=("ptr", "i64", "i64", "ptr", "ptr", "ptr", "i64", "ptr", "ptr", "ptr", "i64", "i32", "ptr", "ptr", "ptr", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i32", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", ),
         bind=bind_canary_write,
     ),
     "canary_verify": KernelAbi(
@@ -420,6 +440,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_0", "long long"),
             ("real_kv_chunk_bytes_0", "int"),
             ("real_kv_chunk_stride_bytes_0", "long long"),
+            ("real_kv_token_group_size_0", "int"),
+            ("real_kv_token_group_stride_bytes_0", "long long"),
+            ("real_kv_chunk_group_size_0", "int"),
+            ("real_kv_chunk_group_stride_bytes_0", "long long"),
             ("real_kv_ptr_1", "const unsigned char*"),
             ("real_kv_row_stride_bytes_1", "long long"),
             ("real_kv_num_rows_1", "long long"),
@@ -431,6 +455,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_1", "long long"),
             ("real_kv_chunk_bytes_1", "int"),
             ("real_kv_chunk_stride_bytes_1", "long long"),
+            ("real_kv_token_group_size_1", "int"),
+            ("real_kv_token_group_stride_bytes_1", "long long"),
+            ("real_kv_chunk_group_size_1", "int"),
+            ("real_kv_chunk_group_stride_bytes_1", "long long"),
             ("real_kv_ptr_2", "const unsigned char*"),
             ("real_kv_row_stride_bytes_2", "long long"),
             ("real_kv_num_rows_2", "long long"),
@@ -442,6 +470,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_2", "long long"),
             ("real_kv_chunk_bytes_2", "int"),
             ("real_kv_chunk_stride_bytes_2", "long long"),
+            ("real_kv_token_group_size_2", "int"),
+            ("real_kv_token_group_stride_bytes_2", "long long"),
+            ("real_kv_chunk_group_size_2", "int"),
+            ("real_kv_chunk_group_stride_bytes_2", "long long"),
             ("real_kv_ptr_3", "const unsigned char*"),
             ("real_kv_row_stride_bytes_3", "long long"),
             ("real_kv_num_rows_3", "long long"),
@@ -453,6 +485,10 @@ KERNELS = {
             ("real_kv_head_stride_bytes_3", "long long"),
             ("real_kv_chunk_bytes_3", "int"),
             ("real_kv_chunk_stride_bytes_3", "long long"),
+            ("real_kv_token_group_size_3", "int"),
+            ("real_kv_token_group_stride_bytes_3", "long long"),
+            ("real_kv_chunk_group_size_3", "int"),
+            ("real_kv_chunk_group_stride_bytes_3", "long long"),
             ("real_kv_num_sources", "int"),
             ("real_kv_hash_mode", "int"),
             ("launch_tag", "long long"),
@@ -463,7 +499,7 @@ KERNELS = {
             ("slot_run_counter", "unsigned long long*"),
             ("kernel_run_counter", "unsigned long long*"),
         ),
-        kinds=("ptr", "i64", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i32", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", ),
+        kinds=("ptr", "i64", "i64", "ptr", "ptr", "ptr", "ptr", "ptr", "ptr", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "ptr", "i64", "i64", "i32", "i32", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i64", "i32", "i32", "i64", "ptr", "i64", "ptr", "ptr", "ptr", "ptr", ),
         bind=bind_canary_verify,
     ),
     "canary_plan_offsets": KernelAbi(

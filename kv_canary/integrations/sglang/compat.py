@@ -57,7 +57,8 @@ _DATA_CLASSES = {"RealKvSource": "verify", "VerifyOrWriteContext": "verify", "Ve
 # kv-canary's extensions, with defaults the rewrapped objects keep: per-reason totals (None: counts
 # nothing) and RealKvSource's layout fields (their defaults are SGLang's packed rows).
 _OURS_ONLY = {"violation_reason_counts", "token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes",
-              "chunk_stride_bytes"}
+              "chunk_stride_bytes", "token_group_size", "token_group_stride_bytes", "chunk_group_size",
+              "chunk_group_stride_bytes"}
 
 
 def data_class_differences(ours, theirs) -> list[str]:

@@ -3,10 +3,12 @@
 `probe(write, shape, dtype)` writes one block of K/V whose every element has its own bit pattern
 through the backend's own cache-update (`impl.do_kv_cache_update`, what the forward calls) into a
 scratch tensor shaped like one layer's cache, then finds each element: a half is guarded in place
-when its bytes follow `offset(t, h, e) = base + t * token_stride + h * head_stride + chunk layout`
-(a head's bytes contiguous, or in equal chunks at a fixed stride: vLLM CPU's transposed K). The
-result is checked element by element against that formula; a backend that packs K/V another way
-gets a clear refusal instead of a wrong fingerprint.
+when its bytes follow `offset(t, h, e) = base + token(t) + h * head_stride + chunk(e)`. token(t) is
+t * token_stride, or in groups of tokens (vLLM CPU's K on AMX: 16 tokens per tile)
+(t // group) * group_stride + (t % group) * token_stride; chunk(e) puts a head's elements in one run
+or in equal runs at a fixed stride (vLLM CPU's transposed K), the runs in groups likewise (vLLM
+CPU's V on AMX). The result is checked element by element against that formula; a backend that
+packs K/V another way gets a clear refusal instead of a wrong fingerprint.
 """
 from __future__ import annotations
 
@@ -32,12 +34,16 @@ class HalfLayout:
     chunk_stride: int             # bytes between runs (0 when a head is one run)
     num_heads: int
     head_bytes: int
+    token_group: int = 0          # tokens per group of a block (0: none)
+    token_group_stride: int = 0   # bytes between consecutive groups
+    chunk_group: int = 0          # chunks per group of a head (0: none)
+    chunk_group_stride: int = 0   # bytes between consecutive chunk groups
 
     @property
     def contiguous_rows(self) -> bool:
         """A slot's bytes are one run (heads back to back): kv-canary's plain row layout."""
         return self.chunk_stride == 0 and (self.num_heads == 1 or self.head_stride == self.head_bytes) \
-            and self.token_stride == self.num_heads * self.head_bytes
+            and self.token_stride == self.num_heads * self.head_bytes and self.token_group == 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ def _fit(off: torch.Tensor, size: int, half: str) -> HalfLayout:
     bs, heads, hd = off.shape
     base = int(off[0, 0, 0])
     token = int(off[1, 0, 0] - base) if bs > 1 else 0
+    group, group_stride = _groups(off[:, 0, 0] - base, token)
     head = int(off[0, 1, 0] - base) if heads > 1 else 0
     elem = off[0, 0] - base
     run = 1
@@ -92,15 +99,28 @@ def _fit(off: torch.Tensor, size: int, half: str) -> HalfLayout:
     if run < hd and hd % run:
         raise ValueError(f"kv-canary: vLLM's {half} cache stores a head's elements in runs of {run}, which do not "
                          f"divide head_size={hd}; this layout cannot be guarded")
-    e = torch.arange(hd)
-    model_elem = (e % run) * size + (e // run) * chunk_stride
+    chunk_group, chunk_group_stride = _groups(elem[::run], chunk_stride) if run < hd else (0, 0)
     t = torch.arange(bs).view(bs, 1, 1)
     h = torch.arange(heads).view(1, heads, 1)
-    model = base + t * token + h * head + model_elem.view(1, 1, hd)
-    if not torch.equal(model, off) or min(token, head, chunk_stride) < 0:
+    c = torch.arange(hd) // run
+    chunk_off = (c // chunk_group) * chunk_group_stride + (c % chunk_group) * chunk_stride if chunk_group \
+        else c * chunk_stride
+    token_off = (t // group) * group_stride + (t % group) * token if group else t * token
+    model = base + token_off + h * head + (torch.arange(hd) % run * size + chunk_off).view(1, 1, hd)
+    if not torch.equal(model, off) or min(token, head, chunk_stride, group_stride, chunk_group_stride) < 0:
         raise ValueError(f"kv-canary: vLLM's {half} cache does not follow one token stride, head stride and "
                          f"element chunking; this layout cannot be guarded")
-    return HalfLayout(base, token, head, run * size, chunk_stride, heads, hd * size)
+    return HalfLayout(base, token, head, run * size, chunk_stride, heads, hd * size, group, group_stride,
+                      chunk_group, chunk_group_stride)
+
+
+def _groups(offsets: torch.Tensor, stride: int) -> tuple[int, int]:
+    """(items per group, group stride) of items at `offsets` (from the first's): one stride apart up
+    to a group's end, then a group stride apart; (0, 0) when they are all one stride apart."""
+    n = 1
+    while n < len(offsets) and int(offsets[n]) == n * stride:
+        n += 1
+    return (0, 0) if n == len(offsets) else (n, int(offsets[n]))
 
 
 def row_view(cache: torch.Tensor, layout: BlockLayout, half: HalfLayout) -> torch.Tensor:
@@ -118,7 +138,9 @@ def kv_layout(half: HalfLayout) -> KvLayout:
     chunked = half.chunk_stride != 0
     return KvLayout(token_stride_bytes=half.token_stride, num_heads=half.num_heads,
                     head_stride_bytes=half.head_stride if half.num_heads > 1 else 0,
-                    chunk_bytes=half.chunk_bytes if chunked else 0, chunk_stride_bytes=half.chunk_stride)
+                    chunk_bytes=half.chunk_bytes if chunked else 0, chunk_stride_bytes=half.chunk_stride,
+                    token_group_size=half.token_group, token_group_stride_bytes=half.token_group_stride,
+                    chunk_group_size=half.chunk_group, chunk_group_stride_bytes=half.chunk_group_stride)
 
 
 def describe(half: Optional[HalfLayout]) -> str:
@@ -126,5 +148,8 @@ def describe(half: Optional[HalfLayout]) -> str:
         return "none"
     if half.contiguous_rows:
         return f"rows of {half.token_stride} bytes"
-    return (f"token stride {half.token_stride} B, head stride {half.head_stride} B, "
-            + (f"runs of {half.chunk_bytes} B every {half.chunk_stride} B" if half.chunk_stride else "heads contiguous"))
+    return (f"token stride {half.token_stride} B"
+            + (f" in groups of {half.token_group} tokens every {half.token_group_stride} B" if half.token_group else "")
+            + f", head stride {half.head_stride} B, "
+            + (f"runs of {half.chunk_bytes} B every {half.chunk_stride} B" if half.chunk_stride else "heads contiguous")
+            + (f" in groups of {half.chunk_group} runs every {half.chunk_group_stride} B" if half.chunk_group else ""))

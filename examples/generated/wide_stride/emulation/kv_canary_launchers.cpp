@@ -44,6 +44,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_0,
     int real_kv_chunk_bytes_0,
     long long real_kv_chunk_stride_bytes_0,
+    int real_kv_token_group_size_0,
+    long long real_kv_token_group_stride_bytes_0,
+    int real_kv_chunk_group_size_0,
+    long long real_kv_chunk_group_stride_bytes_0,
     const unsigned char* real_kv_ptr_1,
     long long real_kv_row_stride_bytes_1,
     long long real_kv_num_rows_1,
@@ -55,6 +59,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_1,
     int real_kv_chunk_bytes_1,
     long long real_kv_chunk_stride_bytes_1,
+    int real_kv_token_group_size_1,
+    long long real_kv_token_group_stride_bytes_1,
+    int real_kv_chunk_group_size_1,
+    long long real_kv_chunk_group_stride_bytes_1,
     const unsigned char* real_kv_ptr_2,
     long long real_kv_row_stride_bytes_2,
     long long real_kv_num_rows_2,
@@ -66,6 +74,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_2,
     int real_kv_chunk_bytes_2,
     long long real_kv_chunk_stride_bytes_2,
+    int real_kv_token_group_size_2,
+    long long real_kv_token_group_stride_bytes_2,
+    int real_kv_chunk_group_size_2,
+    long long real_kv_chunk_group_stride_bytes_2,
     const unsigned char* real_kv_ptr_3,
     long long real_kv_row_stride_bytes_3,
     long long real_kv_num_rows_3,
@@ -77,6 +89,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_3,
     int real_kv_chunk_bytes_3,
     long long real_kv_chunk_stride_bytes_3,
+    int real_kv_token_group_size_3,
+    long long real_kv_token_group_stride_bytes_3,
+    int real_kv_chunk_group_size_3,
+    long long real_kv_chunk_group_stride_bytes_3,
     int real_kv_num_sources,
     int real_kv_hash_mode,
     long long launch_tag,
@@ -88,7 +104,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     unsigned long long* __restrict__ kernel_run_counter) {
 #line 27 "codegen/templates/emulation/launchers.cpp.j2"
   const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                                 [&] { kvcanary_canary_write(canary_buf, num_slots, slot_stride_bytes, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, input_ids, positions, out_cache_loc, num_tokens, enable_write_input_assert, expected_input_tokens, expected_input_positions, enable_chain_position_assert, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
+                                 [&] { kvcanary_canary_write(canary_buf, num_slots, slot_stride_bytes, write_offsets, write_seed_slot_indices, write_num_valid_reqs, write_req_capacity, input_ids, positions, out_cache_loc, num_tokens, enable_write_input_assert, expected_input_tokens, expected_input_positions, enable_chain_position_assert, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_token_group_size_0, real_kv_token_group_stride_bytes_0, real_kv_chunk_group_size_0, real_kv_chunk_group_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_token_group_size_1, real_kv_token_group_stride_bytes_1, real_kv_chunk_group_size_1, real_kv_chunk_group_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_token_group_size_2, real_kv_token_group_stride_bytes_2, real_kv_chunk_group_size_2, real_kv_chunk_group_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_token_group_size_3, real_kv_token_group_stride_bytes_3, real_kv_chunk_group_size_3, real_kv_chunk_group_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
   return rc;
 }
 
@@ -120,6 +136,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_0,
     int real_kv_chunk_bytes_0,
     long long real_kv_chunk_stride_bytes_0,
+    int real_kv_token_group_size_0,
+    long long real_kv_token_group_stride_bytes_0,
+    int real_kv_chunk_group_size_0,
+    long long real_kv_chunk_group_stride_bytes_0,
     const unsigned char* real_kv_ptr_1,
     long long real_kv_row_stride_bytes_1,
     long long real_kv_num_rows_1,
@@ -131,6 +151,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_1,
     int real_kv_chunk_bytes_1,
     long long real_kv_chunk_stride_bytes_1,
+    int real_kv_token_group_size_1,
+    long long real_kv_token_group_stride_bytes_1,
+    int real_kv_chunk_group_size_1,
+    long long real_kv_chunk_group_stride_bytes_1,
     const unsigned char* real_kv_ptr_2,
     long long real_kv_row_stride_bytes_2,
     long long real_kv_num_rows_2,
@@ -142,6 +166,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_2,
     int real_kv_chunk_bytes_2,
     long long real_kv_chunk_stride_bytes_2,
+    int real_kv_token_group_size_2,
+    long long real_kv_token_group_stride_bytes_2,
+    int real_kv_chunk_group_size_2,
+    long long real_kv_chunk_group_stride_bytes_2,
     const unsigned char* real_kv_ptr_3,
     long long real_kv_row_stride_bytes_3,
     long long real_kv_num_rows_3,
@@ -153,6 +181,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_3,
     int real_kv_chunk_bytes_3,
     long long real_kv_chunk_stride_bytes_3,
+    int real_kv_token_group_size_3,
+    long long real_kv_token_group_stride_bytes_3,
+    int real_kv_chunk_group_size_3,
+    long long real_kv_chunk_group_stride_bytes_3,
     int real_kv_num_sources,
     int real_kv_hash_mode,
     long long launch_tag,
@@ -165,7 +197,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
 #line 27 "codegen/templates/emulation/launchers.cpp.j2"
   kvc::EntryOrderLog rows(violation_ring, violation_ring_capacity, violation_write_index);
   const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                                 [&] { kvcanary_canary_verify(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
+                                 [&] { kvcanary_canary_verify(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_token_group_size_0, real_kv_token_group_stride_bytes_0, real_kv_chunk_group_size_0, real_kv_chunk_group_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_token_group_size_1, real_kv_token_group_stride_bytes_1, real_kv_chunk_group_size_1, real_kv_chunk_group_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_token_group_size_2, real_kv_token_group_stride_bytes_2, real_kv_chunk_group_size_2, real_kv_chunk_group_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_token_group_size_3, real_kv_token_group_stride_bytes_3, real_kv_chunk_group_size_3, real_kv_chunk_group_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
   if (rc == 0) rows.commit();
   return rc;
 }
@@ -198,6 +230,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_0,
     int real_kv_chunk_bytes_0,
     long long real_kv_chunk_stride_bytes_0,
+    int real_kv_token_group_size_0,
+    long long real_kv_token_group_stride_bytes_0,
+    int real_kv_chunk_group_size_0,
+    long long real_kv_chunk_group_stride_bytes_0,
     const unsigned char* real_kv_ptr_1,
     long long real_kv_row_stride_bytes_1,
     long long real_kv_num_rows_1,
@@ -209,6 +245,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_1,
     int real_kv_chunk_bytes_1,
     long long real_kv_chunk_stride_bytes_1,
+    int real_kv_token_group_size_1,
+    long long real_kv_token_group_stride_bytes_1,
+    int real_kv_chunk_group_size_1,
+    long long real_kv_chunk_group_stride_bytes_1,
     const unsigned char* real_kv_ptr_2,
     long long real_kv_row_stride_bytes_2,
     long long real_kv_num_rows_2,
@@ -220,6 +260,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_2,
     int real_kv_chunk_bytes_2,
     long long real_kv_chunk_stride_bytes_2,
+    int real_kv_token_group_size_2,
+    long long real_kv_token_group_stride_bytes_2,
+    int real_kv_chunk_group_size_2,
+    long long real_kv_chunk_group_stride_bytes_2,
     const unsigned char* real_kv_ptr_3,
     long long real_kv_row_stride_bytes_3,
     long long real_kv_num_rows_3,
@@ -231,6 +275,10 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
     long long real_kv_head_stride_bytes_3,
     int real_kv_chunk_bytes_3,
     long long real_kv_chunk_stride_bytes_3,
+    int real_kv_token_group_size_3,
+    long long real_kv_token_group_stride_bytes_3,
+    int real_kv_chunk_group_size_3,
+    long long real_kv_chunk_group_stride_bytes_3,
     int real_kv_num_sources,
     int real_kv_hash_mode,
     long long launch_tag,
@@ -243,7 +291,7 @@ extern "C" __attribute__((visibility("default"))) int kvc_emu_launch_kvcanary_ca
 #line 27 "codegen/templates/emulation/launchers.cpp.j2"
   kvc::EntryOrderLog rows(violation_ring, violation_ring_capacity, violation_write_index);
   const int rc = kvc_emu::launch(kvc_emu::LaunchConfig{grid, 1, 1, block, 1, 1},
-                                 [&] { kvcanary_canary_verify_check_verify_expected_token(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
+                                 [&] { kvcanary_canary_verify_check_verify_expected_token(canary_buf, num_slots, slot_stride_bytes, verify_slot_indices, verify_expected_tokens, verify_expected_positions, verify_prev_slot_indices, verify_num_valid, verify_enable, verify_capacity, real_kv_ptr_0, real_kv_row_stride_bytes_0, real_kv_num_rows_0, real_kv_page_size_0, real_kv_num_bytes_per_token_0, real_kv_read_bytes_0, real_kv_token_stride_bytes_0, real_kv_num_heads_0, real_kv_head_stride_bytes_0, real_kv_chunk_bytes_0, real_kv_chunk_stride_bytes_0, real_kv_token_group_size_0, real_kv_token_group_stride_bytes_0, real_kv_chunk_group_size_0, real_kv_chunk_group_stride_bytes_0, real_kv_ptr_1, real_kv_row_stride_bytes_1, real_kv_num_rows_1, real_kv_page_size_1, real_kv_num_bytes_per_token_1, real_kv_read_bytes_1, real_kv_token_stride_bytes_1, real_kv_num_heads_1, real_kv_head_stride_bytes_1, real_kv_chunk_bytes_1, real_kv_chunk_stride_bytes_1, real_kv_token_group_size_1, real_kv_token_group_stride_bytes_1, real_kv_chunk_group_size_1, real_kv_chunk_group_stride_bytes_1, real_kv_ptr_2, real_kv_row_stride_bytes_2, real_kv_num_rows_2, real_kv_page_size_2, real_kv_num_bytes_per_token_2, real_kv_read_bytes_2, real_kv_token_stride_bytes_2, real_kv_num_heads_2, real_kv_head_stride_bytes_2, real_kv_chunk_bytes_2, real_kv_chunk_stride_bytes_2, real_kv_token_group_size_2, real_kv_token_group_stride_bytes_2, real_kv_chunk_group_size_2, real_kv_chunk_group_stride_bytes_2, real_kv_ptr_3, real_kv_row_stride_bytes_3, real_kv_num_rows_3, real_kv_page_size_3, real_kv_num_bytes_per_token_3, real_kv_read_bytes_3, real_kv_token_stride_bytes_3, real_kv_num_heads_3, real_kv_head_stride_bytes_3, real_kv_chunk_bytes_3, real_kv_chunk_stride_bytes_3, real_kv_token_group_size_3, real_kv_token_group_stride_bytes_3, real_kv_chunk_group_size_3, real_kv_chunk_group_stride_bytes_3, real_kv_num_sources, real_kv_hash_mode, launch_tag, violation_ring, violation_ring_capacity, violation_write_index, violation_reason_counts, slot_run_counter, kernel_run_counter); });
   if (rc == 0) rows.commit();
   return rc;
 }
