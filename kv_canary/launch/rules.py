@@ -136,6 +136,11 @@ class OperationTensors:
     device_of: str                 # the argument whose device every tensor must share (the first)
 
 
+def operation_tensors(generated, size_checks: Mapping[str, Callable]) -> OperationTensors:
+    """An operation's entry of the generated kernel ABI (kernel_abi.OPERATIONS[name]) ready to check."""
+    return OperationTensors(tensor_rules(generated.rules, size_checks), generated.tensors, generated.device_of)
+
+
 def bound_text(value: int) -> str:
     """2147483647 as '2**31-1 = 2147483647' (the C limits read better as powers of two)."""
     if value > 0 and (value + 1) & value == 0:

@@ -24,7 +24,7 @@ import torch
 
 from .allocation import layer_classes
 from .operations import real_kv_reach
-from .rules import FieldNames, OperationTensors, Rules, tensor_rules
+from .rules import FieldNames, Rules, operation_tensors
 
 _INT64 = torch.int64
 _UINT8 = torch.uint8
@@ -44,9 +44,7 @@ class Validators(Rules):
         self.per_slot_fields = _field_names(f.name for f in fields if f.verify_expected == "per_slot")
         # operation name -> its keywords as a dict, defaults filled in (generated); its tensors and rules
         self.keywords = {name: op.arguments for name, op in self.abi.OPERATIONS.items()}
-        self.tensors = {op.name: OperationTensors(tensor_rules(self.abi.OPERATIONS[op.name].rules, op.size_checks(self)),
-                                                  self.abi.OPERATIONS[op.name].tensors,
-                                                  self.abi.OPERATIONS[op.name].device_of)
+        self.tensors = {op.name: operation_tensors(self.abi.OPERATIONS[op.name], op.size_checks(self))
                         for op in operations}
         self.partial_mode = layout.RealKvHashMode.PARTIAL
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
