@@ -307,8 +307,8 @@ class ContextOperation(Operation):
         context = a["context"]
         frozen = type(context) is v.classes.context
         buf = context.canary_buf
-        stride = buf.shape[1]
-        if stride % v.layout.CANARY_WORD_BYTES or stride // v.layout.CANARY_WORD_BYTES < v.layout.CANARY_FIELDS_PER_SLOT:
+        stride, word = buf.shape[1], v.layout.CANARY_WORD_BYTES
+        if stride % word or stride // word < v.layout.CANARY_FIELDS_PER_SLOT:  # the record does not fit
             v.check_slot_stride(stride, buf.shape)  # raises
         v.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
         if not frozen:
@@ -321,10 +321,11 @@ class ContextOperation(Operation):
     def real_kv_reads(self, v, context, device, spans: list, read: Optional[list]) -> None:
         """Every real-KV source of a write's or verify's context (a list already checked), as the launch
         reads it: its span (an input) appended to the launch's `spans` and, where the binding takes them
-        (`read`, kernel_abi.real_kv_args), its (data pointer, stride(0), element size, rows). A source of this layer's class had its integers and layout checked when it
-        was built: its tensor on the device, its loads aligned and every byte its rows' slots read inside
-        its storage is accepted in one pass (packed rows, the usual case: a contiguous tensor); any other
-        source is checked whole (Validators.check_real_kv_source), which names the first thing that is wrong."""
+        (`read`, kernel_abi.real_kv_args), its (data pointer, stride(0), element size, rows). A source
+        of this layer's class had its integers and layout checked when it was built: its tensor on the
+        device, its loads aligned and every byte its rows' slots read inside its storage is accepted
+        in one pass (packed rows, the usual case: a contiguous tensor); any other source is checked
+        whole (Validators.check_real_kv_source), which names the first thing that is wrong."""
         sources = context.real_kv_sources
         align = v.layout.REAL_KV_LOAD_ALIGN_BYTES
         cpu = device.type == "cpu"  # is_cpu reads faster than a device object
@@ -337,7 +338,8 @@ class ContextOperation(Operation):
                     ptr, es, size, strides = t.data_ptr(), t.itemsize, t.shape, t.stride()
                     rows = size[0] if len(size) >= 2 else 0
                     row_stride = strides[0] if rows else 0
-                    if src.num_heads == 1 and src.chunk_bytes == 0 and src.token_stride_bytes == src.num_bytes_per_token:
+                    if (src.num_heads == 1 and src.chunk_bytes == 0
+                            and src.token_stride_bytes == src.num_bytes_per_token):
                         # packed rows (SGLang's layout): a row's bytes one flat run, the row stride may pad it
                         if t.is_contiguous():  # the usual case
                             n = t.nbytes

@@ -199,7 +199,8 @@ class Rules:
                     ok = rule.match(shape, sizes)  # a rule of another rank: refused
             if ok:
                 ptr, n = t.data_ptr(), t.nbytes
-                ok = not ptr % rule.align_bytes and t.storage_offset() * rule.element_size + n <= t.untyped_storage().nbytes()
+                ok = (not ptr % rule.align_bytes
+                      and t.storage_offset() * rule.element_size + n <= t.untyped_storage().nbytes())
             if not ok:
                 self.refuse(op, ts, rule, t, sizes, dev)  # raises, but for a valid non-contiguous tensor
                 for (kind, value, _), got in zip(rule.dims, t.shape):
