@@ -115,14 +115,14 @@ def per_request_write_layer():
     return variant_layer("write", {"shape": "per_request", "threads": 128}, "per_request_write")
 
 
-def variant_layer(template: str, launch: dict, tag: str):
+def variant_layer(operation: str, launch: dict, tag: str):
     """kernels.yaml with one kernel's launch replaced, generated into the layer cache and imported."""
     import yaml
 
     from kv_canary.layer.schemas import generate_layer
     data = yaml.safe_load((ROOT / "kernels.yaml").read_text())
     for k in data["kernels"]:
-        if k["template"] == template:
+        if k["operation"] == operation:
             k["launch"] = dict(launch)
     path = Path(tempfile.mkdtemp(prefix=f"kv_canary_{tag}_")) / f"kernels_{tag}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")

@@ -1,9 +1,10 @@
 """The canary's host time per vLLM engine step and its share of the step (run with `make bench`, which
 uses .venv-vllm when `make test-vllm` built it): the demo's tiny random Llama and workload
 (kv_canary.demo.vllm) in vLLM's one-process mode, guarded by kv_canary.integrations.vllm's connector,
-on the torch reference and the emulated kernels, each with the default schema and with
-kv_canary/schemas/isolation.yaml (the connector's `layer` and `request_inputs` options; two tenants'
-cache salts, correct keying), same workload, same run, with isolation's canary time over the default's.
+on the torch reference, the native cpu kernels (the default on CPU tensors) and the emulated kernels,
+each with the default schema and with kv_canary/schemas/isolation.yaml (the connector's `layer` and
+`request_inputs` options; two tenants' cache salts, correct keying), same workload, same run, with
+isolation's canary time over the default's and each backend's over the torch reference's.
 
 Per engine step: the engine's own step (`LLMEngine.step()`: schedule, forward, sample, update; the
 unguarded run's wall time per step) and the canary's work inside it, timed around the connector's
@@ -69,9 +70,10 @@ def main() -> int:
     schemas = {"default": {}, "isolation": {"layer": dv.isolation_layer_dir()}}
     step_us = plain["t"] / plain["n"] * 1e6
     ratios = []
+    default_per_backend = {}
     hooks = ((scheduler.SchedulerSide, "build", "scheduler"), (worker.WorkerCanary, "before_forward", "head"),
              (worker.WorkerCanary, "after_forward", "tail"))
-    for backend in ("torch", "emulated"):
+    for backend in ("torch", "cpu", "emulated"):
         # The schemas alternate within each repeat, so a slow spell of this shared machine hits both.
         best: dict = {}
         for _ in range(args.repeats):
@@ -87,7 +89,10 @@ def main() -> int:
             print(f"{backend:<10} {schema:<10} {n:>5} {step_us:>10.0f}us {total / n * 1e6:>10.0f}us "
                   f"{total / n * 1e6 / step_us:>6.0%}   " + " / ".join(f"{per[k]:.0f}" for k in spent) + " us")
         ratios.append(f"{backend} {per_schema['isolation'] / per_schema['default']:.2f}x")
+        default_per_backend[backend] = per_schema["default"]
     print("isolation.yaml's canary time per step over the default schema's: " + ", ".join(ratios))
+    print("the default schema's canary time per step over the torch reference's: " + ", ".join(
+        f"{b} {t / default_per_backend['torch']:.2f}x" for b, t in default_per_backend.items() if b != "torch"))
     return 0
 
 

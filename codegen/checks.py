@@ -449,16 +449,16 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
     _check_entry_points(schema, d)
     for k in schema.kernels:
         check_name(d, k.name, k.loc, "kernel name")
-        spec = KERNEL_TEMPLATES.get(k.template)
+        spec = KERNEL_TEMPLATES.get(k.operation)
         if spec is None:
-            d.error(k.where.get("template", k.loc), f"kernel '{k.name}' uses unknown template '{k.template}'"
-                                                    f"{closest_hint(k.template, KERNEL_TEMPLATES)}; "
-                                                    f"known templates: {', '.join(KERNEL_TEMPLATES)}")
+            d.error(k.where.get("operation", k.loc), f"kernel '{k.name}' uses unknown operation '{k.operation}'"
+                                                     f"{closest_hint(k.operation, KERNEL_TEMPLATES)}; "
+                                                     f"known operations: {', '.join(KERNEL_TEMPLATES)}")
             continue
         launch = k.launch
         if launch.shape not in spec.shapes:
             d.error(launch.where.get("shape", launch.loc),
-                    f"kernel '{k.name}' (template '{k.template}') cannot use launch shape '{launch.shape}'; "
+                    f"kernel '{k.name}' (operation '{k.operation}') cannot use launch shape '{launch.shape}'; "
                     f"allowed: {', '.join(spec.shapes)}")
         if not 1 <= launch.threads <= MAX_THREADS:
             d.error(launch.where.get("threads", launch.loc),
@@ -491,21 +491,21 @@ def _check_kernels(schema: Schema, d: Diagnostics) -> None:
         for s in k.specializations:
             if s.name not in spec.specializations:
                 allowed = ", ".join(spec.specializations) or "none"
-                d.error(s.loc, f"kernel '{k.name}' (template '{k.template}') has no specialization '{s.name}'"
+                d.error(s.loc, f"kernel '{k.name}' (operation '{k.operation}') has no specialization '{s.name}'"
                                f"{closest_hint(s.name, spec.specializations)}; allowed: {allowed}")
                 names.add(closest_name(s.name, spec.specializations))  # a misspelling: one error, not two
         for required in spec.specializations:
             if required not in names:
                 d.error(k.loc, f"kernel '{k.name}' must declare specialization '{required}'")
-    misspelt = {closest_name(k.template, KERNEL_TEMPLATES) for k in schema.kernels}
-    for template in KERNEL_TEMPLATES:
-        if not schema.kernels_by_template(template) and template not in misspelt:
-            d.error(schema.section_loc("kernels"), f"no kernel uses template '{template}'; every template "
-                                                   f"needs exactly one kernel")
-        for extra in schema.kernels_by_template(template)[1:]:
-            d.error(extra.where.get("template", extra.loc),
-                    f"template '{template}' is already used by kernel "
-                    f"'{schema.kernels_by_template(template)[0].name}'")
+    misspelt = {closest_name(k.operation, KERNEL_TEMPLATES) for k in schema.kernels}
+    for operation in KERNEL_TEMPLATES:
+        if not schema.kernels_by_operation(operation) and operation not in misspelt:
+            d.error(schema.section_loc("kernels"), f"no kernel runs operation '{operation}'; every operation "
+                                                   f"with a kernel needs exactly one")
+        for extra in schema.kernels_by_operation(operation)[1:]:
+            d.error(extra.where.get("operation", extra.loc),
+                    f"operation '{operation}' is already run by kernel "
+                    f"'{schema.kernels_by_operation(operation)[0].name}'")
 
 
 

@@ -1,5 +1,5 @@
-"""Command line: `python -m codegen {generate,check,describe,diff,abi-check,pr-report}`; `kv-canary` adds
-`init` and `demo` (kv_canary/cli.py).
+"""Command line of the generator: `python -m codegen {generate,check,describe,diff}`. `kv-canary` adds
+the workflow's commands `abi-check`, `pr-report` and `init` (workflow/cli.py) and `demo` (kv_canary/cli.py).
 
 Exit codes (docs/schema-change.md): 0 success; 1 a stale or hand-edited generated tree, a schema or
 config error, an unreadable base revision; 2 a breaking schema change without an abi_version bump
@@ -184,18 +184,7 @@ def cmd_diff(args) -> int:
     return report.exit_status
 
 
-def cmd_abi_check(args) -> int:
-    from .report import abi_check
-    return abi_check(trees_of(args), args.base, args.format)
-
-
-def cmd_pr_report(args) -> int:
-    from .report import pr_report
-    return pr_report(trees_of(args), base=args.base, summary=args.summary, comment=args.comment,
-                     output=args.github_output, fmt=args.format)
-
-
-def _tree_options(p, root: Path, schema_default=None) -> None:
+def tree_options(p, root: Path, schema_default=None) -> None:
     p.add_argument("--schema", type=Path, default=schema_default,
                    help="schema file (default: every tree of kv-canary.yaml, else kernels.yaml)")
     p.add_argument("--out", type=Path, default=None,
@@ -212,10 +201,10 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     installed default layer's LAYOUT.md)."""
     p = sub.add_parser("generate", help="render the schema into its generated tree (kv-canary.yaml's trees, "
                                         "or kernels.yaml into generated/)")
-    _tree_options(p, root)
+    tree_options(p, root)
     p.set_defaults(func=cmd_generate)
     p = sub.add_parser("check", help="fail (exit 1) if a generated tree differs from what its schema produces")
-    _tree_options(p, root)
+    tree_options(p, root)
     p.add_argument("--quiet", action="store_true", help="no unified diffs")
     p.add_argument("--format", choices=("text", "json"), default="text",
                    help="json: one object on stdout (docs/schema-change.md, 'Machine-readable output')")
@@ -240,28 +229,6 @@ def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
                         "commit, lies beyond a shallow clone's history, or has no schema file yet; a revision "
                         "that does not exist (a typo) still fails")
     p.set_defaults(func=cmd_diff)
-    p = sub.add_parser("abi-check", help="diff every schema against a base revision; exit 2 on a breaking change "
-                                         "without an abi_version bump (the pre-commit hook)")
-    _tree_options(p, root)
-    p.add_argument("--base", default=None,
-                   help="base git revision (default: the merge base of HEAD with the default branch)")
-    p.add_argument("--format", choices=("text", "markdown", "json"), default="text",
-                   help="text or markdown: per schema; json: one object for every schema (versioned: "
-                        "codegen/report.schema.json)")
-    p.set_defaults(func=cmd_abi_check)
-    p = sub.add_parser("pr-report", help="the CI action: check the trees, diff against the pull request's base, "
-                                         "write the ABI report to the job summary and a comment file")
-    _tree_options(p, root)
-    p.add_argument("--base", default=None, help="base revision (default: merge base with origin/$GITHUB_BASE_REF, "
-                                                "else with the default branch)")
-    p.add_argument("--summary", type=Path, default=None, help="append the report here (default: $GITHUB_STEP_SUMMARY)")
-    p.add_argument("--comment", type=Path, default=None,
-                   help="write the report here for a comment step (default: $RUNNER_TEMP/kv-canary-report.md)")
-    p.add_argument("--github-output", type=Path, default=None, help="step outputs file (default: $GITHUB_OUTPUT)")
-    p.add_argument("--format", choices=("markdown", "json"), default="markdown",
-                   help="what stdout gets: the Markdown report, or one JSON object (codegen/report.schema.json); "
-                        "the summary and comment files are Markdown either way")
-    p.set_defaults(func=cmd_pr_report)
     for p in sub.choices.values():
         p.set_defaults(root=root)
 

@@ -23,7 +23,7 @@ from .model import (
     block_per_request_shared_memory,
     verify_slice_chunks,
 )
-from .operations import UNKNOWN
+from .operations import OPERATIONS, UNKNOWN
 from .outputs import kernel_source_template
 
 
@@ -90,7 +90,7 @@ class WriteBlockSource(KernelSource):
 class EmulatedKernel:
     kernel: Kernel
     entry_points: tuple[tuple[str, dict], ...]
-    entry_order: bool  # verify: the launcher re-stores the rows in entry order (kvc::EntryOrderLog)
+    entry_order: bool  # the launcher re-stores the rows in entry order (kvc::EntryOrderLog; KernelTemplateSpec.entry_order)
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,20 @@ class Launchers:
 
 
 @dataclass(frozen=True)
+class CpuKernel:
+    """One kernel of the cpu library: each entry point's host loop, called through the call macro the
+    CUDA entry point uses (cuda/_params.j2 `<operation>_call`)."""
+    kernel: Kernel
+    entry_points: tuple[tuple[str, str], ...]  # (extern "C" symbol, its kvc_cpu.h function with template arguments)
+    call: str                                  # the macro of cuda/_params.j2 that builds the argument structs
+
+
+@dataclass(frozen=True)
 class CpuSource:
-    """cpu/kernels.cpp.j2: every kernel's entry points as host functions over kv_canary/csrc/kvc_cpu.h,
-    building the argument structs as the CUDA entry points do (cuda/_params.j2's *_call macros)."""
-    kernels: tuple[EmulatedKernel, ...]
+    """cpu/kernels.cpp.j2: the entry points of every kernel whose operation has a host loop in
+    kv_canary/csrc/kvc_cpu.h (codegen/operations.py KernelTemplateSpec.cpu) as host functions, building
+    the argument structs as the CUDA entry points do (cuda/_params.j2's *_call macros)."""
+    kernels: tuple[CpuKernel, ...]
     real_kv_sources: str
     inputs: tuple[Field, ...]
     per_request: tuple[Field, ...]
@@ -129,7 +139,7 @@ def kernel_source(schema: Schema, kernel: Kernel) -> KernelSource:
     canary = schema.canary
     base = dict(kernel=kernel, entry_points=entry_points(kernel), real_kv_sources=real_kv_sources_init(schema),
                 inputs=canary.input_fields, per_request=canary.per_request_fields, per_slot=canary.per_slot_fields)
-    if kernel.template == "verify":
+    if kernel.operation == "verify":
         return VerifySource(**base, slice_chunks=verify_slice_chunks(kernel.launch.threads),
                             shared_memory_limit=STATIC_SHARED_MEMORY_BYTES)
     if kernel.launch.shape == "block_per_request":
@@ -138,13 +148,26 @@ def kernel_source(schema: Schema, kernel: Kernel) -> KernelSource:
 
 
 def launchers(schema: Schema) -> Launchers:
-    return Launchers(tuple(EmulatedKernel(k, entry_points(k), k.template == "verify")
+    return Launchers(tuple(EmulatedKernel(k, entry_points(k), OPERATIONS[k.operation].kernel.entry_order)
                            for k in schema.kernels if kernel_source_template(k) is not None))
+
+
+def cpu_kernel(kernel: Kernel) -> CpuKernel:
+    """`kvc_cpu::<operation>`, specialised like the CUDA entry point: one bool template argument per
+    specialisation the operation declares, in its order."""
+    flags = OPERATIONS[kernel.operation].kernel.specializations
+    def function(values: dict) -> str:
+        args = ", ".join("true" if values.get(flag, False) else "false" for flag in flags)
+        return f"kvc_cpu::{kernel.operation}" + (f"<{args}>" if flags else "")
+    return CpuKernel(kernel, tuple((symbol, function(values)) for symbol, values in entry_points(kernel)),
+                     f"{kernel.operation}_call")
 
 
 def cpu_source(schema: Schema) -> CpuSource:
     canary = schema.canary
-    return CpuSource(launchers(schema).kernels, real_kv_sources_init(schema), canary.input_fields,
+    kernels = tuple(cpu_kernel(k) for k in schema.kernels
+                    if kernel_source_template(k) is not None and OPERATIONS[k.operation].kernel.cpu)
+    return CpuSource(kernels, real_kv_sources_init(schema), canary.input_fields,
                      canary.per_request_fields, canary.per_slot_fields)
 
 

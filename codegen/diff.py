@@ -271,15 +271,15 @@ def _launch_desc(k) -> str:
 
 
 def _diff_kernels(c: _Collector, old: Schema, new: Schema) -> None:
-    olds = {k.template: k for k in old.kernels}
-    news = {k.template: k for k in new.kernels}
-    for template, k in olds.items():
-        n = news.get(template)
+    olds = {k.operation: k for k in old.kernels}
+    news = {k.operation: k for k in new.kernels}
+    for operation, k in olds.items():
+        n = news.get(operation)
         if n is None:
             c.add("kernel removed", k.name, _launch_desc(k), None, True)
             continue
         if k.name != n.name:
-            c.add("kernel renamed (entry points change)", f"{template} kernel", k.name, n.name, True)
+            c.add("kernel renamed (entry points change)", f"{operation} kernel", k.name, n.name, True)
         if _launch_desc(k) != _launch_desc(n):
             c.add("kernel launch changed", n.name, _launch_desc(k), _launch_desc(n), False)
         old_symbols = [s for s, _ in k.variants]
@@ -288,8 +288,8 @@ def _diff_kernels(c: _Collector, old: Schema, new: Schema) -> None:
             gone = [s for s in old_symbols if s not in new_symbols]
             c.add("kernel specializations changed", n.name, ", ".join(old_symbols), ", ".join(new_symbols),
                   bool(gone))
-    for template, n in news.items():
-        if template not in olds:
+    for operation, n in news.items():
+        if operation not in olds:
             c.add("kernel added", n.name, None, _launch_desc(n), False)
 
 

@@ -1,9 +1,8 @@
-"""The launch table: kv-canary's public launch functions, described once.
+"""kv-canary's public launch functions, from the operation table (each operation's `public` launches).
 
-generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from this
-table; kv_canary.launch.runtime dispatches them generically (`Validators.check(operation,
-arguments)`, then the backend's `<operation>`). A public launch is a row naming an operation of codegen/operations.py, whose
-keywords it takes (docs/adding-a-kernel.md).
+generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from them; kv_canary.launch.runtime dispatches them generically (`Validators.check(operation,
+arguments)`, then the backend's `<operation>`). A public launch is declared with its operation in
+codegen/operations.py (`Operation.public`) and takes its keywords (docs/adding-a-kernel.md).
 
 Signatures are SGLang's: keyword-only, in SGLang's order, with its defaults. Keywords for the input
 fields a schema declares (docs/semantics.md §8) appear only when the schema has such fields; the argument
@@ -21,7 +20,8 @@ from .operations import OPERATIONS, Keyword
 
 
 @dataclass(frozen=True)
-class PublicLaunch:
+class LaunchFunction:
+    """A public launch function of one schema: its row, with the keywords this schema has."""
     name: str                       # the public (SGLang) name
     operation: str                  # the operation it runs (codegen/operations.py OPERATIONS)
     args: tuple[Keyword, ...]       # keyword-only, in order: the operation's, as this schema has them
@@ -39,26 +39,11 @@ ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WriteP
                    "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
                    "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")
 
-# (public name, operation, doc, with a `_torch_reference` variant), in `__all__` order.
-ROWS = (
-    ("launch_canary_write_kernel", "write", "Write the records of a WritePlan's chains (docs/semantics.md §5.1).", True),
-    ("launch_canary_verify_kernel", "verify",
-     "Check the entries of a VerifyPlan and append mismatches to the ring (docs/semantics.md §5.2).", True),
-    ("launch_canary_plan_kernels", "plan", "Derive the verify and write plans of a batch (docs/semantics.md §5.3).", True),
-    ("scatter_req_token_ids", "scatter",
-     "Copy each request's token ids into its row of the expected-token pool (docs/semantics.md §5.4).", True),
-    # The plan's two stages, callable one by one (SGLang's test harnesses do): offsets then entries
-    # with one scratch array equals one launch_canary_plan_kernels call, byte for byte.
-    ("launch_plan_offsets_kernel", "plan_offsets",
-     "The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the overflow "
-     "decision (docs/semantics.md §5.3).", False),
-    ("launch_plan_entries_kernel", "plan_entries",
-     "The plan's second stage: the verify entries, from the offsets the first stage wrote (docs/semantics.md §5.3).",
-     False),
-    # SGLang's launcher name for scatter_req_token_ids (its reference keeps the shorter name).
-    ("launch_scatter_req_token_ids_kernel", "scatter",
-     "scatter_req_token_ids under SGLang's launcher name (docs/semantics.md §5.4).", False),
-)
+# (public name, operation, doc, with a `_torch_reference` variant), in `__all__` order: each operation's
+# public launches (its `public` in codegen/operations.py), in table order, those with a torch-reference
+# variant (SGLang's launchers) before the others (the plan's stages, SGLang's alias of scatter).
+ROWS = tuple(sorted(((launch.name, op.name, launch.doc, launch.reference)
+                     for op in OPERATIONS.values() for launch in op.public), key=lambda row: not row[3]))
 
 
 def public_args(schema: Schema, operation: str) -> tuple[Keyword, ...]:
@@ -67,10 +52,10 @@ def public_args(schema: Schema, operation: str) -> tuple[Keyword, ...]:
     return tuple(k for k in OPERATIONS[operation].keywords if not k.fields or getattr(schema.canary, k.fields))
 
 
-def launches(schema: Schema) -> tuple[PublicLaunch, ...]:
+def launches(schema: Schema) -> tuple[LaunchFunction, ...]:
     """The public launches of this schema, in `__all__` order."""
-    return tuple(PublicLaunch(name, op, public_args(schema, op), OPERATIONS[op].tensors(schema)[0].path, doc,
-                              reference) for name, op, doc, reference in ROWS)
+    return tuple(LaunchFunction(name, op, public_args(schema, op), OPERATIONS[op].tensors(schema)[0].path, doc,
+                                reference) for name, op, doc, reference in ROWS)
 
 
 def public_names(schema: Schema) -> tuple[str, ...]:

@@ -376,7 +376,7 @@ class Specialization:
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    template: str
+    operation: str    # the operation it runs (codegen/operations.py OPERATIONS), kernels.yaml `operation:`
     launch: Launch
     warp_reduction: bool
     specializations: tuple[Specialization, ...]
@@ -440,8 +440,8 @@ class Schema:
     def kernel(self, name: str) -> Kernel:
         return next(k for k in self.kernels if k.name == name)
 
-    def kernels_by_template(self, template: str) -> tuple[Kernel, ...]:
-        return tuple(k for k in self.kernels if k.template == template)
+    def kernels_by_operation(self, operation: str) -> tuple[Kernel, ...]:
+        return tuple(k for k in self.kernels if k.operation == operation)
 
     @property
     def fail_reason(self) -> ValueSet:

@@ -7,9 +7,13 @@ that used to list operations by hand is rendered or derived from this table:
   what codegen/checks.py checks kernels.yaml against) and the kernel's parameters in ABI order
   (`params`: the CUDA signature, the emulation launcher and the Python binding;
   codegen/kernel_abi.py builds the parameter lists);
+- where its kernel's code is: the CUDA source template (`KernelTemplateSpec.source_template`:
+  KERNEL_SOURCE_TEMPLATES in codegen/outputs.py), whether kvc_cpu.h has its host loop (`cpu`: the
+  cpu library's entry points) and whether host backends store its rows in entry order;
 - the operation's keywords (SGLang's keyword-only arguments with their defaults, the input-field
-  keywords a schema's fields make appear): the binding functions of generated/kernel_abi.py and the
-  public launch rows of codegen/launches.py;
+  keywords a schema's fields make appear) and its public launch functions (`public`): the binding
+  functions of generated/kernel_abi.py and the public launches of codegen/launches.py
+  (generated/api.py); the reference binding of generated/reference.py follows from its name;
 - the per-tensor rules (dtype, dims, device, contiguity, alignment, input or output) that
   kv_canary/launch/validation.py checks at every launch, rendered as data into generated/kernel_abi.py
   (`OPERATIONS`), with the expressions that reach each tensor from the operation's arguments;
@@ -18,7 +22,8 @@ that used to list operations by hand is rendered or derived from this table:
 - the arguments the whole plan hands its two stages (`plan_stage_values`: generated/kernel_abi.py
   plan_stage_args, and bind_plan, what kv_canary/backends/kernels.py launches the plan with).
 
-Adding an operation is one entry here (docs/adding-a-kernel.md lists what else it touches).
+Adding an operation is one entry here, plus its device code, its source template, its operation
+object and its reference function (docs/adding-a-kernel.md: five files).
 """
 from __future__ import annotations
 
@@ -51,9 +56,31 @@ ROLES = ("input", "output")
 
 @dataclass(frozen=True)
 class KernelTemplateSpec:
-    """What a kernel template accepts: launch shapes and compile-time specialisations."""
+    """What an operation's kernel accepts (launch shapes, compile-time specialisations) and where its
+    code is: its CUDA source renders from `cuda/<operation>.cu.j2` over `kv_canary/csrc/kvc_<operation>.cuh`
+    (one template per launch shape, `cuda/<operation>_<shape>.cu.j2`, when `source_per_shape`)."""
     shapes: tuple[str, ...]
     specializations: tuple[str, ...] = ()
+    source_per_shape: bool = False
+    # kv_canary/csrc/kvc_cpu.h has a host loop `kvc_cpu::<operation>` for it, called like the CUDA entry
+    # point through cuda/_params.j2's `<operation>_call`: the cpu backend runs it natively. Without one,
+    # the cpu library leaves the kernel out and the cpu backend runs the operation's torch reference.
+    cpu: bool = False
+    # A host backend's launch re-stores its violation rows in entry order (docs/semantics.md §5.2: the
+    # emulation launchers' kvc::EntryOrderLog).
+    entry_order: bool = False
+
+    def source_template(self, operation: str, shape: str) -> str:
+        """The Jinja template of the kernel's CUDA source (codegen/templates/), for a launch shape."""
+        return f"cuda/{operation}_{shape}.cu.j2" if self.source_per_shape else f"cuda/{operation}.cu.j2"
+
+
+@dataclass(frozen=True)
+class PublicLaunch:
+    """A public launch function running an operation (generated/api.py; its keywords are the operation's)."""
+    name: str                       # SGLang's name
+    doc: str                        # one line
+    reference: bool = True          # also generate `<name>_torch_reference` (always the torch reference)
 
 
 @dataclass(frozen=True)
@@ -111,6 +138,9 @@ class Operation:
     kernel: Optional[KernelTemplateSpec] = None
     params: Optional[Callable[[Schema], tuple[Param, ...]]] = None
     real_kv: bool = False           # the binding also takes `kv`, the context's real-KV parameters
+    # Its public launch functions (codegen/launches.py orders them: those with a torch-reference
+    # variant first, SGLang's launchers, then the stage and alias launchers).
+    public: tuple[PublicLaunch, ...] = ()
 
     @property
     def binding_args(self) -> tuple[str, ...]:
@@ -284,13 +314,19 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
         (*_kw("context", "plan", "input_ids", "positions", "out_cache_loc", "enable_write_input_assert"),
          Keyword("expected_input_tokens", "None"), Keyword("expected_input_positions", "None"), _EXTRA_INPUTS),
         "canary_buf", write_rules,
-        KernelTemplateSpec(("per_request", "block_per_request")), write_params, real_kv=True),
+        KernelTemplateSpec(("per_request", "block_per_request"), source_per_shape=True, cpu=True), write_params,
+        real_kv=True,
+        public=(PublicLaunch("launch_canary_write_kernel",
+                             "Write the records of a WritePlan's chains (docs/semantics.md §5.1)."),)),
     Operation(
         "verify",
         (*_kw("context", "plan", "check_verify_expected_token"), _EXTRA_SLOT_TABLES),
         "canary_buf", verify_rules,
-        KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",)), verify_params,
-        real_kv=True),
+        KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",), cpu=True,
+                           entry_order=True), verify_params,
+        real_kv=True,
+        public=(PublicLaunch("launch_canary_verify_kernel", "Check the entries of a VerifyPlan and append mismatches "
+                                                            "to the ring (docs/semantics.md §5.2)."),)),
     # The whole plan: its two stages over a scratch of verify offsets (kv_canary/backends/kernels.py).
     Operation(
         "plan",
@@ -298,14 +334,21 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               "req_to_token", "swa_window_size", "full_to_swa_index_mapping", "verify_capacity"),
          Keyword("req_to_verify_expected_tokens", "None"), Keyword("req_to_verify_expected_tokens_valid_lens", "None"),
          Keyword("kv_token_id_vs_position_offset", "0"), _EXTRA_REQUEST_VALUES),
-        "req_to_token", plan_rules),
+        "req_to_token", plan_rules,
+        public=(PublicLaunch("launch_canary_plan_kernels",
+                             "Derive the verify and write plans of a batch (docs/semantics.md §5.3)."),)),
     # The plan's two stages take SGLang's keywords of launch_plan_offsets_kernel / launch_plan_entries_kernel.
     Operation(
         "plan_offsets",
         _kw("req_pool_indices", "prefix_lens", "extend_seq_lens", "req_to_token", "full_to_swa_index_mapping",
             "out_verify_offsets_scratch", "out_write_offsets", "out_write_seed_slot_indices", "out_verify_num_valid",
             "out_verify_enable", "out_write_num_valid_reqs", "swa_window_size", "verify_capacity"),
-        "req_to_token", plan_offsets_rules, KernelTemplateSpec(("single_block",)), plan_offsets_params),
+        "req_to_token", plan_offsets_rules, KernelTemplateSpec(("single_block",), cpu=True), plan_offsets_params,
+        # The plan's two stages, callable one by one (SGLang's test harnesses do): offsets then entries
+        # with one scratch array equals one launch_canary_plan_kernels call, byte for byte.
+        public=(PublicLaunch("launch_plan_offsets_kernel", "The plan's first stage: the write plan, the verify entry "
+                                                           "offsets (into the scratch) and the overflow decision "
+                                                           "(docs/semantics.md §5.3).", reference=False),)),
     Operation(
         "plan_entries",
         (*_kw("req_pool_indices", "prefix_lens", "req_to_token", "full_to_swa_index_mapping", "verify_offsets_scratch",
@@ -313,11 +356,20 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
               "out_verify_slot_indices", "out_verify_expected_tokens", "out_verify_expected_positions",
               "out_verify_prev_slot_indices", "kv_token_id_vs_position_offset", "swa_window_size"),
          _EXTRA_REQUEST_VALUES, _OUT_EXTRA),
-        "req_to_token", plan_entries_rules, KernelTemplateSpec(("per_entry", "persistent", "fixed_grid")),
-        plan_entries_params),
+        "req_to_token", plan_entries_rules, KernelTemplateSpec(("per_entry", "persistent", "fixed_grid"), cpu=True),
+        plan_entries_params,
+        public=(PublicLaunch("launch_plan_entries_kernel", "The plan's second stage: the verify entries, from the "
+                                                           "offsets the first stage wrote (docs/semantics.md §5.3).",
+                             reference=False),)),
     Operation(
         "scatter", _kw("flat_in", "offsets", "req_pool_indices", "pool_out"),
-        "pool_out", scatter_rules, KernelTemplateSpec(("per_request",)), scatter_params),
+        "pool_out", scatter_rules, KernelTemplateSpec(("per_request",), cpu=True), scatter_params,
+        public=(PublicLaunch("scatter_req_token_ids", "Copy each request's token ids into its row of the "
+                                                      "expected-token pool (docs/semantics.md §5.4)."),
+                # SGLang's launcher name for scatter_req_token_ids (its reference keeps the shorter name).
+                PublicLaunch("launch_scatter_req_token_ids_kernel",
+                             "scatter_req_token_ids under SGLang's launcher name (docs/semantics.md §5.4).",
+                             reference=False))),
 )}
 
 # -- the plan's two stages ---------------------------------------------------------------------------
@@ -361,7 +413,7 @@ FIELD_KEYWORDS = {k.name: (k.fields, k.what) for op in OPERATIONS.values() for k
 
 
 def kernel_params(schema: Schema, kernel: Kernel) -> tuple[Param, ...]:
-    return OPERATIONS[kernel.template].params(schema)
+    return OPERATIONS[kernel.operation].params(schema)
 
 
 def _narrowest(a: str, b: str) -> str:
@@ -386,7 +438,7 @@ def argument_kinds(schema: Schema) -> dict[str, str]:
         if source_field(value) and C_TYPES[ctype][0] != "ptr":
             add("RealKvSource." + source_field(value), C_TYPES[ctype][0])
     for kernel in schema.kernels:
-        op = OPERATIONS.get(kernel.template)
+        op = OPERATIONS.get(kernel.operation)
         if op is None or op.params is None:
             continue
         for p in kernel_params(schema, kernel):
@@ -418,7 +470,7 @@ def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     by construction: a size, a stride, a count of sources), "fits" (an argument the validators
     range-check against this parameter's C type or a narrower one: argument_kinds) or "checked" (an int range-checked
     here against its C type)."""
-    op = OPERATIONS[kernel.template]
+    op = OPERATIONS[kernel.operation]
     required = {r.path for r in op.tensors(schema) if not r.optional}
     kinds = argument_kinds(schema)
     out = []
@@ -457,7 +509,7 @@ def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str
 
 def binding_roots(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
     """The operation arguments the binding's expressions read (besides `kv`), in first-use order."""
-    args = set(OPERATIONS[kernel.template].binding_args) - {"kv"}
+    args = set(OPERATIONS[kernel.operation].binding_args) - {"kv"}
     used = (name for _, _, expr in binding_items(schema, kernel) for name in re.findall(r"[A-Za-z_]\w*", expr))
     return tuple(dict.fromkeys(name for name in used if name in args))
 
@@ -467,7 +519,7 @@ def plan_binding(schema: Schema) -> dict:
     bound over the plan's own arguments: the plan keywords read ("roots"), the stage keywords the
     bindings read that are not plan keywords, as plan_stage_values maps them ("locals"), the
     parameters both stages begin with alike, read once ("head"), and each stage's kernel with the rest."""
-    kernels = [next(k for k in schema.kernels if k.template == stage) for stage in PLAN_STAGES]
+    kernels = [next(k for k in schema.kernels if k.operation == stage) for stage in PLAN_STAGES]
     items = [binding_items(schema, k) for k in kernels]
     head = 0
     while head < min(map(len, items)) and items[0][head] == items[1][head] and items[0][head][1] != "checked":

@@ -1,8 +1,11 @@
 """The table of generated files: which template renders which file of generated/.
 
-Adding a generated file = adding a template under templates/ and a row here.
+Adding a generated file = adding a template under templates/ and a row here (a kernel's CUDA source
+follows from its operation's entry in codegen/operations.py).
 """
 from __future__ import annotations
+
+from .operations import OPERATIONS
 
 # (template, output path relative to generated/), rendered once each, in this order.
 STATIC_OUTPUTS = (
@@ -18,20 +21,17 @@ STATIC_OUTPUTS = (
     ("cpu/kernels.cpp.j2", "cpu/kv_canary_cpu.cpp"),
 )
 
-# kernels.yaml `template:` name -> the Jinja template of that kernel's CUDA source, rendered once
-# per kernel into cuda/<kernel name>.cu with the kernel's typed context (codegen/cuda_context.py);
-# a kernel whose launch shapes differ in device code has one template per shape.
+# kernels.yaml `operation:` -> the Jinja template of that kernel's CUDA source (its operation's
+# KernelTemplateSpec.source_template), rendered once per kernel into cuda/<kernel name>.cu with the
+# kernel's typed context (codegen/cuda_context.py); a kernel whose launch shapes differ in device code
+# has one template per shape.
 KERNEL_SOURCE_TEMPLATES: dict[str, str | dict[str, str]] = {
-    "write": {"per_request": "cuda/write_per_request.cu.j2",
-              "block_per_request": "cuda/write_block_per_request.cu.j2"},
-    "verify": "cuda/verify.cu.j2",
-    "plan_offsets": "cuda/plan_offsets.cu.j2",
-    "plan_entries": "cuda/plan_entries.cu.j2",
-    "scatter": "cuda/scatter.cu.j2",
-}
+    name: ({shape: op.kernel.source_template(name, shape) for shape in op.kernel.shapes}
+           if op.kernel.source_per_shape else op.kernel.source_template(name, ""))
+    for name, op in OPERATIONS.items() if op.kernel is not None}
 
 
 def kernel_source_template(kernel) -> str | None:
-    """The template of a kernel's CUDA source (None for a kernel template without one)."""
-    template = KERNEL_SOURCE_TEMPLATES.get(kernel.template)
+    """The template of a kernel's CUDA source (None for an operation without one)."""
+    template = KERNEL_SOURCE_TEMPLATES.get(kernel.operation)
     return template.get(kernel.launch.shape) if isinstance(template, dict) else template

@@ -65,7 +65,10 @@ CHAIN_KEYS = ("anchor", "fold")
 VERIFY_KEYS = ("expected", "fail_reason")
 FLAG_MEMBER_KEYS = ("value", "kind", "doc")
 LAUNCH_TAG_KEYS = ("value", "phase", "half", "group", "doc")
-KERNEL_KEYS = ("name", "template", "launch", "warp_reduction", "specializations", "doc")
+KERNEL_KEYS = ("name", "operation", "launch", "warp_reduction", "specializations", "doc")
+# A kernel key's former name -> its name: still accepted, with a note (a schema written before the
+# rename keeps generating the same tree).
+FORMER_KERNEL_KEYS = {"template": "operation"}
 SUPPORTED_FORMATS = (1,)
 
 
@@ -136,13 +139,19 @@ class Parser:
         return len(self.d) > self.soft_errors
 
     # -- primitive expectations -------------------------------------------------------------
-    def mapping(self, node: YNode, what: str, allowed, required=()) -> Optional[YMap]:
+    def mapping(self, node: YNode, what: str, allowed, required=(), former=None) -> Optional[YMap]:
+        """`node` as a mapping of `allowed` keys with every `required` one; `former` maps a key's former
+        name to its name: a former name stands for its key (its note is the caller's)."""
         if not isinstance(node, YMap):
             self.d.error(node.loc, f"{what} must be a mapping, got {_kind(node)}")
             return None
-        missing = [k for k in required if node.get(k) is None]
+        former = former or {}
+        given = {former.get(key.value, key.value) for key, _ in node.entries}
+        missing = [k for k in required if k not in given]
         explained = set()
         for key, _ in node.entries:
+            if key.value in former:
+                continue
             if key.value not in allowed:
                 hint = closest_hint(key.value, allowed)
                 message = f"unknown key '{key.value}' in {what}{hint}; allowed keys: {', '.join(allowed)}"
@@ -461,13 +470,13 @@ class Parser:
         out = []
         for i, item in enumerate(seq.items if seq else ()):
             what = f"kernel {i}"
-            body = self.mapping(item, what, KERNEL_KEYS, ("name", "template", "launch"))
+            body = self.mapping(item, what, KERNEL_KEYS, ("name", "operation", "launch"), FORMER_KERNEL_KEYS)
             if body is None:
                 continue
             name = self.opt(body, "name", self.name, f"{what} name", None)
             if name is not None:
                 what = f"kernel '{name}'"
-            template = self.opt(body, "template", self.name, f"{what} template", None)
+            operation = self.kernel_operation(body, what)
             launch = self.launch(body.get("launch"), what) if body.get("launch") is not None else None
             warp = self.opt(body, "warp_reduction", self.boolean, f"{what} warp_reduction", False)
             self.opt(body, "doc", self.line, f"{what} doc", "")
@@ -483,11 +492,25 @@ class Parser:
                             self.d.error(sval.loc, f"{what} specialization '{skey.value}' must list "
                                                    f"distinct values, got {vals}")
                         specs.append(Specialization(skey.value, tuple(vals), skey.loc))
-            if name is None or template is None or launch is None:
+            if name is None or operation is None or launch is None:
                 continue
-            out.append(Kernel(name, template, launch, warp, tuple(specs), body.get("name").loc,
-                              where_of(body.entries)))
+            where = {FORMER_KERNEL_KEYS.get(k, k): loc for k, loc in where_of(body.entries).items()}
+            out.append(Kernel(name, operation, launch, warp, tuple(specs), body.get("name").loc,
+                              MappingProxyType(where)))
         return tuple(out)
+
+    def kernel_operation(self, body: YMap, what: str) -> Optional[str]:
+        """The operation a kernel is rendered from: `operation:`, or `template:`, its former name (a note)."""
+        former = body.get("template")
+        if former is None:
+            return self.opt(body, "operation", self.name, f"{what} operation", None)
+        if body.get("operation") is not None:
+            self.d.error(body.key_loc("template"), f"{what} has both 'operation' and 'template'; 'template' is the "
+                                                   f"former name of 'operation': remove it")
+            return None
+        self.d.note(body.key_loc("template"), f"'template' is the former name of 'operation' in {what}: it means "
+                                              f"the same; rename it to 'operation'")
+        return self.name(former, f"{what} operation")
 
     def launch(self, node: YNode, what: str) -> Optional[Launch]:
         keys = ("shape", "threads", "blocks_per_sm", "blocks")

@@ -1,4 +1,6 @@
-"""Where the generator runs: the schema/output pairs it works on, and what its hints tell the user.
+"""Where the generator runs: the schema/output pairs it works on (kv-canary.yaml's trees), and what its
+hints and generated headers tell the user. (Which base revision a pull request's schema is judged
+against is the workflow's: workflow/base.py.)
 
 Three places run the same commands:
 - kv-canary's own checkout: `kernels.yaml` -> `generated/`, and each example schema
@@ -16,7 +18,6 @@ import errno
 import functools
 import os
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -282,26 +283,3 @@ def resolve_trees(schema: Path | None, out: Path | None, cwd: Path, config_path:
     schema_path = schema_path or resolve_path(cwd / "kernels.yaml")
     out_path = out_path or resolve_path(cwd / "generated")
     return [Tree(schema_path, out_path, config.root if config is not None else cwd.resolve(), False)]
-
-
-def git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=60)
-
-
-def default_base(cwd: Path, branch: str | None = None) -> tuple[str | None, str]:
-    """(revision, how it was chosen) the ABI check compares with by default: the merge base of HEAD
-    with the default branch (`branch`, else origin's HEAD, else origin/main, origin/master, main,
-    master, the first that exists). (None, why) when there is none."""
-    candidates = [branch] if branch else []
-    head = git(cwd, "symbolic-ref", "-q", "--short", "refs/remotes/origin/HEAD")
-    if head.returncode == 0 and head.stdout.strip():
-        candidates.append(head.stdout.strip())
-    candidates += ["origin/main", "origin/master", "main", "master"]
-    for name in dict.fromkeys(candidates):
-        if git(cwd, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}").returncode != 0:
-            continue
-        mb = git(cwd, "merge-base", "HEAD", name)
-        if mb.returncode == 0 and mb.stdout.strip():
-            return mb.stdout.strip(), f"the merge base of HEAD with {name}"
-        return None, f"HEAD has no common history with {name}"
-    return None, "no default branch found (tried " + ", ".join(dict.fromkeys(candidates)) + ")"

@@ -271,6 +271,8 @@ def template_context(schema: Schema) -> dict:
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),
         "operation_args": {name: op.binding_args for name, op in OPERATIONS.items()},
+        # The operations in table order: each is a function of the torch reference (python/reference.py.j2).
+        "operation_names": tuple(OPERATIONS),
         "launches": launches(schema),
         "public_names": public_names(schema),
         "allocator_names": ALLOCATOR_NAMES,

@@ -1,7 +1,7 @@
 """A generated tree and its schema as the generator's commands see them: how a path is shown, the
 schema read once (with its notes), what the headers and fix lines name, and a tree checked against
-its schema. Shared by the commands (cli.py) and the PR tooling (report.py), so neither imports the
-other.
+its schema. Shared by the generator's commands (cli.py) and the workflow beside it (workflow/report.py),
+which imports the generator, never the other way.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import importlib
 from .layer import loader as _loader
 from .layer.loader import load_generated  # noqa: F401  (public: another schema's tree)
 
-_loader.register_codegen()  # kv_canary.codegen: the generator, importable from a checkout as from a wheel
+_loader.register_codegen()  # kv_canary.codegen and .workflow: importable from a checkout as from a wheel
 generated = _loader.default_layer()
 _layout = generated.layout
 

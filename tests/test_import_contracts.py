@@ -23,9 +23,9 @@ def lint(package_parent: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def copy(tmp_path) -> Path:
-    """A copy of the packages' Python files (what the contracts read: kv_canary, the generator and the
-    default generated tree) in a fresh directory."""
-    for package in ("kv_canary", "codegen", "generated"):
+    """A copy of the packages' Python files (what the contracts read: kv_canary, the generator, the
+    workflow and the default generated tree) in a fresh directory."""
+    for package in ("kv_canary", "codegen", "workflow", "generated"):
         shutil.copytree(ROOT / package, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__", "*.h", "*.cpp", "*.cu", "*.cuh", "*.j2"))
     return tmp_path
@@ -47,14 +47,38 @@ def test_an_upward_import_and_a_cycle_break_the_contracts(copy):
 
 
 def test_a_cycle_in_the_generator_breaks_the_contracts(copy):
-    """codegen/ is under the contracts too: the commands and the PR tooling share codegen/trees.py, so
-    report.py importing cli.py again (which imports report.py) is a cycle."""
-    with open(copy / "codegen" / "report.py", "a", encoding="utf-8") as f:
-        f.write("\nfrom .cli import fix_hint  # noqa: E402,F401\n")
+    """codegen/ is under the contracts too: the commands share codegen/trees.py, so trees.py importing
+    cli.py (which imports trees.py) is a cycle."""
+    with open(copy / "codegen" / "trees.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom .cli import trees_of  # noqa: E402,F401\n")
     proc = lint(copy)
     assert proc.returncode != 0, proc.stdout
     assert "no import cycles between the modules of any package BROKEN" in proc.stdout
     assert "codegen" in proc.stdout
+
+
+def test_a_cycle_in_the_workflow_breaks_the_contracts(copy):
+    with open(copy / "workflow" / "base.py", "a", encoding="utf-8") as f:
+        f.write("\nfrom . import report  # noqa: E402,F401\n")
+    proc = lint(copy)
+    assert "no import cycles between the modules of any package BROKEN" in proc.stdout, proc.stdout
+    assert "workflow" in proc.stdout
+
+
+def test_the_generator_may_not_import_the_workflow(copy):
+    """The workflow sits beside the generator and imports it; the generator never imports the workflow."""
+    with open(copy / "codegen" / "cli.py", "a", encoding="utf-8") as f:
+        f.write("\nimport workflow.report  # noqa: E402,F401\n")
+    proc = lint(copy)
+    assert "the generator imports nothing of the workflow BROKEN" in proc.stdout, proc.stdout
+    assert "codegen.cli -> workflow.report" in proc.stdout
+
+
+def test_the_workflow_may_not_import_the_runtime(copy):
+    with open(copy / "workflow" / "report.py", "a", encoding="utf-8") as f:
+        f.write("\nimport kv_canary.engine  # noqa: E402,F401\n")
+    proc = lint(copy)
+    assert "the workflow imports nothing of the runtime BROKEN" in proc.stdout, proc.stdout
 
 
 def test_the_generator_may_not_import_the_runtime(copy):

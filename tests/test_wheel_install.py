@@ -21,11 +21,12 @@ def installed(tmp_path_factory):
 
 PROBE = """
 import importlib.resources as r, importlib.util as u, json
-import kv_canary, kv_canary.codegen
+import kv_canary, kv_canary.codegen, kv_canary.workflow.cli
 from kv_canary.layer import csrc, emulation_build, sources
 print(json.dumps({
     "top_level_codegen": u.find_spec("codegen") is not None,
-    "files": [kv_canary.__file__, kv_canary.codegen.__file__],
+    "top_level_workflow": u.find_spec("workflow") is not None,
+    "files": [kv_canary.__file__, kv_canary.codegen.__file__, kv_canary.workflow.cli.__file__],
     "modules": [u.find_spec(name).origin for name in ("kv_canary.engine.distributed", "kv_canary.engine.distributed.fleet",
                                                       "kv_canary.demo.local_ranks", "kv_canary.engine.metrics",
                                                       "kv_canary.demo.fleet", "kv_canary.engine.contract",
@@ -47,8 +48,9 @@ def probe(installed):
     return json.loads(run([str(python), "-c", PROBE], cwd=work, env=env).stdout)
 
 
-def test_no_top_level_codegen_package(probe):
-    assert probe["top_level_codegen"] is False
+def test_no_top_level_codegen_or_workflow_package(probe):
+    """The generator and the workflow ship inside kv_canary (kv_canary.codegen, kv_canary.workflow)."""
+    assert probe["top_level_codegen"] is False and probe["top_level_workflow"] is False
     assert all("site-packages" in p and str(ROOT) not in p for p in probe["files"])
 
 

@@ -110,7 +110,7 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_write(int threads, long long g
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_write(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_write, threads, grain, slots);
 }
 KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_verify(int threads, long long grain, 
@@ -206,7 +206,7 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_verify(int threads, long long 
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_verify(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_verify, threads, grain, slots);
 }
 KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_verify_check_verify_expected_token(int threads, long long grain, 
@@ -302,7 +302,7 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_verify_check_verify_expected_t
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_verify_check_verify_expected_token(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_verify_check_verify_expected_token, threads, grain, slots);
 }
 KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_plan_offsets(int threads, long long grain, 
@@ -340,7 +340,7 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_plan_offsets(int threads, long
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_plan_offsets(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_plan_offsets, threads, grain, slots);
 }
 KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_plan_entries(int threads, long long grain, 
@@ -385,7 +385,7 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_plan_entries(int threads, long
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_plan_entries(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_plan_entries, threads, grain, slots);
 }
 KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_scatter_req_token_ids(int threads, long long grain, 
@@ -409,6 +409,6 @@ KVC_CPU_EXPORT int kvc_cpu_launch_kvcanary_canary_scatter_req_token_ids(int thre
 // Packed arguments: parameter i's value in the 8-byte slot i (kv_canary/backends/cpu.py packs them
 // once per prepared launch, as the emulated backend does).
 KVC_CPU_EXPORT int kvc_cpu_params_launch_kvcanary_canary_scatter_req_token_ids(int threads, long long grain, const void* slots) {
-#line 44 "codegen/templates/cpu/kernels.cpp.j2"
+#line 32 "codegen/templates/cpu/kernels.cpp.j2"
   return kvc_cpu::slots_launch(kvc_cpu_launch_kvcanary_canary_scatter_req_token_ids, threads, grain, slots);
 }

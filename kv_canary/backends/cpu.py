@@ -12,6 +12,10 @@ taking at least `grain` entries (DEFAULT_GRAIN), so a small launch runs on the c
 As a host backend it reads index values for free: like the torch reference it raises for request
 rows outside req_to_token / pool_out, for SWA indices outside the LUT and for a plan-entries scratch
 the offsets stage did not fill (the operations' HostChecks), before any kernel writes.
+
+A kernel whose operation has no host loop in kvc_cpu.h (codegen/operations.py KernelTemplateSpec.cpu:
+a new operation until it gets one) is not in the library: an operation launching it runs the torch
+reference instead, so a new kernel works on CPU tensors from the start.
 """
 from __future__ import annotations
 
@@ -88,6 +92,10 @@ class CpuLibrary:
             self._entry_points[entry_point] = fn
         return fn
 
+    def has(self, entry_point: str) -> bool:
+        """Whether the library holds `entry_point` (its operation has a kvc_cpu.h loop)."""
+        return hasattr(self.lib, self.abi.CPU_PARAMS_LAUNCHER_PREFIX + entry_point)
+
     def failure(self, entry_point: str) -> CpuLaunchError:
         reason = self.lib.kvc_cpu_last_error().decode("utf-8", "replace")
         return CpuLaunchError(f"kv-canary: cpu launch of {entry_point} failed: {reason}")
@@ -106,6 +114,10 @@ def library_for(layer) -> CpuLibrary:
     return _libraries.get(layer)
 
 
+class _NotInLibrary(Exception):
+    """An operation launches a kernel the cpu library does not hold."""
+
+
 class CpuBackend(KernelBackend):
     name = "cpu"
     checks_index_values = "all"  # it reads index values for free (kv_canary/launch/operations.py HostChecks)
@@ -116,6 +128,24 @@ class CpuBackend(KernelBackend):
         self.set_threads(default_threads() if threads is None else threads)
         self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
         self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
+        # The kernels the library holds (by operation); an operation launching another runs the torch reference.
+        self.native = frozenset(operation for operation, kernel in self.kernels.items()
+                                if all(self.library.has(symbol) for symbol, _ in kernel.variants))
+        self._reference = None
+
+    def bound(self, template: str, args, **kw) -> tuple:
+        if template not in self.native:
+            raise _NotInLibrary(template)
+        return super().bound(template, args, **kw)
+
+    def prepare(self, operation, args: dict, *, read: list | None = None):
+        try:
+            return super().prepare(operation, args, read=read)
+        except _NotInLibrary:  # no kvc_cpu.h loop for one of its kernels yet
+            if self._reference is None:
+                from .torch import create as torch_backend
+                self._reference = torch_backend(self.layer)
+            return self._reference.prepare(operation, args, read=read)
 
     def set_threads(self, threads: int, *, grain: int | None = None) -> None:
         """The most threads each later launch uses (prepared launches included), and the fewest

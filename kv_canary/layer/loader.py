@@ -1,7 +1,7 @@
 """Import a generated tree as a Python package (the default one is `kv_canary.generated`; trees of
-other schemas load side by side under unique module names), and find the generator: a wheel carries
-`generated/` and `codegen/` inside kv_canary/, a source checkout at its root, imported under their
-`kv_canary.` names either way.
+other schemas load side by side under unique module names), and find the generator and its workflow:
+a wheel carries `generated/`, `codegen/` and `workflow/` inside kv_canary/, a source checkout at its
+root, imported under their `kv_canary.` names either way.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from types import ModuleType
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kv_canary/
 CODEGEN_PACKAGE = "kv_canary.codegen"
+# The PR workflow beside the generator (abi-check, pr-report, init); it imports kv_canary.codegen.
+WORKFLOW_PACKAGE = "kv_canary.workflow"
 
 
 def default_generated_dir() -> Path:
@@ -35,12 +37,15 @@ def _import_package(path: Path, module_name: str) -> ModuleType:
 
 
 def register_codegen() -> None:
-    """Make `kv_canary.codegen` importable from a source checkout (cheap: its __init__ imports nothing)."""
-    if CODEGEN_PACKAGE in sys.modules or (PACKAGE_DIR / "codegen" / "__init__.py").is_file():
-        return
-    path = PACKAGE_DIR.parent / "codegen"  # a source checkout's
-    if (path / "__init__.py").is_file():
-        _import_package(path, CODEGEN_PACKAGE)
+    """Make `kv_canary.codegen` and `kv_canary.workflow` importable from a source checkout (cheap: their
+    __init__ modules import nothing)."""
+    for module_name in (CODEGEN_PACKAGE, WORKFLOW_PACKAGE):
+        folder = module_name.rpartition(".")[2]
+        if module_name in sys.modules or (PACKAGE_DIR / folder / "__init__.py").is_file():
+            continue
+        path = PACKAGE_DIR.parent / folder  # a source checkout's
+        if (path / "__init__.py").is_file():
+            _import_package(path, module_name)
 
 
 def regenerate_command(layer) -> str:

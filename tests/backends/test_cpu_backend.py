@@ -136,3 +136,23 @@ def test_a_missing_compiler_is_named(monkeypatch):
     finally:
         monkeypatch.undo()
         cpu_build.compiler.cache_clear()
+
+
+def test_an_operation_whose_kernel_has_no_cpu_loop_runs_the_torch_reference(backend, monkeypatch):
+    """A kernel the cpu library does not hold (its operation has no kvc_cpu.h loop yet:
+    codegen/operations.py KernelTemplateSpec.cpu) is not launched: every operation that launches it
+    runs the torch reference, with the same end state; the other operations stay native."""
+    from kv_canary.launch.operations import PLAN, SCATTER, WRITE
+    layer, rt = kv_canary.generated, scenarios.runtime_for(kv_canary.generated).runtime
+    rng = random.Random(11)
+    scatter = scenarios.make_scatter_case(rng, layer, n_reqs=3)
+    plan = scenarios.make_plan_case(rng, layer, n_reqs=3)
+    write = scenarios.make_write_case(rng, layer, n_reqs=2)
+    assert SCATTER.prepare(rt, "cpu", scenarios.clone_case(scatter)).launches  # held: its kernel runs
+    monkeypatch.setattr(backend, "native", backend.native - {"scatter", "plan_entries"})
+    assert SCATTER.prepare(rt, "cpu", scenarios.clone_case(scatter)).launches == ()  # the torch reference
+    assert PLAN.prepare(rt, "cpu", scenarios.clone_case(plan)).launches == ()  # one of its two stages is missing
+    assert WRITE.prepare(rt, "cpu", scenarios.clone_case(write)).launches
+    compare(layer, "scatter", scatter, "cpu", ordered=True)
+    compare(layer, "plan", plan, "cpu", ordered=True)
+    compare(layer, "write", write, "cpu", ordered=True)

@@ -145,7 +145,7 @@ def test_verify_on_a_pinned_fixed_grid_matches_reference(tmp_path, threads):
     from support.layers import DEFAULT_SCHEMA, generate_layer
     data = yaml.safe_load(DEFAULT_SCHEMA.read_text())
     for k in data["kernels"]:
-        if k["template"] == "verify":
+        if k["operation"] == "verify":
             k["launch"] = {"shape": "fixed_grid", "threads": threads, "blocks": 3}
     schema = tmp_path / f"fixed_grid_{threads}.yaml"
     schema.write_text(yaml.safe_dump(data, sort_keys=False))

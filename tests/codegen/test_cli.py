@@ -1,4 +1,4 @@
-"""The `kv-canary` command: the codegen subcommands (same parser code) plus `demo`."""
+"""The `kv-canary` command: the generator's subcommands (same parser code), the workflow's and `demo`."""
 from __future__ import annotations
 
 import os
@@ -17,19 +17,20 @@ from kv_canary.cli import main as kv_main
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def subcommands(parser) -> set[str]:
+def subcommands(parser) -> list[str]:
+    """The parser's subcommands, in the order --help lists them."""
     action = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return set(action.choices)
+    return list(action.choices)
 
 
-def test_kv_canary_has_the_codegen_commands_plus_demo():
+def test_kv_canary_has_the_codegen_commands_then_the_workflows_plus_demo():
     import argparse
 
     from kv_canary.codegen.cli import add_codegen_commands
     plain = argparse.ArgumentParser()
     add_codegen_commands(plain.add_subparsers(), ROOT)
-    assert subcommands(plain) == {"generate", "check", "describe", "diff", "abi-check", "pr-report"}
-    assert subcommands(build_parser()) == subcommands(plain) | {"init", "demo"}
+    assert subcommands(plain) == ["generate", "check", "describe", "diff"]
+    assert subcommands(build_parser()) == [*subcommands(plain), "abi-check", "pr-report", "init", "demo"]
 
 
 def test_describe_and_check_match_python_m_codegen(capsys, monkeypatch):

@@ -71,7 +71,7 @@ def _wide_record_text(n_fields: int, threads: int) -> str:
     anchor = "      - {name: real_kv_hash, role: kv_fingerprint}\n"
     assert text.count(anchor) == 1
     text = text.replace(anchor, anchor + pad)
-    text, n = re.subn(r"(template: write\n\s*launch: )\{[^}]*\}",
+    text, n = re.subn(r"(operation: write\n\s*launch: )\{[^}]*\}",
                       rf"\g<1>{{shape: block_per_request, threads: {threads}}}", text)
     assert n == 1
     return text
@@ -116,7 +116,7 @@ def test_shared_memory_error_names_the_threads_and_the_fix():
 
 
 def _write_sources(schema) -> tuple[str, str, dict[str, str]]:
-    write = schema.kernels_by_template("write")[0]
+    write = schema.kernels_by_operation("write")[0]
     files = {f.path: f.text for f in render_all(schema, "")}
     return write.name, files[f"cuda/{write.name}.cu"], {"kv_canary_layout.cuh": files["cuda/kv_canary_layout.cuh"]}
 
@@ -128,7 +128,7 @@ def test_the_compiler_agrees_with_the_shared_memory_bound():
     name, source, headers = _write_sources(schema)
     assert nvrtc.cached_binary(source, f"{name}.cu", headers, arch=90).read_bytes()[:4] == b"\x7fELF"  # cached by content
     # One warp more, past the checker (it would refuse this schema): the kernel's own assert fires.
-    write = schema.kernels_by_template("write")[0]
+    write = schema.kernels_by_operation("write")[0]
     wider = dataclasses.replace(write, launch=dataclasses.replace(write.launch, threads=128))
     assert not block_per_request_shared_memory(schema.canary, 128).fits
     name, source, headers = _write_sources(dataclasses.replace(

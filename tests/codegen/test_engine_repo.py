@@ -91,6 +91,7 @@ def test_an_engine_repository_from_the_wheel(installed, tmp_path):
                     env=env).stdout.strip())
     assert (site / "kv_canary" / "codegen" / "diff.schema.json").is_file()  # the documented JSON shapes ship
     assert (site / "kv_canary" / "codegen" / "check.schema.json").is_file()
+    assert (site / "kv_canary" / "workflow" / "report.schema.json").is_file()
 
     _git(repo, "checkout", "-q", "-b", "feature")
     summary, output, runner = tmp_path / "summary.md", tmp_path / "output", tmp_path / "runner"

@@ -21,7 +21,7 @@ def schema(request):
 
 @pytest.mark.parametrize("operation", sorted(name for name, op in OPERATIONS.items() if op.kernel is not None))
 def test_every_tensor_parameter_has_a_rule(schema, operation):
-    kernel = next(k for k in schema.kernels if k.template == operation)
+    kernel = next(k for k in schema.kernels if k.operation == operation)
     paths = {r.path for r in OPERATIONS[operation].tensors(schema)}
     for p in kernel_params(schema, kernel):
         if p.is_pointer and not p.address:

@@ -29,7 +29,7 @@ TREE_FILES = 1 + len(kv_canary.generated.FILE_SHA256)
 ROOT = Path(__file__).resolve().parents[2]
 DIFF_SHAPE = json.loads((ROOT / "codegen" / "diff.schema.json").read_text(encoding="utf-8"))
 CHECK_SHAPE = json.loads((ROOT / "codegen" / "check.schema.json").read_text(encoding="utf-8"))
-REPORT_SHAPE = json.loads((ROOT / "codegen" / "report.schema.json").read_text(encoding="utf-8"))
+REPORT_SHAPE = json.loads((ROOT / "workflow" / "report.schema.json").read_text(encoding="utf-8"))
 
 
 def validate(doc: dict, shape: dict) -> None:
@@ -317,7 +317,7 @@ def test_abi_check_compares_with_the_merge_base_of_the_default_branch(engine, ca
 
 
 def test_abi_check_and_pr_report_speak_json(engine, capsys, tmp_path, monkeypatch):
-    """--format json: one versioned object (codegen/report.schema.json) with the version that ran,
+    """--format json: one versioned object (workflow/report.schema.json) with the version that ran,
     the base, each tree's verdict and its diff in the diff's own JSON shape."""
     from kv_canary.codegen.version import kv_canary_version
     _break(engine)

@@ -24,8 +24,8 @@ from kv_canary.cli import main as kv_main
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
 # The hook repository needs only what `pip install .` builds kv-canary from.
-HOOK_REPO_PATHS = ("pyproject.toml", "README.md", "kernels.yaml", ".pre-commit-hooks.yaml", "codegen", "generated", "docs",
-                   "kv_canary")
+HOOK_REPO_PATHS = ("pyproject.toml", "README.md", "kernels.yaml", ".pre-commit-hooks.yaml", "codegen", "workflow",
+                   "generated", "docs", "kv_canary")
 PRE_COMMIT = """
 import os, sys
 from pre_commit.commands import try_repo

@@ -148,3 +148,41 @@ def test_generate_prints_the_notes_of_an_old_schema_and_succeeds(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.splitlines() == [n.replace("kernels.yaml:", "old.yaml:", 1)
                                         for n in load_schema_text(text).notes]
+
+
+# kernels.yaml before `operation:` was named so (issue 30): each kernel named its operation `template:`.
+FORMER_KEY_EDITS = [(f"    operation: {op}\n", f"    template: {op}\n")
+                    for op in ("write", "verify", "plan_offsets", "plan_entries", "scatter")]
+
+
+def test_the_former_key_template_is_the_key_operation_with_a_note(tmp_path):
+    """A kernel's `template:` still names its operation: one located note per kernel, the same schema
+    and the same generated tree (the `.cu` files byte for byte); `generate` prints the notes and succeeds."""
+    text = (ROOT / "kernels.yaml").read_text(encoding="utf-8")
+    old = text
+    for e in FORMER_KEY_EDITS:
+        old = edit(old, *e, case="kernels.yaml with the former key")
+    new_schema, old_schema = load_schema_text(text), load_schema_text(old)
+    lines = old.splitlines()
+    names = {"write": "canary_write", "verify": "canary_verify", "plan_offsets": "canary_plan_offsets",
+             "plan_entries": "canary_plan_entries", "scatter": "canary_scatter_req_token_ids"}
+    assert old_schema.notes == tuple(
+        f"kernels.yaml:{lines.index(f'    template: {op}') + 1}:5: note: 'template' is the former name of "
+        f"'operation' in kernel '{name}': it means the same; rename it to 'operation'" for op, name in names.items())
+    assert new_schema.notes == ()
+    assert [k.operation for k in old_schema.kernels] == [k.operation for k in new_schema.kernels] == list(names)
+    assert old_schema.kernels == new_schema.kernels  # locations are not compared
+    assert layout_fingerprint(old_schema) == layout_fingerprint(new_schema)
+    assert not diff_schemas(old_schema, new_schema).changes
+    def bodies(schema, source):  # the generation id hashes the schema's text: the one line that may differ
+        return [(f.path, [line for line in split_header(f.text)[1].splitlines() if "GENERATION_ID = " not in line])
+                for f in render_all(schema, source)]
+    assert bodies(old_schema, old) == bodies(new_schema, text)
+    cu = {f.path: f.text for f in render_all(new_schema, text) if f.path.endswith(".cu")}
+    assert cu and cu == {f.path: f.text for f in render_all(old_schema, old) if f.path.endswith(".cu")}
+
+    (tmp_path / "old.yaml").write_text(old, encoding="utf-8")
+    proc = run_cli("generate", "--schema", "old.yaml", "--out", "out", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [n.replace("kernels.yaml:", "old.yaml:", 1) for n in old_schema.notes]
+    assert "error" not in proc.stderr

@@ -2,7 +2,8 @@
 
 A case is kernels.yaml changed by a few mutations, drawn by hypothesis:
 - structural, on the composed YAML node graph (so that duplicate keys, aliases and self-references
-  can be written, which a dict cannot hold): delete, duplicate or rename a key or list item, replace
+  can be written, which a dict cannot hold): delete, duplicate or rename a key (to another key of
+  the schema or a key's former name, such as a kernel's `template:`) or list item, replace
   a value by one of another type, an extreme integer or an odd string (unicode, controls,
   bidirectional controls, trigraphs, reserved names), nudge an integer, wrap a node in deep
   nesting, reuse a node elsewhere (an alias), make a node contain itself, build an alias bomb;
@@ -28,6 +29,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 from kv_canary.codegen.diagnostics import SchemaError
 from kv_canary.codegen.load import layout_fingerprint, load_schema_text, schema_text
+from kv_canary.codegen.parse import FORMER_KERNEL_KEYS
 from kv_canary.codegen.render import render_all, split_header
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,7 +189,8 @@ def _mutate(draw, root: yaml.Node, kind: str) -> str:
     elif kind == "rename_key":
         keys = [s for s in slots if s[2] == "key"]
         slot = keys[draw(st.integers(0, len(keys) - 1))]
-        other = sorted({_get(s).value for s in keys if isinstance(_get(s), yaml.ScalarNode)})
+        # the schema's keys and the former names it still accepts (a kernel's `template:` gives a note)
+        other = sorted({_get(s).value for s in keys if isinstance(_get(s), yaml.ScalarNode)} | set(FORMER_KERNEL_KEYS))
         name = draw(st.one_of(st.sampled_from(ODD_STRINGS), st.sampled_from(other),
                               st.from_regex(r"[a-z_][a-z_0-9]{0,10}", fullmatch=True)))
         _set(slot, _node(name))

@@ -10,7 +10,7 @@ from support.layers import default_schema_text, generate_layer, scratch_dir
 
 @functools.cache
 def write_shape_layer(shape: str, threads: int):
-    text, n = re.subn(r"(template: write\n\s*launch: )\{[^}]*\}", rf"\g<1>{{shape: {shape}, threads: {threads}}}",
+    text, n = re.subn(r"(operation: write\n\s*launch: )\{[^}]*\}", rf"\g<1>{{shape: {shape}, threads: {threads}}}",
                       default_schema_text())
     assert n == 1, "kernels.yaml must declare exactly one write kernel"
     path = scratch_dir("kv_canary_write_shape_") / f"write_{shape}_{threads}.yaml"

@@ -11,7 +11,7 @@ from ...engine.config import MODES, REAL_KV_DATA, check_count, parse_mode
 class Options:
     """Every key kv_connector_extra_config may hold (any other key is refused)."""
     mode: str = "log"                   # none (the connector does nothing), log, or raise (stop the engine)
-    backend: Optional[str] = None       # torch, emulated or cuda (default: cuda on a GPU with CuPy, else torch)
+    backend: Optional[str] = None       # torch, cpu, emulated or cuda (default: by the tensors, as Runtime.choose)
     real_kv_data: str = "all"           # none, partial or all: how much of each slot's K/V bytes is fingerprinted
     sweep_interval: int = 8             # steps between sweeps of the prefix cache's blocks (0: never)
     ring_capacity: int = 1024           # violation rows held between drains

@@ -22,7 +22,7 @@ from kv_canary.integrations import vllm as kv  # noqa: E402
 from kv_canary.integrations.vllm import scheduler as sched_side  # noqa: E402
 from kv_canary.integrations.vllm.options import Options  # noqa: E402
 
-BACKENDS = ["torch", "emulated"]
+BACKENDS = ["torch", "cpu", "emulated"]
 CANARY = {"mode": "log", "sweep_interval": dv.SWEEP}
 # Preemption: too few blocks for four running requests, so vLLM preempts and recomputes.
 TIGHT = dv.Workload(num_blocks=9, prefix_caching=False)
@@ -298,4 +298,5 @@ def test_the_readme_block_turns_the_canary_on_in_vllm_llm(kv_log):
     finally:
         if "llm" in scope:
             dv.close_llm(scope.pop("llm"))
-    assert "kv-canary 0.1.0 guarding vLLM" in kv_log.text
+    # No backend option: CPU tensors run the native cpu kernels (issue 31), as the start-up line says.
+    assert "kv-canary 0.1.0 guarding vLLM" in kv_log.text and ": mode log, backend cpu," in kv_log.text

@@ -20,7 +20,7 @@ from kv_canary.engine.request_inputs import vllm_request_namespace  # noqa: E402
 from kv_canary.integrations.vllm import inputs  # noqa: E402
 from kv_canary.layer.schemas import example_schema, generate_layer  # noqa: E402
 
-BACKENDS = ["torch", "emulated"]
+BACKENDS = ["torch", "cpu", "emulated"]
 REASON = "VERIFY_NAMESPACE_MISMATCH"
 
 

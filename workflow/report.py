@@ -14,14 +14,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .diff import FORMATS, DiffReport, diff_schemas, format_markdown, report_json, summary_line
-from .load import load_schema_bytes
-from .project import Tree, default_base, git, resolve_path
-from .render import make_environment, render_body, template_context
-from .sources import SourceUnavailable, read_source
-from .version import kv_canary_version
+from ..codegen.diff import FORMATS, DiffReport, diff_schemas, format_markdown, report_json, summary_line
+from ..codegen.load import load_schema_bytes
+from ..codegen.project import Tree, resolve_path
+from ..codegen.render import make_environment, render_body, template_context
+from ..codegen.sources import SourceUnavailable, read_source
+from ..codegen.trees import check_tree, fix_hint
+from ..codegen.version import kv_canary_version
+from .base import BaseError, not_a_repository, resolve_base
 
-# `abi-check --format json` and `pr-report --format json`: one object (codegen/report.schema.json).
+# `abi-check --format json` and `pr-report --format json`: one object (workflow/report.schema.json).
 REPORT_JSON_FORMAT = "kv-canary-abi-report"
 REPORT_JSON_VERSION = 1
 
@@ -37,52 +39,11 @@ VERDICT_TEXT = {
 VERDICTS = ("unchanged", "new-schema", "compatible", "breaking", "breaking-without-bump", "stale")
 
 
-class BaseError(Exception):
-    """No base revision to compare with, and that is an error (not 'nothing to compare')."""
-
-
 def _shown(path: Path) -> str:
     try:
         return resolve_path(path).relative_to(Path.cwd().resolve()).as_posix()
     except ValueError:
         return str(path)
-
-
-def not_a_repository(cwd: Path) -> str:
-    """Why `cwd` has no git history to compare with ('' when it is inside a git work tree)."""
-    try:
-        inside = git(cwd, "rev-parse", "--is-inside-work-tree")
-    except FileNotFoundError:
-        return "git is not installed"
-    if inside.returncode != 0 or inside.stdout.strip() != "true":
-        return f"{cwd} is not inside a git repository"
-    return ""
-
-
-def resolve_base(base: str | None, trees: list[Tree]) -> tuple[str | None, str]:
-    """(revision, how it was chosen); (None, why) when there is no base at all (not a git repository,
-    a repository without a default branch). A named base that does not exist raises BaseError."""
-    cwd = Path.cwd()
-    outside = not_a_repository(cwd)
-    if outside:
-        if base:
-            raise BaseError(f"--base {base}: {outside}, so there is no revision to compare with")
-        return None, f"{outside} (run it in the engine's git checkout, or compare two files with `kv-canary diff OLD NEW`)"
-    if base:
-        return base, "given as --base"
-    ref = os.environ.get("GITHUB_BASE_REF")
-    if ref:  # a pull_request run: merge base with the target branch, fetched by actions/checkout
-        for name in (f"origin/{ref}", ref):
-            if git(cwd, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}").returncode == 0:
-                mb = git(cwd, "merge-base", "HEAD", name)
-                if mb.returncode == 0:
-                    return mb.stdout.strip(), f"the merge base of HEAD with {name}"
-                raise BaseError(f"HEAD and {name} have no common history in this clone (actions/checkout with "
-                                f"`fetch-depth: 0` fetches it)")
-        raise BaseError(f"the pull request's base branch {ref} is not in this clone (actions/checkout with "
-                        f"`fetch-depth: 0` fetches it)")
-    branch = next((t.base_branch for t in trees if t.base_branch), None)
-    return default_base(cwd, branch)
 
 
 @dataclass
@@ -127,8 +88,7 @@ def _diff_tree(tree: Tree, base: str, result: TreeResult, want_layout: bool) -> 
 
 
 def report_doc(command: str, results: list, rev: str | None, how: str, status: int, error: str | None = None) -> dict:
-    """The versioned JSON shape of both commands' reports (codegen/report.schema.json)."""
-    from .trees import fix_hint
+    """The versioned JSON shape of both commands' reports (workflow/report.schema.json)."""
     verdict = "error" if error else max((r.verdict for r in results), key=VERDICTS.index, default="unchanged")
     return {"format": REPORT_JSON_FORMAT, "version": REPORT_JSON_VERSION, "kv_canary_version": kv_canary_version(),
             "command": command, "base": {"revision": rev, "how": how}, "verdict": verdict, "exit_status": status,
@@ -169,7 +129,6 @@ def abi_check(trees: list[Tree], base: str | None, fmt: str) -> int:
     """Each tree's schema against `base` (default: the merge base with the default branch). Exit 2 on a
     breaking change without a bump; a schema the base does not have, or no base at all, passes with a
     note; a base that does not exist is an error (1)."""
-    from .trees import fix_hint
     if fmt == "json":
         return _abi_check_json(trees, base)
     try:
@@ -226,7 +185,6 @@ def _tree_section(r: TreeResult, hint) -> list[str]:
 
 def render_report(results: list[TreeResult], base_how: str, rev: str | None) -> tuple[str, str]:
     """(Markdown report, overall verdict)."""
-    from .trees import fix_hint
     verdict = max((r.verdict for r in results), key=VERDICTS.index, default="unchanged")
     lines = ["## kv-canary ABI report", "",
              f"**{VERDICT_TEXT[verdict]}**" if verdict in ("stale", "breaking-without-bump") else VERDICT_TEXT[verdict],
@@ -244,7 +202,6 @@ def pr_report(trees: list[Tree], *, base: str | None, summary: Path | None, comm
               output: Path | None, fmt: str = "markdown") -> int:
     """Check the trees, diff them against the base, write the Markdown report to the job summary,
     the comment file and the step outputs; on stdout the report (fmt markdown) or its JSON (fmt json)."""
-    from .trees import check_tree, fix_hint
     summary = summary or (Path(os.environ["GITHUB_STEP_SUMMARY"]) if os.environ.get("GITHUB_STEP_SUMMARY") else None)
     output = output or (Path(os.environ["GITHUB_OUTPUT"]) if os.environ.get("GITHUB_OUTPUT") else None)
     if comment is None:

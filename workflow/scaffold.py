@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .project import CONFIG_NAME
+from ..codegen.project import CONFIG_NAME
+from ..codegen.writer import LOCK_NAME
 
 # Where engines take the hooks and the action from (`repo:` / `uses:`).
 REPOSITORY = "kv-canary/kv-canary"
@@ -123,7 +124,6 @@ def check_package(package: str) -> str | None:
 
 def gitignore_entry(s: Scaffold) -> str:
     """The .gitignore line for the generator's lock file in the generated package (never committed)."""
-    from .writer import LOCK_NAME
     return f"/{s.package}/{LOCK_NAME}"
 
 
