@@ -109,7 +109,7 @@ def _bare(op: str, args: dict, backend: str):
     if backend == "emulated":
         return bare(LAYER, op, args, backend)
     operation = operations.BY_NAME[op]
-    validated = RT.validators.check(operation, args)
+    validated = operation.validate(RT.validators, args)
     run = operation.reference(LAYER.reference)
     return (lambda: run(**validated)), 0
 

@@ -73,8 +73,8 @@ def test_a_launch_crosses_at_most_six_files(name, backend):
 
 def test_no_operation_is_dispatched_by_name():
     """The launch path holds no table from an operation's name to its code (its objects are passed)."""
-    for path in ("launch/validation.py", "launch/runtime.py", "backends/torch.py", "backends/kernels.py",
-                 "backends/emulated.py", "backends/cpu.py", "backends/cuda.py"):
+    for path in ("launch/validation.py", "launch/rules.py", "launch/runtime.py", "backends/torch.py",
+                 "backends/kernels.py", "backends/emulated.py", "backends/cpu.py", "backends/cuda.py"):
         text = (PACKAGE / path).read_text(encoding="utf-8")
         for pattern in ("_checks[operation]", "getattr(self.reference, operation)", "self._operations[",
                         'getattr(self, "_check_"', 'getattr(self, "_" + op)', "getattr(host, op)"):

@@ -5,16 +5,17 @@ Sizes and names come from the layer's layout tables: the record stride, the viol
 the enums, and the plan arrays (one `verify_expected_<field>` array per input field a schema
 verifies per request). The classes are defined here, once: `RealKvSourceBase`,
 `VerifyOrWriteContextBase` and the plans' methods (`VerifyPlanMethods`, `WritePlanMethods`);
-`allocators_for(layout, validators)` derives one class of each per layer (holding that layer's
-validators and defaults, so two schemas' classes never mix), hands them to the validators
-(`Validators.adopt`) and returns the layer's namespace of classes and allocators.
+`layer_classes(layout, validators)` derives one class of each per layer (holding that layer's
+validators and defaults, so two schemas' classes never mix): the layer's Validators make them and
+hold them (`Validators.classes`: what they hold was checked when built). `allocators_for(layout,
+validators)` returns the layer's namespace of those classes and its allocators.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from types import SimpleNamespace
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, NamedTuple, Optional
 
 import torch
 
@@ -177,27 +178,43 @@ def _layer_class(name: str, base: type, v, fields: list, namespace: dict) -> typ
                                       frozen=True, slots=True, kw_only=True)
 
 
+class LayerClasses(NamedTuple):
+    """One layer's launch data classes (layer_classes)."""
+    source: type          # RealKvSource
+    context: type         # VerifyOrWriteContext
+    verify_plan: type     # VerifyPlan
+    write_plan: type      # WritePlan
+
+
+def layer_classes(layout, validators) -> LayerClasses:
+    """RealKvSource, VerifyOrWriteContext, VerifyPlan and WritePlan of a layer, checking themselves
+    with its `validators` when built."""
+    v, abi = validators, validators.abi
+    return LayerClasses(
+        source=_layer_class("RealKvSource", RealKvSourceBase, v, [], {"__doc__": RealKvSourceBase.__doc__}),
+        context=_layer_class(
+            "VerifyOrWriteContext", VerifyOrWriteContextBase, v,
+            [("kernel_kind", layout.CanaryLaunchTag), ("real_kv_hash_mode", layout.RealKvHashMode,
+                                                       dataclasses.field(default=layout.RealKvHashMode.NONE))],
+            {"__doc__": VerifyOrWriteContextBase.__doc__}),
+        verify_plan=_layer_class(
+            "VerifyPlan", VerifyPlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
+            {"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
+             "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",))}),
+        write_plan=_layer_class(
+            "WritePlan", WritePlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
+            {"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1)."}))
+
+
 def allocators_for(layout, validators) -> SimpleNamespace:
-    """RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan and the allocate_* functions of a layer.
+    """The layer's classes (its validators' `classes`) and its allocate_* functions.
 
     Sizes are validated before anything is allocated (a capacity must fit the C int the kernels
     count it in, a buffer's byte size the kernels' 64-bit offsets), and an allocation the device
     cannot satisfy is a ValueError naming what was asked for, not an allocator traceback.
     """
     v, abi = validators, validators.abi
-    RealKvSource = _layer_class("RealKvSource", RealKvSourceBase, v, [], {"__doc__": RealKvSourceBase.__doc__})
-    VerifyOrWriteContext = _layer_class(
-        "VerifyOrWriteContext", VerifyOrWriteContextBase, v,
-        [("kernel_kind", layout.CanaryLaunchTag), ("real_kv_hash_mode", layout.RealKvHashMode,
-                                                   dataclasses.field(default=layout.RealKvHashMode.NONE))],
-        {"__doc__": VerifyOrWriteContextBase.__doc__})
-    VerifyPlan = _layer_class(
-        "VerifyPlan", VerifyPlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
-        {"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
-         "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",))})
-    WritePlan = _layer_class(
-        "WritePlan", WritePlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
-        {"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1)."})
+    RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan = validators.classes
 
     def allocate_canary_buf(num_slots: int, *, device,
                             slot_stride_bytes: int = layout.CANARY_SLOT_STRIDE_BYTES) -> torch.Tensor:
@@ -284,7 +301,6 @@ def allocators_for(layout, validators) -> SimpleNamespace:
                                                                       enabled=enable_chain_position_assert),
             violation_reason_counts=allocate_reason_counts(device=device) if count_reasons else None)
 
-    v.adopt(context=VerifyOrWriteContext, source=RealKvSource, plans={"VerifyPlan": VerifyPlan, "WritePlan": WritePlan})
     return SimpleNamespace(
         RealKvSource=RealKvSource, VerifyOrWriteContext=VerifyOrWriteContext, VerifyPlan=VerifyPlan,
         WritePlan=WritePlan, allocate_canary_buf=allocate_canary_buf, canary_buf_bytes=canary_buf_bytes,

@@ -1,8 +1,10 @@
 """The operations of docs/semantics.md §5 as objects: write, verify, plan (and its two stages,
 plan_offsets and plan_entries) and scatter.
 
-Each operation holds everything about itself that is not the schema's: its own checks (on top of the
-generated tensor rules, kv_canary/launch/validation.py), the tensor whose device picks the backend,
+Each operation holds everything about itself that is not the schema's: its own checks (its scalars,
+the checks of the sizes its tensor rules bind, the relations between sizes, what it reads of a
+context; on top of the generated tensor rules, kv_canary/launch/rules.py, and the checks of the
+launch data classes, kv_canary/launch/validation.py), the tensor whose device picks the backend,
 its reference call (kv_canary/backends/reference.py), its kernel launches and their work sizes, and
 the index-value checks a host backend makes before any kernel writes (HostChecks, below).
 The generated api (generated/api.py) calls `OPERATION.launch(runtime, backend, arguments)`; backends
@@ -164,7 +166,7 @@ class Operation:
     def prepare(self, runtime, backend: Optional[str], arguments: dict):
         """Everything before the kernel call: validation, the backend's choice, its binding (a Prepared)."""
         read = [] if self.reads_real_kv else None
-        args = runtime.validators.check(self, arguments, read)
+        args = self.validate(runtime.validators, arguments, read)
         device = self.device(args)
         # The environment is read only when no backend= names one (a read costs about a microsecond).
         key = (backend, device) if backend is not None else (os.environ.get(ENV_BACKEND), device, None)
@@ -181,7 +183,24 @@ class Operation:
             prepared.run = run
         return prepared
 
+    def validate(self, v, arguments: dict, read: Optional[list] = None) -> dict:
+        """Every check of this operation over a dict of its keywords (`v`: the layer's Validators);
+        returns the backend operation's keyword arguments, normalised (input-field mappings become
+        dicts with exactly the schema's keys). The keywords get their defaults from the generated
+        table (kernel_abi.OPERATIONS[...].arguments: SGLang's names and defaults), then the operation
+        makes its own checks (`check`, its tensors against their rules among them). `read` (write,
+        verify) receives what the binding takes of the real-KV sources (real_kv_args). Last: no input
+        shares memory with an output."""
+        a, spans = self.check(v, v.keywords[self.name](**arguments), read)
+        v.check_spans(spans)
+        return a
+
     # -- what each operation says of itself -----------------------------------------------------------
+    def size_checks(self, v) -> dict:
+        """{size symbol: check(sizes)}: what is checked of a size its tensor rules bind, as soon as the
+        tensor binding it passed (converted into the layer's rules once, Validators.tensors)."""
+        return {}
+
     def device(self, args: dict):
         """The device of the tensor that picks the backend."""
         raise NotImplementedError
@@ -208,23 +227,170 @@ class Operation:
         return f"<kv-canary operation {self.name}>"
 
 
-def _context_checks(v, a: dict, plan_class: str) -> None:
-    if type(a["context"]) is not v.frozen_context:  # a frozen one was checked when it was built
-        v.check_context_fields(a["context"])
-    v.check_plan_class(a["plan"], plan_class)
+def _capacity(v, size: str, message: str, name: str = "", argument: str = ""):
+    """A size check (Operation.size_checks): the size a rule bound is a capacity, above 0 and within
+    the C int of the kernel argument `argument` ("": none), reported as `name` with the §7 text `message`."""
+    return lambda sizes: v.check_capacity(name, sizes[size], message, argument)
 
 
-class Write(Operation):
-    """Write the records of a WritePlan's chains (docs/semantics.md §5.1)."""
+def _columns(v):
+    """A size check: req_to_token has a column (a request's seed is its last prefix column: a table
+    without columns has none to read)."""
+    def check(sizes: dict) -> None:
+        if sizes["cols"] == 0:
+            raise ValueError(f"{v.prefix}req_to_token must have at least 1 column (one per context position), "
+                             f"got shape {(sizes['rows'], 0)}")
+    return check
 
-    name = "write"
+
+def _requests(v, write_capacity_of: str):
+    """A size check: the batch's requests fit the write plan's capacity (`write_capacity_of` names it)."""
+    def check(sizes: dict) -> None:
+        if sizes["bs"] > sizes["wcap"]:
+            raise ValueError(f"{v.prefix}req_pool_indices holds {sizes['bs']} requests but {write_capacity_of} is "
+                             f"{sizes['wcap']}")
+    return check
+
+
+def _verify_capacity(v):
+    return _capacity(v, "cap", "verify_capacity", "plan.verify_slot_indices capacity", "verify_capacity")
+
+
+def _write_capacity(v):
+    return _capacity(v, "wcap", "write_capacity", "plan.write_seed_slot_indices capacity", "write_req_capacity")
+
+
+def real_kv_reach(num_bytes_per_token: int, page_size: int, layout: tuple, align: int) -> tuple[bool, int, int]:
+    """Where one row of a real-KV source is read (`layout`: its REAL_KV_LAYOUT_FIELDS values, checked;
+    `align`: REAL_KV_LOAD_ALIGN_BYTES): (packed: SGLang's layout, the load width, the end of the
+    farthest byte one row's slots read relative to the row's first byte)."""
+    ts, heads, hs, chunk, cs, group, gs, cgroup, cgs = layout
+    head = num_bytes_per_token // heads
+    last_head = (heads - 1) * hs + (_farthest(head // chunk, cs, cgroup, cgs) + chunk if chunk else head)
+    return (ts == num_bytes_per_token and heads == 1 and chunk == 0 and group == 0,
+            chunk if 0 < chunk < align else align, _farthest(page_size, ts, group, gs) + last_head)
+
+
+def _farthest(n: int, stride: int, group: int, group_stride: int) -> int:
+    """The largest offset of items 0..n-1 (n >= 1) at `i * stride`, or, in groups of `group`, at
+    `(i // group) * group_stride + (i % group) * stride`: the last item, or the last of the group before it."""
+    last = n - 1
+    if not group:
+        return last * stride
+    return max((last // group) * group_stride + (last % group) * stride,
+               (last // group - 1) * group_stride + (group - 1) * stride if last >= group else 0)
+
+
+def _row_bytes(size, strides) -> int:
+    """The elements of one row of a tensor when they are one flat run (dims 1.. contiguous), else 0."""
+    packed = 1
+    for d in range(len(size) - 1, 0, -1):
+        if size[d] != 1 and strides[d] != packed:
+            return 0
+        packed *= size[d]
+    return packed
+
+
+class ContextOperation(Operation):
+    """An operation over a VerifyOrWriteContext and a plan (write, verify): what it reads of its
+    context besides the tensor rules is its own to check, at every launch."""
+
     reads_real_kv = True
 
     def device(self, args):
         return args["context"].canary_buf.device
 
+    def check_context(self, v, a: dict, plan_class) -> None:
+        """What a write's or verify's context and plan are besides tensors (this layer's classes were
+        checked when they were built)."""
+        if type(a["context"]) is not v.classes.context:
+            v.check_context_fields(a["context"])
+        if type(a["plan"]) is not plan_class:
+            v.check_plan_class(a["plan"], plan_class.__name__)
+
+    def check_context_tensors(self, v, a: dict, read: Optional[list]) -> tuple:
+        """A write's or verify's tensors (its rules), then what the rules cannot say of its context: the
+        slot stride, the ring's capacity, its real-KV sources (read in place, so checked at every launch:
+        a tensor moved since its source was built is caught) and, for a context of another class than
+        this layer's, that no two of its tensors share memory."""
+        sizes, spans = v.check_tensors(v.tensors[self.name], a)
+        context = a["context"]
+        frozen = type(context) is v.classes.context
+        buf = context.canary_buf
+        stride, word = buf.shape[1], v.layout.CANARY_WORD_BYTES
+        if stride % word or stride // word < v.layout.CANARY_FIELDS_PER_SLOT:  # the record does not fit
+            v.check_slot_stride(stride, buf.shape)  # raises
+        v.check_fits("violation_ring capacity", sizes["ring"], argument="ring_capacity")
+        if not frozen:
+            v.check_source_list(context.real_kv_sources)
+        self.real_kv_reads(v, context, buf.device, spans, read)
+        if not frozen:
+            v.check_context_disjoint(context)
+        return a, spans
+
+    def real_kv_reads(self, v, context, device, spans: list, read: Optional[list]) -> None:
+        """Every real-KV source of a write's or verify's context (a list already checked), as the launch
+        reads it: its span (an input) appended to the launch's `spans` and, where the binding takes them
+        (`read`, kernel_abi.real_kv_args), its (data pointer, stride(0), element size, rows). A source
+        of this layer's class had its integers and layout checked when it was built: its tensor on the
+        device, its loads aligned and every byte its rows' slots read inside its storage is accepted
+        in one pass (packed rows, the usual case: a contiguous tensor); any other source is checked
+        whole (Validators.check_real_kv_source), which names the first thing that is wrong."""
+        sources = context.real_kv_sources
+        align = v.layout.REAL_KV_LOAD_ALIGN_BYTES
+        cpu = device.type == "cpu"  # is_cpu reads faster than a device object
+        source_class = v.classes.source
+        for i, src in enumerate(sources):
+            ok = False
+            if type(src) is source_class:
+                t = src.tensor
+                if type(t) is torch.Tensor and (t.is_cpu if cpu else t.device == device):
+                    ptr, es, size, strides = t.data_ptr(), t.itemsize, t.shape, t.stride()
+                    rows = size[0] if len(size) >= 2 else 0
+                    row_stride = strides[0] if rows else 0
+                    if (src.num_heads == 1 and src.chunk_bytes == 0 and src.token_group_size == 0
+                            and src.token_stride_bytes == src.num_bytes_per_token):
+                        # packed rows (SGLang's layout): a row's bytes one flat run, the row stride may pad it
+                        if t.is_contiguous():  # the usual case
+                            n = t.nbytes
+                            row_bytes = n // rows if rows else 0
+                        else:
+                            n, row_bytes = v.extent(t), _row_bytes(size, strides) * es
+                        ok = (rows and not ptr % align and not row_stride * es % align
+                              and row_bytes >= src.page_size * src.num_bytes_per_token
+                              and t.storage_offset() * es + n <= t.untyped_storage().nbytes())
+                    elif rows:  # slots where the layout puts them: every load aligned, every byte read in the storage
+                        _, width, reach = real_kv_reach(src.num_bytes_per_token, src.page_size, (
+                            src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
+                            src.chunk_stride_bytes, src.token_group_size, src.token_group_stride_bytes,
+                            src.chunk_group_size, src.chunk_group_stride_bytes), align)
+                        end = (rows - 1) * row_stride * es + reach
+                        ok = (not row_stride * es % width and not ptr % width
+                              and end <= t.untyped_storage().nbytes() - t.storage_offset() * es)
+                        n = max(v.extent(t), end)
+            if not ok:
+                ptr, n, row_stride, es, rows = v.check_real_kv_source(i, src, device)
+            if n and ptr:
+                spans.append((ptr, ptr + n, v.source_names[i], False))
+            if read is not None:
+                read.append((ptr, row_stride, es, rows))
+        if context.real_kv_hash_mode == v.partial_mode:  # as Validators.check_partial_read, when a context is allocated
+            partial = v.layout.REAL_KV_PARTIAL_READ_BYTES
+            for i, src in enumerate(sources):
+                if src.num_bytes_per_token < partial:
+                    raise v.fail("real_kv_partial", i=i, n=src.num_bytes_per_token)
+
+
+class Write(ContextOperation):
+    """Write the records of a WritePlan's chains (docs/semantics.md §5.1)."""
+
+    name = "write"
+
+    def size_checks(self, v):
+        return {"wcap": _write_capacity(v)}
+
     def check(self, v, a, read):
-        _context_checks(v, a, "WritePlan")
+        self.check_context(v, a, v.classes.write_plan)
         enabled = v.check_bool("enable_write_input_assert", a["enable_write_input_assert"])
         missing = (a["expected_input_tokens"] is None, a["expected_input_positions"] is None)
         if enabled and any(missing):
@@ -232,7 +398,7 @@ class Write(Operation):
         if not enabled and not all(missing):
             raise v.fail("expected_inputs_forbidden")
         a["extra_inputs"] = v.mapping("extra_inputs", a["extra_inputs"], v.input_fields)
-        return v.check_context_tensors(self.name, a, read)
+        return self.check_context_tensors(v, a, read)
 
     def reference(self, ref):
         return ref.write
@@ -244,20 +410,19 @@ class Write(Operation):
                                       work=int(args["plan"].write_seed_slot_indices.shape[0]))]
 
 
-class Verify(Operation):
+class Verify(ContextOperation):
     """Check the entries of a VerifyPlan, appending mismatches to the ring (docs/semantics.md §5.2)."""
 
     name = "verify"
-    reads_real_kv = True
 
-    def device(self, args):
-        return args["context"].canary_buf.device
+    def size_checks(self, v):
+        return {"cap": _verify_capacity(v)}
 
     def check(self, v, a, read):
-        _context_checks(v, a, "VerifyPlan")
+        self.check_context(v, a, v.classes.verify_plan)
         v.check_bool("check_verify_expected_token", a["check_verify_expected_token"])
         a["extra_slot_tables"] = v.mapping("extra_slot_tables", a["extra_slot_tables"], v.per_slot_fields)
-        return v.check_context_tensors(self.name, a, read)
+        return self.check_context_tensors(v, a, read)
 
     def reference(self, ref):
         return ref.verify
@@ -270,25 +435,69 @@ class Verify(Operation):
                                       check_verify_expected_token=args["check_verify_expected_token"])]
 
 
-class Plan(Operation):
-    """Derive the verify and write plans of a batch: its two stages over a scratch (docs/semantics.md §5.3)."""
+class PlanOperation(Operation):
+    """The plan and its two stages: the checks they share of their scalars and sizes."""
 
-    name = "plan"
     has_host_checks = True
 
     def device(self, args):
         return args["req_to_token"].device
 
+    def check_plan_scalars(self, v, a: dict) -> None:
+        """The plan's (and its stages') window, offset, expected-token pool pairing and input-field mappings."""
+        # A window <= 0 is full attention (SGLang's rule). A LUT, when given, translates every slot with
+        # or without a window (docs/semantics.md §5.3); only a window needs one.
+        window = v.check_fits("swa_window_size", v.check_int("swa_window_size", a["swa_window_size"]))
+        if window > 0 and a["full_to_swa_index_mapping"] is None:
+            raise ValueError(f"{v.prefix}full_to_swa_index_mapping is required when swa_window_size > 0, got None")
+        if "kv_token_id_vs_position_offset" in a:
+            v.check_fits("kv_token_id_vs_position_offset",
+                         v.check_int("kv_token_id_vs_position_offset", a["kv_token_id_vs_position_offset"]))
+        # The expected-token pool's valid lengths are ignored without a pool, as SGLang does (its
+        # runtime passes them on every forward, pool or not: docs/sglang-compat.md).
+        if a.get("req_to_verify_expected_tokens") is None:
+            if "req_to_verify_expected_tokens_valid_lens" in a:
+                a["req_to_verify_expected_tokens_valid_lens"] = None
+        elif a["req_to_verify_expected_tokens_valid_lens"] is None:
+            raise ValueError(f"{v.prefix}req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
+                             f"must be given together, got only req_to_verify_expected_tokens")
+        for kind in ("extra_request_values", "out_extra_verify_expected"):
+            if kind in a:
+                a[kind] = v.mapping(kind, a[kind], v.per_request_fields)
+
+    def check_plan_sizes(self, v, a: dict, sizes: dict, scratch: str = "", *, entries: bool = True) -> None:
+        """The scratch (argument `scratch`, if any) holds bs + 1 offsets, and the verify entries' total
+        (at most bs x columns) is summed in 64 bits."""
+        bs = sizes["bs"]
+        if scratch and a[scratch].shape[0] < bs + 1:
+            raise ValueError(f"{v.prefix}{scratch} must hold at least bs + 1 = {bs + 1} int64 entries (bs = "
+                             f"req_pool_indices length), got shape {tuple(a[scratch].shape)}")
+        if entries:
+            v.check_extent("the verify plan", bs, "requests", sizes["cols"], "req_to_token columns",
+                           unit="entries at most")
+
+
+class Plan(PlanOperation):
+    """Derive the verify and write plans of a batch: its two stages over a scratch (docs/semantics.md §5.3)."""
+
+    name = "plan"
+
+    def size_checks(self, v):
+        return {"cols": _columns(v), "cap": _verify_capacity(v), "wcap": _write_capacity(v),
+                "bs": _requests(v, "write_plan_out.write_req_capacity")}
+
     def check(self, v, a, read):
-        v.check_plan_class(a["verify_plan_out"], "VerifyPlan")
-        v.check_plan_class(a["write_plan_out"], "WritePlan")
+        if type(a["verify_plan_out"]) is not v.classes.verify_plan:
+            v.check_plan_class(a["verify_plan_out"], "VerifyPlan")
+        if type(a["write_plan_out"]) is not v.classes.write_plan:
+            v.check_plan_class(a["write_plan_out"], "WritePlan")
         v.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
-        v.check_plan_scalars(a)
-        sizes, spans = v.check_tensors(self.name, a)
+        self.check_plan_scalars(v, a)
+        sizes, spans = v.check_tensors(v.tensors[self.name], a)
         if a["verify_capacity"] != sizes["cap"]:
             raise ValueError(f"{v.prefix}verify_capacity must equal verify_plan_out capacity {sizes['cap']}, "
                              f"got {a['verify_capacity']}")
-        v.check_plan_sizes(a, sizes)
+        self.check_plan_sizes(v, a, sizes)
         return a, spans
 
     def reference(self, ref):
@@ -312,21 +521,21 @@ class Plan(Operation):
                                       work=int(args["verify_plan_out"].verify_slot_indices.shape[0]))]
 
 
-class PlanOffsets(Operation):
+class PlanOffsets(PlanOperation):
     """The plan's first stage: the write plan, the verify entry offsets (into the scratch) and the
     overflow decision; its outputs are the WritePlan's arrays and the VerifyPlan's scalars."""
 
     name = "plan_offsets"
-    has_host_checks = True
 
-    def device(self, args):
-        return args["req_to_token"].device
+    def size_checks(self, v):
+        return {"cols": _columns(v), "wcap": _capacity(v, "wcap", "write_capacity"),
+                "bs": _requests(v, "the write request capacity (out_write_seed_slot_indices length)")}
 
     def check(self, v, a, read):
         v.check_capacity("verify_capacity", a["verify_capacity"], "verify_capacity")
-        v.check_plan_scalars(a)
-        sizes, spans = v.check_tensors(self.name, a)
-        v.check_plan_sizes(a, sizes, "out_verify_offsets_scratch", entries=False)
+        self.check_plan_scalars(v, a)
+        sizes, spans = v.check_tensors(v.tensors[self.name], a)
+        self.check_plan_sizes(v, a, sizes, "out_verify_offsets_scratch", entries=False)
         return a, spans
 
     def reference(self, ref):
@@ -342,20 +551,19 @@ class PlanOffsets(Operation):
                                       device=device)]
 
 
-class PlanEntries(Operation):
+class PlanEntries(PlanOperation):
     """The plan's second stage: the verify entries, from the offsets the first stage wrote (its
     outputs are the VerifyPlan's entry arrays; their capacity is theirs)."""
 
     name = "plan_entries"
-    has_host_checks = True
 
-    def device(self, args):
-        return args["req_to_token"].device
+    def size_checks(self, v):
+        return {"cols": _columns(v), "cap": _capacity(v, "cap", "verify_capacity")}
 
     def check(self, v, a, read):
-        v.check_plan_scalars(a)
-        sizes, spans = v.check_tensors(self.name, a)
-        v.check_plan_sizes(a, sizes, "verify_offsets_scratch")
+        self.check_plan_scalars(v, a)
+        sizes, spans = v.check_tensors(v.tensors[self.name], a)
+        self.check_plan_sizes(v, a, sizes, "verify_offsets_scratch")
         return a, spans
 
     def reference(self, ref):
@@ -382,7 +590,7 @@ class Scatter(Operation):
         return args["pool_out"].device
 
     def check(self, v, a, read):
-        sizes, spans = v.check_tensors(self.name, a)
+        sizes, spans = v.check_tensors(v.tensors[self.name], a)
         # pool_out's rows must be contiguous and must not overlap, or requests would land in each other's cells.
         pool_out = a["pool_out"]
         rows, cols = pool_out.shape

@@ -6,8 +6,10 @@ codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) eac
 operation object (kv_canary/launch/operations.py): `WRITE.launch(runtime, backend, arguments)`,
 which does, at every call:
 
-1. `runtime.validators.check(WRITE, arguments)` (kv_canary/launch/validation.py): every check, from
-   shapes, dtypes, storages and Python values only; it returns the backend operation's keywords;
+1. `WRITE.validate(runtime.validators, arguments)`: every check, from shapes, dtypes, storages and
+   Python values only (the write's own, kv_canary/launch/operations.py, over the generic tensor rules
+   and scalar helpers of kv_canary/launch/rules.py; kv_canary/launch/validation.py checks the launch
+   data classes); it returns the backend operation's keywords;
 2. the backend (`runtime.chosen`, else `Runtime.choose`): the `backend=` keyword, else the
    KV_CANARY_BACKEND environment variable, else the tensors' device (CUDA tensors -> `cuda` when
    CuPy sees a device, otherwise `torch`; CPU tensors -> `cpu`, the kernels compiled for the host,
@@ -94,7 +96,7 @@ class Runtime:
     def __init__(self, layer):
         self.layer = layer
         self.api = layer.api  # the layer's generated public API module, with its per-schema signatures
-        self.validators = Validators(layer.layout)
+        self.validators = Validators(layer.layout, operations=operations.BY_NAME.values())
         self.allocators = allocators_for(layer.layout, self.validators)
         # public launch name -> its operation object (the generated table names it)
         self.launches = {name: operations.BY_NAME[op] for name, op in layer.api.LAUNCHES.items()}

@@ -31,6 +31,8 @@ NAMES = (
     ("kv_canary.codegen.cuda_context", "KernelSource"),
     ("kv_canary.launch.operations", "Operation"), ("kv_canary.launch.operations", "BY_NAME"),
     ("kv_canary.launch.operations", "Operation.kernel_launches"), ("kv_canary.launch.operations", "Operation.host_checks"),
+    ("kv_canary.launch.operations", "Operation.size_checks"), ("kv_canary.launch.rules", "Rules.check_tensors"),
+    ("kv_canary.launch.rules", "Rules.mapping"),
     ("kv_canary.generated.kernel_abi", "OPERATIONS"), ("kv_canary.backends.reference", "Reference"),
 )
 

@@ -223,7 +223,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
     _, entries = scenarios.plan_stages(default_layer, empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
-    _kernels_only(emulated, "plan_entries", **rt.validators.check(operations.BY_NAME["plan_entries"], entries))
+    _kernels_only(emulated, "plan_entries", **operations.BY_NAME["plan_entries"].validate(rt.validators, entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
@@ -232,7 +232,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
         before = scenarios.clone_case(entries)
-        _kernels_only(emulated, "plan_entries", **rt.validators.check(operations.BY_NAME["plan_entries"], entries))
+        _kernels_only(emulated, "plan_entries", **operations.BY_NAME["plan_entries"].validate(rt.validators, entries))
         written = min(claimed, cap)
         for name in ("out_verify_slot_indices", "out_verify_expected_positions", "out_verify_prev_slot_indices"):
             assert torch.equal(entries[name][written:], before[name][written:]), (seed, name)
