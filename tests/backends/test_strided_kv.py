@@ -266,6 +266,18 @@ def layout_error(field: str, expected: str, got) -> str:
     (dict(token_stride_bytes=3), "token_stride_bytes", "a positive multiple of 2 (the bytes the kernels load at once)", 3),
     (dict(chunk_bytes=0, chunk_stride_bytes=0, token_stride_bytes=8), "token_stride_bytes",
      "a positive multiple of 16 (the bytes the kernels load at once)", 8),
+    (dict(token_group_size=-1), "token_group_size", "0 (no token groups) or a positive number of tokens", -1),
+    (dict(token_group_stride_bytes=64), "token_group_stride_bytes", "0 when token_group_size is 0 (no token groups)",
+     64),
+    (dict(token_group_size=2, token_group_stride_bytes=3), "token_group_stride_bytes", "a non-negative multiple of 2",
+     3),
+    (dict(chunk_group_size=-2), "chunk_group_size",
+     "0 (no chunk groups), or a positive number of chunks when chunk_bytes > 0", -2),
+    (dict(chunk_bytes=0, chunk_stride_bytes=0, token_stride_bytes=16, chunk_group_size=2), "chunk_group_size",
+     "0 (no chunk groups), or a positive number of chunks when chunk_bytes > 0", 2),
+    (dict(chunk_group_stride_bytes=8), "chunk_group_stride_bytes", "0 when chunk_group_size is 0 (no chunk groups)", 8),
+    (dict(chunk_group_size=4, chunk_group_stride_bytes=-2), "chunk_group_stride_bytes", "a non-negative multiple of 2",
+     -2),
 ])
 def test_a_layout_no_kernel_can_read_is_refused_naming_its_field(change, field, expected, got):
     k, v = make_kv(torch.float16, 2)
@@ -309,6 +321,21 @@ def test_a_layout_reading_past_the_storage_is_refused():
         end=end, have=t.numel() * 2, shape=tuple(t.shape), strides=tuple(t.stride()), dtype=t.dtype)
     with pytest.raises(ValueError, match="farthest byte"):
         source(t[1:], dataclasses.replace(layout, head_stride_bytes=layout.head_stride_bytes * 2), nbpt)
+
+
+def test_the_farthest_byte_of_token_and_chunk_groups_is_checked():
+    """With groups, a row's farthest byte is in its last group (or the last full group before a
+    short one): the AMX K tiles of this file's blocks fit exactly; one more group stride does not."""
+    k, v = make_kv(torch.bfloat16, 2)
+    t, layout, _ = stored("vllm_k_amx", k, v)
+    nbpt = 2 * HEAD_DIM * 2
+    source(t, layout, nbpt)                     # the exact fit: last block, last head, last tile's last run
+    wide = dataclasses.replace(layout, token_group_stride_bytes=layout.token_group_stride_bytes * 2)
+    with pytest.raises(ValueError, match="farthest byte"):
+        source(t, wide, nbpt)
+    grouped = dataclasses.replace(layout, chunk_group_size=2, chunk_group_stride_bytes=layout.head_stride_bytes)
+    with pytest.raises(ValueError, match="farthest byte"):
+        source(t, grouped, nbpt)
 
 
 def test_a_strided_row_or_address_off_the_load_width_is_refused():
