@@ -533,7 +533,7 @@ class Validators:
         """`frozen`: a frozen context's sources (their list checked when it was built), of which this
         layer's RealKvSource objects have only their tensors checked again (their integers were when
         built). `mode`: the context's hash mode (PARTIAL: check_partial_read). `spans` collects the
-        spans the sources are read in (inputs), `read` what the binding takes (real_kv_args)."""
+        spans the sources are read in (inputs), `read` what the binding takes (the kernels' real-KV block)."""
         if not frozen:
             self.check_source_list(sources)
         align = self.layout.REAL_KV_LOAD_ALIGN_BYTES
@@ -709,7 +709,7 @@ class Validators:
         returns the backend operation's keyword arguments. The keywords get their defaults from the
         generated table (kernel_abi.OPERATIONS[...].arguments: SGLang's names and defaults), then the
         operation makes its own checks (`operation.check`). `read` (write, verify) receives what the
-        binding takes of the real-KV sources (real_kv_args). Last of every operation's checks: no
+        binding takes of the real-KV sources (the kernels' real-KV block). Last of every operation's checks: no
         input shares memory with an output."""
         a, spans = operation.check(self, self.operations[operation.name][3](**arguments), read)
         self.check_spans(spans)

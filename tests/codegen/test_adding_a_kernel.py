@@ -15,7 +15,8 @@ DOC = (ROOT / "docs" / "adding-a-kernel.md").read_text(encoding="utf-8")
 NAMES = (
     ("codegen.operations", "OPERATIONS"), ("codegen.operations", "Operation"), ("codegen.operations", "Keyword"),
     ("codegen.operations", "TensorRule"), ("codegen.operations", "KernelTemplateSpec"),
-    ("codegen.operations", "KERNEL_TEMPLATES"), ("codegen.operations", "Operation.binding_args"),
+    ("codegen.operations", "KERNEL_TEMPLATES"), ("codegen.kernel_abi", "Ptr"), ("codegen.kernel_abi", "Size"),
+    ("codegen.kernel_abi", "Stride"), ("codegen.kernel_abi", "Int"), ("kv_canary.backends.binder", "KernelAbi"),
     ("codegen.launches", "ROWS"), ("codegen.outputs", "KERNEL_SOURCE_TEMPLATES"),
     ("kv_canary.launch.validation", "Validators.check_tensors"), ("kv_canary.launch.validation", "Validators.mapping"),
     ("kv_canary.launch.validation", "Validators._size_checks"), ("kv_canary.launch.operations", "Operation"),

@@ -3,7 +3,7 @@
 # schema-sha256: 3682b70b3cfaaffa87c0711ef631d8478506dfda6035ef68c792b023272674cb
 # generator-sha256: not-recorded
 # generation-id: 9ebee29b83acba82
-# body-sha256: a279094210af774637d962e95e50953f9e06bc3f20c24e9e2b2800c3459dff8d
+# body-sha256: 9e73f8a8d6b420d984aa06a8ba7a79fd2a9510c44a38647537bef8f914f0bb07
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
     "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "47fd4d60eaee121bdd9a504d408fc955088c6b6b9d9e3140280559155c383f7d",
+    "kernel_abi.py": "910a88fdfbbc22bc6de57ddbd285cbb59be52fc7070f227f800124f039421bce",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }
