@@ -1,10 +1,10 @@
 """The kernel ABI as typed data: every kernel parameter's name, C type and where its value comes from.
 
 This is the one description of each kernel's parameters. The CUDA signatures
-(templates/cuda/*.cu.j2), the host-emulation launchers (templates/emulation/launchers.cpp.j2) and
-the Python argument binding (templates/python/kernel_abi.py.j2 -> generated/kernel_abi.py) are all
-rendered from it, so they cannot disagree; a parameter that is added here reaches all three at
-`make generate`.
+(templates/cuda/*.cu.j2), the host-emulation and cpu launchers (templates/emulation/launchers.cpp.j2,
+templates/cpu/kernels.cpp.j2) and the Python parameter table (templates/python/kernel_abi.py.j2 ->
+generated/kernel_abi.py) are all rendered from it, so they cannot disagree; a parameter that is
+added here reaches all of them at `make generate`.
 
 A parameter's value comes from a typed value source (below): a path over the arguments of the
 backend operation that launches the kernel (its keywords in the operation table,

@@ -74,6 +74,7 @@ def _spec_text(spec) -> str:
 @dataclass(frozen=True)
 class KernelRows:
     kernel: Kernel
+    operation: str             # the operation the kernel runs (the schema's kernel key naming it)
     entry_points: tuple[tuple[str, dict], ...]
     params: tuple[str, ...]    # one row per parameter ("(name, C type, source)"), the real-KV block as REAL_KV
 
@@ -116,7 +117,7 @@ def kernel_rows(kernel: Kernel, kinds: dict[str, str]) -> KernelRows:
                 rows.append(REAL_KV_ROW)
         else:
             rows.append(f"({p.name!r}, {p.ctype!r}, {source_text(p, kinds)})")
-    return KernelRows(kernel, entry_points(kernel), tuple(rows))
+    return KernelRows(kernel, kernel.template, entry_points(kernel), tuple(rows))
 
 
 def kernel_abi_module(schema: Schema, regenerate: str) -> KernelAbiModule:
