@@ -21,7 +21,7 @@ import itertools
 import keyword
 import linecache
 import operator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Callable, NamedTuple, Optional, Union
 
@@ -188,7 +188,7 @@ def _compile(source: str, name: str, what: str, namespace: dict) -> Callable:
     """`source` defining function `name`, compiled; its text is kept for tracebacks under `what`."""
     filename = f"<kv-canary binder #{next(_compiled)}: {what}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102: our own text, from checked names
+    exec(compile(source, filename, "exec"), namespace)  # our own text, of checked names only
     return namespace[name]
 
 
@@ -267,21 +267,35 @@ def _tuple_items(kernel: str, table: tuple) -> list[str]:
             for e in table]
 
 
+@dataclass(frozen=True)
 class KernelAbi:
     """One kernel of a generated tree: its entry points, launch shape and parameters. `table`: the
     parameters as the tree lists them ((name, C type, source), the real-KV block as one RealKv);
     `params`: every parameter in ABI order; `bind(arguments[, read])`: the launch's values in ABI
     order as Python ints (`read`, with a real-KV block: what validation read of its sources)."""
+    name: str
+    operation: str                  # the operation that launches it
+    source: str                     # relative to the generated tree
+    shape: str                      # launch shape (kernels.yaml)
+    threads: int
+    blocks_per_sm: int              # persistent only
+    blocks: int                     # fixed_grid only
+    warp_reduction: bool
+    variants: tuple                 # ((entry point, ((flag, value), ...)), ...)
+    table: tuple
+    params: tuple = field(init=False, repr=False, compare=False)
+    kinds: tuple = field(init=False, repr=False, compare=False)   # "ptr", "i64" or "i32" per parameter
+    real_kv: Optional[RealKv] = field(init=False, repr=False, compare=False)  # its real-KV block, if any
 
-    def __init__(self, *, name: str, operation: str, source: str, shape: str, threads: int, blocks_per_sm: int,
-                 blocks: int, warp_reduction: bool, variants: tuple, params: tuple):
-        self.name, self.operation, self.source, self.shape = name, operation, source, shape
-        self.threads, self.blocks_per_sm, self.blocks, self.warp_reduction = threads, blocks_per_sm, blocks, warp_reduction
-        self.variants = variants      # ((entry point, ((flag, value), ...)), ...)
-        self.table = params
-        self.params = _expand(params)
-        self.kinds = tuple(p.kind for p in self.params)
-        self.real_kv = any(isinstance(e, RealKv) for e in params)
+    def __post_init__(self):
+        blocks = [e for e in self.table if isinstance(e, RealKv)]
+        if len(blocks) > 1:
+            raise ValueError(f"kv-canary: kernel {self.name} lists {len(blocks)} real-KV blocks; a kernel takes at "
+                             f"most one")
+        params = _expand(self.table)
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "kinds", tuple(p.kind for p in params))
+        object.__setattr__(self, "real_kv", blocks[0] if blocks else None)
 
     def entry_point(self, **flags: bool) -> str:
         """The entry point compiled for exactly these specialisation flags."""
@@ -297,15 +311,13 @@ class KernelAbi:
         """bind(arguments[, read]) -> the values in ABI order, compiled from the table on first use."""
         namespace: dict = {"_ptr": _ptr, "_int": _int}
         paths = [p for e in self.table for p in ((e.path,) if isinstance(e, RealKv) else _paths(e[2]))]
-        for block in {e for e in self.table if isinstance(e, RealKv)}:
-            namespace["_real_kv"] = _real_kv_function(block, f"{self.name} real-KV block")
-        lines = [f"def bind(a{', read' if self.real_kv else ''}):"]
+        if self.real_kv is not None:
+            namespace["_real_kv"] = _real_kv_function(self.real_kv, f"{self.name} real-KV block")
+        lines = [f"def bind(a{', read' if self.real_kv is not None else ''}):"]
         lines += [f"    {root} = a[{root!r}]" for root in _roots(paths)]
         lines += ["    return (", *(f"        {item}," for item in _tuple_items(self.name, self.table)), "    )"]
         return _compile("\n".join(lines) + "\n", "bind", f"bind {self.name}", namespace)
 
-    def __repr__(self) -> str:
-        return f"<kv-canary kernel {self.name} ({self.operation})>"
 
 
 def kernel_for_operation(kernels: dict, operation: str) -> KernelAbi:
@@ -389,7 +401,7 @@ class PlanStages:
         stages = []
         for stage in self.stages:
             kernel = kernel_for_operation(self.kernels, stage)
-            if kernel.real_kv:
+            if kernel.real_kv is not None:
                 raise ValueError(f"kv-canary: plan stage kernel {kernel.name} cannot take a real-KV block")
             stages.append([(kernel.name, name, ctype, self._over_plan(stage, src)) for name, ctype, src in kernel.table])
         head = 0  # the parameters both stages begin with alike are read once

@@ -81,7 +81,7 @@ class KernelBackend:
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
         if values is None:
-            values = kernel.bind(args, read) if kernel.real_kv else kernel.bind(args)
+            values = kernel.bind(args) if kernel.real_kv is None else kernel.bind(args, read)
         return kernel, entry, blocks, threads, values, args
 
     def prepare(self, operation, args: dict, *, read: list | None = None) -> Prepared:

@@ -94,7 +94,7 @@ def test_each_kernels_binding_reads_its_table(any_layer, name):
     for seed in range(4):
         args, read = _validated(any_layer, name, seed)
         want = expected_values(kernel, args)
-        if kernel.real_kv:
+        if kernel.real_kv is not None:
             assert kernel.bind(args, read) == want  # what validation read of the sources
             assert kernel.bind(args, None) == want  # read by the binding itself
         else:
@@ -127,7 +127,7 @@ def test_a_checked_integer_is_refused_with_its_kernel_and_parameter(default_laye
 def test_a_size_in_a_narrower_parameter_is_range_checked():
     kernel = KernelAbi(name="k", operation="op", source="", shape="per_request", threads=1, blocks_per_sm=0,
                        blocks=0, warp_reduction=False, variants=(),
-                       params=(("n", "int", Size("x", 0)), ("s", "long long", Stride("x", 0)),
+                       table=(("n", "int", Size("x", 0)), ("s", "long long", Stride("x", 0)),
                                ("v", "int", Int("v", checked=True)), ("p", "const long long*", Ptr("x"))))
     x = torch.zeros(3, dtype=torch.int64)
     assert kernel.kinds == ("i32", "i64", "i32", "ptr")
@@ -141,15 +141,22 @@ def test_a_size_in_a_narrower_parameter_is_range_checked():
 @pytest.mark.parametrize("path", ["a.b c", "a.__import__('os')", "a[b]c", "1a", "a.class"])
 def test_a_path_that_is_not_names_is_refused(path):
     kernel = KernelAbi(name="k", operation="op", source="", shape="per_request", threads=1, blocks_per_sm=0,
-                       blocks=0, warp_reduction=False, variants=(), params=(("p", "const long long*", Ptr(path)),))
+                       blocks=0, warp_reduction=False, variants=(), table=(("p", "const long long*", Ptr(path)),))
     with pytest.raises(ValueError, match="kv-canary: kernel ABI path"):
-        kernel.bind  # noqa: B018: compiling it is what refuses
+        kernel.bind  # noqa: B018 (compiling it is what refuses)
+
+
+def test_a_kernel_takes_one_real_kv_block(default_layer):
+    block = kernel_abi(default_layer).REAL_KV
+    with pytest.raises(ValueError, match="kv-canary: kernel k lists 2 real-KV blocks; a kernel takes at most one"):
+        KernelAbi(name="k", operation="op", source="", shape="per_request", threads=1, blocks_per_sm=0, blocks=0,
+                  warp_reduction=False, variants=(), table=(block, block))
 
 
 def test_an_unknown_c_type_is_refused():
     with pytest.raises(ValueError, match=r"kv-canary: the binder cannot pass C type 'float'"):
         KernelAbi(name="k", operation="op", source="", shape="per_request", threads=1, blocks_per_sm=0, blocks=0,
-                  warp_reduction=False, variants=(), params=(("f", "float", Int("f")),))
+                  warp_reduction=False, variants=(), table=(("f", "float", Int("f")),))
 
 
 def test_an_operations_keywords_take_defaults_and_refuse_unknown_names(default_layer):

@@ -3,7 +3,7 @@
 # schema-sha256: 3682b70b3cfaaffa87c0711ef631d8478506dfda6035ef68c792b023272674cb
 # generator-sha256: not-recorded
 # generation-id: 9ebee29b83acba82
-# body-sha256: 9e73f8a8d6b420d984aa06a8ba7a79fd2a9510c44a38647537bef8f914f0bb07
+# body-sha256: 7d3510929642da19f701ebba7b975220691d3594ad7aaa7c1becc8a38e804564
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "412530079b3a3416607eb12c36b6c4b6d0a609dad07a06adf2cea263796b71cd",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
     "emulation/kv_canary_launchers.cpp": "75291262b19fd1d103adb5a4842c3b387f5f92cd6d145eb988c85a782ccbb27b",
-    "kernel_abi.py": "910a88fdfbbc22bc6de57ddbd285cbb59be52fc7070f227f800124f039421bce",
+    "kernel_abi.py": "b46af810ba33695ae25b0057b65913376ed3320708fca8b5fff10c1e12cc0ec3",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

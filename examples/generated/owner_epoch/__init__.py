@@ -3,7 +3,7 @@
 # schema-sha256: f2ec7d1b80796922d20a729a039b5faf9707102b8028da6b7f6a69175bdb3d25
 # generator-sha256: not-recorded
 # generation-id: 530aadf769a57a09
-# body-sha256: a9e82ef7310974e0a2dc8c98ad079475843849ab9e92b28cbb56821404834c72
+# body-sha256: 83bedd343534fe6ba9185308131d4ab49d0244a44de4b7f5e2c5952c04542481
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "f92ea4e9fc4f390fc1b12b743588955e951e10c4409ac7ef472c4c87d179e031",
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
     "emulation/kv_canary_launchers.cpp": "706641b82c9b13a0c0559d1284e01e61ce95fedfbc5b87b40b47de460efe1121",
-    "kernel_abi.py": "c02686d42cb46d007501010c19ba089959f09c46d0c9fc062b05e864e21c26da",
+    "kernel_abi.py": "6911d0e2b1195786debe24bd1bca5119dfe6e200035851aa06150c1984010c49",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

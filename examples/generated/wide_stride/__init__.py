@@ -3,7 +3,7 @@
 # schema-sha256: 525f327df4c11a219530ffe737bb169ce44dad6f307da34a545e6c3b7d1fdebf
 # generator-sha256: not-recorded
 # generation-id: b65c4ac8dc81bdfb
-# body-sha256: d6378b40a57f5b4b2df34b3fbe09eec081b5cf3aca6e3aaa4a52360f3f3a45f2
+# body-sha256: 96cedb3b25931082da3e9632ed04726968ac153910cc36b9260feaafc4291991
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "849ff3492c3996344a20e46d2cf3d7b7054f4c03e8d5ed6be2e9440a11f7998f",
     "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
     "emulation/kv_canary_launchers.cpp": "66a78471f7d36cdc9e6936b7c178ad2db174de8a80f8cd1a0311a865a74433aa",
-    "kernel_abi.py": "842364d91193010a63cf75d18064d19bed2642acff9b056c46852a4f5d83073c",
+    "kernel_abi.py": "a7aca6f71f0afc836bd0fced2478d712d758aba02184de5e47592df20df39556",
     "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }

@@ -111,7 +111,7 @@ KERNELS = {
         variants=(
             ('kvcanary_canary_write', ()),
         ),
-        params=(
+        table=(
             ('canary_buf', 'unsigned char*', Ptr('context.canary_buf')),
             ('num_slots', 'long long', Size('context.canary_buf', 0)),
             ('slot_stride_bytes', 'long long', Stride('context.canary_buf', 0)),
@@ -151,7 +151,7 @@ KERNELS = {
             ('kvcanary_canary_verify', (('check_verify_expected_token', False), )),
             ('kvcanary_canary_verify_check_verify_expected_token', (('check_verify_expected_token', True), )),
         ),
-        params=(
+        table=(
             ('canary_buf', 'const unsigned char*', Ptr('context.canary_buf')),
             ('num_slots', 'long long', Size('context.canary_buf', 0)),
             ('slot_stride_bytes', 'long long', Stride('context.canary_buf', 0)),
@@ -185,7 +185,7 @@ KERNELS = {
         variants=(
             ('kvcanary_canary_plan_offsets', ()),
         ),
-        params=(
+        table=(
             ('req_pool_indices', 'const long long*', Ptr('req_pool_indices')),
             ('prefix_lens', 'const long long*', Ptr('prefix_lens')),
             ('batch_size', 'long long', Size('req_pool_indices', 0)),
@@ -219,7 +219,7 @@ KERNELS = {
         variants=(
             ('kvcanary_canary_plan_entries', ()),
         ),
-        params=(
+        table=(
             ('req_pool_indices', 'const long long*', Ptr('req_pool_indices')),
             ('prefix_lens', 'const long long*', Ptr('prefix_lens')),
             ('batch_size', 'long long', Size('req_pool_indices', 0)),
@@ -257,7 +257,7 @@ KERNELS = {
         variants=(
             ('kvcanary_canary_scatter_req_token_ids', ()),
         ),
-        params=(
+        table=(
             ('flat_in', 'const long long*', Ptr('flat_in')),
             ('flat_len', 'long long', Size('flat_in', 0)),
             ('offsets', 'const long long*', Ptr('offsets')),
