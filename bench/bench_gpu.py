@@ -238,7 +238,7 @@ def verify_grid_info(layer) -> dict:
     resources, so a slow verify can be explained from the report alone."""
     import kv_canary
     from kv_canary.layer.sources import kernel_abi
-    kernel = kernel_abi(layer).kernel_for_template("verify")
+    kernel = kernel_abi(layer).kernel_for_operation("verify")
     entry = kernel.entry_point(check_verify_expected_token=False)
     mods = kv_canary.runtime_for(layer).backend("cuda").warm_up("cuda")
     fn = mods.functions[entry]
@@ -309,7 +309,7 @@ def bench(repeats: int, out: dict, save) -> dict:
     alloc = layer.allocators
 
     from kv_canary.layer.sources import kernel_abi
-    write_kernel = kernel_abi(layer).kernel_for_template("write")
+    write_kernel = kernel_abi(layer).kernel_for_operation("write")
     out["write_launch"] = {"shape": write_kernel.shape, "threads": write_kernel.threads}
 
     def prefill_inputs() -> dict:

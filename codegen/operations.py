@@ -11,23 +11,22 @@ that used to list operations by hand is rendered or derived from this table:
   KERNEL_SOURCE_TEMPLATES in codegen/outputs.py), whether kvc_cpu.h has its host loop (`cpu`: the
   cpu library's entry points) and whether host backends store its rows in entry order;
 - the operation's keywords (SGLang's keyword-only arguments with their defaults, the input-field
-  keywords a schema's fields make appear) and its public launch functions (`public`): the binding
-  functions of generated/kernel_abi.py and the public launches of codegen/launches.py
+  keywords a schema's fields make appear) and its public launch functions (`public`): data in
+  generated/kernel_abi.py (`OPERATIONS`) and the public launches of codegen/launches.py
   (generated/api.py); the reference binding of generated/reference.py follows from its name;
 - the per-tensor rules (dtype, dims, device, contiguity, alignment, input or output) that
   kv_canary/launch/validation.py checks at every launch, rendered as data into generated/kernel_abi.py
-  (`OPERATIONS`), with the expressions that reach each tensor from the operation's arguments;
+  (`OPERATIONS`), with the path that reaches each tensor from the operation's arguments;
 - the plan data classes' fields (`verify_plan_fields`, `WRITE_PLAN_FIELDS`) and the "unknown"
   sentinel they start with, rendered for kv_canary/launch/allocation.py.
 - the arguments the whole plan hands its two stages (`plan_stage_values`: generated/kernel_abi.py
-  plan_stage_args, and bind_plan, what kv_canary/backends/kernels.py launches the plan with).
+  PLAN, from which kv_canary/backends/binder.py binds the plan's two kernels).
 
 Adding an operation is one entry here, plus its device code, its source template, its operation
 object and its reference function (docs/adding-a-kernel.md: five files).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -36,12 +35,12 @@ from .kernel_abi import (
     ELEMENT_KINDS,
     KIND_RANGES,
     REAL_KV_SOURCE_PARAMS,
-    REAL_KV_TAIL_PARAMS,
+    Int,
+    KvField,
     Param,
     plan_entries_params,
     plan_offsets_params,
     scatter_params,
-    source_field,
     verify_params,
     write_params,
 )
@@ -83,11 +82,19 @@ class PublicLaunch:
     reference: bool = True          # also generate `<name>_torch_reference` (always the torch reference)
 
 
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()  # a keyword without a default
+
+
 @dataclass(frozen=True)
 class Keyword:
     """One keyword argument of an operation, in SGLang's order."""
     name: str
-    default: Optional[str] = None   # Python source of the default; None: required
+    default: object = REQUIRED      # its default value (None, 0), or REQUIRED
     # An input-field keyword ({field: tensor}): the Record property naming its fields, and what it
     # maps them to. It appears in a public signature only when the schema has such fields.
     fields: str = ""
@@ -104,7 +111,7 @@ class TensorRule:
     or an output: no input may share memory with an output of the same launch.
     """
     name: str                       # as messages name it
-    path: str                       # Python expression over the operation's arguments
+    path: str                       # over the operation's arguments: `argument[.attribute ...][[key]]`
     dtype: str                      # torch dtype name
     dims: tuple
     role: str                       # one of ROLES
@@ -137,15 +144,16 @@ class Operation:
     # The kernel template of the same name (None: an operation that runs other operations' kernels).
     kernel: Optional[KernelTemplateSpec] = None
     params: Optional[Callable[[Schema], tuple[Param, ...]]] = None
-    real_kv: bool = False           # the binding also takes `kv`, the context's real-KV parameters
     # Its public launch functions (codegen/launches.py orders them: those with a torch-reference
     # variant first, SGLang's launchers, then the stage and alias launchers).
     public: tuple[PublicLaunch, ...] = ()
 
     @property
-    def binding_args(self) -> tuple[str, ...]:
-        """The keywords of the generated binding functions (their parameter values are expressions over them)."""
-        return tuple(k.name for k in self.keywords) + (("kv",) if self.real_kv else ())
+    def defaults(self) -> dict:
+        """The keywords the runtime may leave out, with their values: an input-field mapping may be
+        left out (None: no fields)."""
+        return {k.name: None if k.default is REQUIRED else k.default for k in self.keywords
+                if k.default is not REQUIRED or k.fields}
 
 
 # -- the plan data classes -----------------------------------------------------------------------
@@ -182,7 +190,7 @@ def _plan_rules(fields, arg: str, symbol: str, role: str, *, label: str) -> tupl
 
 
 def _mapping_rules(schema: Schema, keyword: str, fields: str, dims: tuple, role: str) -> tuple[TensorRule, ...]:
-    return tuple(TensorRule(f"{keyword}[{f.name!r}]", f"{keyword}[{f.name!r}]", "int64", dims, role)
+    return tuple(TensorRule(f"{keyword}[{f.name!r}]", f"{keyword}[{f.name}]", "int64", dims, role)
                  for f in getattr(schema.canary, fields))
 
 
@@ -198,8 +206,8 @@ def _context_rules(schema: Schema, canary_buf_role: str) -> tuple[TensorRule, ..
         TensorRule("slot_run_counter", "context.slot_run_counter", "int64", (1,), "output"),
         TensorRule("kernel_run_counter", "context.kernel_run_counter", "int64", (1,), "output"),
         TensorRule("enable_chain_position_assert", "context.enable_chain_position_assert", "int32", (1,), "input"),
-        # [extension] optional per-reason totals; getattr: an SGLang-style context object has no such field.
-        TensorRule("violation_reason_counts", "getattr(context, 'violation_reason_counts', None)", "int64",
+        # [extension] optional per-reason totals: an SGLang-style context object has no such field.
+        TensorRule("violation_reason_counts", "context.violation_reason_counts", "int64",
                    (len(schema.fail_reason.members),), "output", optional=True),
     )
 
@@ -312,10 +320,9 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     Operation(
         "write",
         (*_kw("context", "plan", "input_ids", "positions", "out_cache_loc", "enable_write_input_assert"),
-         Keyword("expected_input_tokens", "None"), Keyword("expected_input_positions", "None"), _EXTRA_INPUTS),
+         Keyword("expected_input_tokens", None), Keyword("expected_input_positions", None), _EXTRA_INPUTS),
         "canary_buf", write_rules,
         KernelTemplateSpec(("per_request", "block_per_request"), source_per_shape=True, cpu=True), write_params,
-        real_kv=True,
         public=(PublicLaunch("launch_canary_write_kernel",
                              "Write the records of a WritePlan's chains (docs/semantics.md §5.1)."),)),
     Operation(
@@ -324,7 +331,6 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
         "canary_buf", verify_rules,
         KernelTemplateSpec(("persistent", "fixed_grid"), ("check_verify_expected_token",), cpu=True,
                            entry_order=True), verify_params,
-        real_kv=True,
         public=(PublicLaunch("launch_canary_verify_kernel", "Check the entries of a VerifyPlan and append mismatches "
                                                             "to the ring (docs/semantics.md §5.2)."),)),
     # The whole plan: its two stages over a scratch of verify offsets (kv_canary/backends/kernels.py).
@@ -332,8 +338,8 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
         "plan",
         (*_kw("verify_plan_out", "write_plan_out", "req_pool_indices", "prefix_lens", "extend_seq_lens",
               "req_to_token", "swa_window_size", "full_to_swa_index_mapping", "verify_capacity"),
-         Keyword("req_to_verify_expected_tokens", "None"), Keyword("req_to_verify_expected_tokens_valid_lens", "None"),
-         Keyword("kv_token_id_vs_position_offset", "0"), _EXTRA_REQUEST_VALUES),
+         Keyword("req_to_verify_expected_tokens", None), Keyword("req_to_verify_expected_tokens_valid_lens", None),
+         Keyword("kv_token_id_vs_position_offset", 0), _EXTRA_REQUEST_VALUES),
         "req_to_token", plan_rules,
         public=(PublicLaunch("launch_canary_plan_kernels",
                              "Derive the verify and write plans of a batch (docs/semantics.md §5.3)."),)),
@@ -374,35 +380,28 @@ OPERATIONS: dict[str, Operation] = {op.name: op for op in (
 
 # -- the plan's two stages ---------------------------------------------------------------------------
 # The whole plan runs plan_offsets, then plan_entries, over a scratch of verify offsets between them
-# (kv_canary/backends/kernels.py). A stage keyword the plan takes too is passed on as it is, an
-# `out_<field>` one is that field of the plan data class the plan fills; these are the others.
+# (kv_canary/launch/operations.py Plan). A stage keyword the plan takes too is passed on as it is, an
+# `out_<field>` one is that field of the plan data class the plan fills; these are the others, as
+# paths over the plan's arguments ("scratch": the scratch).
 PLAN_STAGE_OTHER_VALUES = {
     "out_verify_offsets_scratch": "scratch",
     "verify_offsets_scratch": "scratch",
     "out_verify_enable": "verify_plan_out.enable",
     "verify_enable": "verify_plan_out.enable",
-    "out_extra_verify_expected": "{name: getattr(verify_plan_out, 'verify_expected_' + name) for name in "
-                                 "extra_request_values}",
 }
 PLAN_STAGES = ("plan_offsets", "plan_entries")
 
 
-def plan_stage_values(schema: Schema) -> dict[str, tuple[tuple[str, str], ...]]:
-    """stage -> (keyword, its value as a Python expression over the plan's keywords and `scratch`), in
-    the stage's keyword order (generated/kernel_abi.py plan_stage_args)."""
+def plan_stage_values(schema: Schema) -> dict[str, tuple[tuple[str, object], ...]]:
+    """stage -> (keyword, its value), in the stage's keyword order: a path over the plan's keywords and
+    `scratch`, or for the per-request expected outputs {field: path} (generated/kernel_abi.py PLAN)."""
     plan = {k.name: k.name for k in OPERATIONS["plan"].keywords}
     fields = {f"out_{f.name}": f"{arg}.{f.name}" for arg, group in (("verify_plan_out", verify_plan_fields(schema)),
                                                                     ("write_plan_out", WRITE_PLAN_FIELDS))
               for f in group}
-    values = {**fields, **plan, **PLAN_STAGE_OTHER_VALUES}
+    expected = {f.name: f"verify_plan_out.verify_expected_{f.name}" for f in schema.canary.per_request_fields}
+    values = {**fields, **plan, **PLAN_STAGE_OTHER_VALUES, "out_extra_verify_expected": expected}
     return {stage: tuple((k.name, values[k.name]) for k in OPERATIONS[stage].keywords) for stage in PLAN_STAGES}
-
-
-def plan_stage_roots(schema: Schema) -> tuple[str, ...]:
-    """The plan keywords the stage values read, in the plan's keyword order."""
-    used = {name for stage in plan_stage_values(schema).values() for _, value in stage
-            for name in re.findall(r"\w+", value)}
-    return tuple(k.name for k in OPERATIONS["plan"].keywords if k.name in used)
 
 
 # kernels.yaml `template:` -> what it accepts (the keys are the templates codegen knows).
@@ -424,7 +423,7 @@ def _narrowest(a: str, b: str) -> str:
 def argument_kinds(schema: Schema) -> dict[str, str]:
     """Python arguments whose value must fit a C integer of the kernels -> that integer's kind.
 
-    Three ways a value reaches one: a scalar parameter whose value is the operation argument itself
+    Three ways a value reaches one: an integer parameter that is the operation argument itself
     (`swa_window_size`), a real-KV parameter taken from a RealKvSource field (`RealKvSource.page_size`),
     and a capacity whose count a kernel stores through an `int*` (`verify_capacity`). Where several
     parameters take one argument, the narrowest type wins.
@@ -434,122 +433,23 @@ def argument_kinds(schema: Schema) -> dict[str, str]:
     def add(argument: str, kind: str) -> None:
         out[argument] = _narrowest(out[argument], kind) if argument in out else kind
 
-    for _, ctype, value in REAL_KV_SOURCE_PARAMS:
-        if source_field(value) and C_TYPES[ctype][0] != "ptr":
-            add("RealKvSource." + source_field(value), C_TYPES[ctype][0])
+    for _, ctype, spec in REAL_KV_SOURCE_PARAMS:
+        if isinstance(spec, KvField) and C_TYPES[ctype][0] != "ptr":
+            add("RealKvSource." + spec.name, C_TYPES[ctype][0])
     for kernel in schema.kernels:
         op = OPERATIONS.get(kernel.operation)
         if op is None or op.params is None:
             continue
         for p in kernel_params(schema, kernel):
-            if not p.is_pointer and p.value in op.binding_args:
-                add(p.value, p.kind)
+            if isinstance(p.source, Int) and p.source.argument:
+                add(p.source.argument, p.kind)
             if p.holds_count_of:
                 add(p.holds_count_of, ELEMENT_KINDS[p.dtype])
     return dict(sorted(out.items()))
 
 
-# A scalar parameter that is a tensor's size or stride (or a count of sources) fits int64 by
-# construction: the binding passes it as it is. Every other scalar is range-checked when bound.
-_SIZE = re.compile(r"(\.shape\[\d+\]|\.stride\(\d+\)|\.stride\(\d+\) \* t\.element_size\(\))$|^len\(")
-
-
-def _value_of(param: Param, schema: Schema) -> str:
-    """The expression a parameter's value comes from (a real-KV `kv[i]` resolved to its source)."""
-    m = re.fullmatch(r"kv\[(\d+)\]", param.value)
-    if m is None:
-        return param.value
-    i, per_source = int(m.group(1)), len(REAL_KV_SOURCE_PARAMS)
-    sources = schema.constant("MAX_REAL_KV_SOURCES").value * per_source
-    return REAL_KV_SOURCE_PARAMS[i % per_source][2] if i < sources else REAL_KV_TAIL_PARAMS[i - sources][2]
-
-
-def binding_forms(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
-    """How the generated binding passes each parameter: "address" (already an integer), "ptr" (a
-    tensor the validators require), "nullable" (a tensor or None -> NULL), "size" (an int that fits
-    by construction: a size, a stride, a count of sources), "fits" (an argument the validators
-    range-check against this parameter's C type or a narrower one: argument_kinds) or "checked" (an int range-checked
-    here against its C type)."""
-    op = OPERATIONS[kernel.operation]
-    required = {r.path for r in op.tensors(schema) if not r.optional}
-    kinds = argument_kinds(schema)
-    out = []
-    for p in kernel.params:
-        value = re.sub(r" if .* else 0$", "", _value_of(p, schema))
-        argument = "RealKvSource." + source_field(value) if source_field(value) else value
-        if p.address:
-            out.append("address")
-        elif p.is_pointer:
-            out.append("ptr" if p.value in required else "nullable")
-        elif _SIZE.search(value) and (p.kind == "i64" or value.startswith("len(")):
-            out.append("size")
-        elif argument in kinds and _narrowest(kinds[argument], p.kind) == kinds[argument]:
-            out.append("fits")
-        else:
-            out.append("checked")
-    return tuple(out)
-
-
-def binding_items(schema: Schema, kernel: Kernel) -> tuple[tuple[Param, str, str], ...]:
-    """(parameter, form, expression) of each item of the generated binding's tuple: a run of real-KV
-    parameters passed as they are is one slice of `kv` (form "splice"; its parameters are in ABI order)."""
-    out: list = []
-    for p, form in zip(kernel.params, binding_forms(schema, kernel)):
-        m = re.fullmatch(r"kv\[(\d+)\]", p.value)
-        if m and form != "checked" and out and out[-1][1] == "splice" and out[-1][3] == int(m.group(1)):
-            first = out[-1][4]
-            out[-1] = (out[-1][0], "splice", f"*kv[{first}:{int(m.group(1)) + 1}]", int(m.group(1)) + 1, first)
-        elif m and form != "checked":
-            i = int(m.group(1))
-            out.append((p, "splice", f"*kv[{i}:{i + 1}]", i + 1, i))
-        else:
-            out.append((p, form, p.value, None, None))
-    return tuple((p, form, expr) for p, form, expr, _, _ in out)
-
-
-def binding_roots(schema: Schema, kernel: Kernel) -> tuple[str, ...]:
-    """The operation arguments the binding's expressions read (besides `kv`), in first-use order."""
-    args = set(OPERATIONS[kernel.operation].binding_args) - {"kv"}
-    used = (name for _, _, expr in binding_items(schema, kernel) for name in re.findall(r"[A-Za-z_]\w*", expr))
-    return tuple(dict.fromkeys(name for name in used if name in args))
-
-
-def plan_binding(schema: Schema) -> dict:
-    """What generated/kernel_abi.py bind_plan renders: each stage's kernel (the first of its template)
-    bound over the plan's own arguments: the plan keywords read ("roots"), the stage keywords the
-    bindings read that are not plan keywords, as plan_stage_values maps them ("locals"), the
-    parameters both stages begin with alike, read once ("head"), and each stage's kernel with the rest."""
-    kernels = [next(k for k in schema.kernels if k.operation == stage) for stage in PLAN_STAGES]
-    items = [binding_items(schema, k) for k in kernels]
-    head = 0
-    while head < min(map(len, items)) and items[0][head] == items[1][head] and items[0][head][1] != "checked":
-        head += 1
-    read = {name for k in kernels for name in binding_roots(schema, k)}
-    values = dict(kv for stage in plan_stage_values(schema).values() for kv in stage)
-    local = tuple((name, value) for name, value in values.items() if name in read and name != value)
-    used = {name for e in (*(expr for it in items for _, _, expr in it), *(v for _, v in local))
-            for name in re.findall(r"\w+", e)}
-    return {"roots": tuple(k.name for k in OPERATIONS["plan"].keywords if k.name in used), "locals": local,
-            "head": items[0][:head], "stages": tuple((k, it[head:]) for k, it in zip(kernels, items))}
-
-
-def rules_context(schema: Schema) -> dict:
-    """What templates/python/kernel_abi.py.j2 renders the operations from."""
-    return {"operations": OPERATIONS, "operation_rules": {name: op.tensors(schema) for name, op in OPERATIONS.items()},
-            "verify_plan_fields": verify_plan_fields(schema), "write_plan_fields": WRITE_PLAN_FIELDS,
-            "unknown": UNKNOWN, "binding_items": lambda kernel: binding_items(schema, kernel),
-            "plan_stages": plan_stage_values(schema), "plan_stage_roots": plan_stage_roots(schema),
-            "plan_binding": plan_binding(schema),
-            "binding_roots": lambda kernel: binding_roots(schema, kernel),
-            "rule_roots": rule_roots, "op_keyword_decls": keyword_decls,
-            "op_keyword_items": lambda op: [f"{k.name!r}: {k.name}" for k in op.keywords]}
-
-
-def keyword_decls(op: Operation) -> list[str]:
-    """The operation's keywords as the runtime takes them: an input-field mapping may be left out ({})."""
-    return [k.name if k.default is None and not k.fields else f"{k.name}={k.default or 'None'}" for k in op.keywords]
-
-
-def rule_roots(rules: tuple[TensorRule, ...]) -> tuple[str, ...]:
-    """The operation arguments the rules' paths start from, in first-use order."""
-    return tuple(dict.fromkeys(re.match(r"(?:getattr\()?(\w+)", r.path).group(1) for r in rules))
+def checked_by_validation(param: Param, kinds: dict[str, str]) -> bool:
+    """An integer parameter whose argument validation range-checks against its C type or a narrower
+    one (argument_kinds): the binding passes it as it is; every other integer it range-checks."""
+    argument = param.source.argument if isinstance(param.source, Int) else ""
+    return argument in kinds and _narrowest(kinds[argument], param.kind) == kinds[argument]

@@ -17,7 +17,7 @@ from .comments import comment_text
 from .cuda_context import cuda_context
 from .diagnostics import Diagnostic, Loc, SchemaError
 from .hexdump import golden_rows
-from .kernel_abi import ENTRY_POINT_PREFIX, REAL_KV_SOURCE_PARAMS, REAL_KV_TAIL_PARAMS, entry_points
+from .kernel_abi import entry_points
 from .launches import ALLOCATOR_NAMES, launches, public_names
 from .load import layout_fingerprint
 from .model import (
@@ -31,8 +31,9 @@ from .model import (
     Schema,
     splitmix64,
 )
-from .operations import FIELD_KEYWORDS, OPERATIONS, argument_kinds, rules_context
-from .outputs import KERNEL_SOURCE_TEMPLATES, STATIC_OUTPUTS, kernel_source_template
+from .operations import FIELD_KEYWORDS, OPERATIONS, REQUIRED, UNKNOWN
+from .outputs import STATIC_OUTPUTS, kernel_source_template
+from .python_context import python_context
 from .yaml_loader import normalise_text
 
 CODEGEN_DIR = Path(__file__).resolve().parent
@@ -134,7 +135,7 @@ def wrap_call(head: str, parts: list[str], tail: str, indent: int = 0, width: in
 
 def arg_decls(args) -> list[str]:
     """Keyword parameters of a launch signature: `name` or `name=default`."""
-    return [a.name if a.default is None else f"{a.name}={a.default}" for a in args]
+    return [a.name if a.default is REQUIRED else f"{a.name}={a.default!r}" for a in args]
 
 
 def arg_passes(args) -> list[str]:
@@ -262,7 +263,6 @@ def template_context(schema: Schema) -> dict:
         "violation": schema.violation,
         "real_kv_source": schema.real_kv_source,
         "fail_reason": schema.fail_reason,
-        "kernel_templates": KERNEL_SOURCE_TEMPLATES,
         "golden_rows": golden_rows(schema),
         "launch_phases": LAUNCH_PHASES,
         "launch_halves": LAUNCH_HALVES,
@@ -270,21 +270,15 @@ def template_context(schema: Schema) -> dict:
         "violation_carries": VIOLATION_CARRIES,
         "fail_reason_bits": lambda kind: sum(m.value for m in schema.fail_reasons_of_kind(kind)),
         "token_reason_bits": sum(m.value for m in schema.token_fail_reasons),
-        "operation_args": {name: op.binding_args for name, op in OPERATIONS.items()},
         # The operations in table order: each is a function of the torch reference (python/reference.py.j2).
         "operation_names": tuple(OPERATIONS),
         "launches": launches(schema),
         "public_names": public_names(schema),
         "allocator_names": ALLOCATOR_NAMES,
         "field_keywords": FIELD_KEYWORDS,
-        "real_kv_source_params": REAL_KV_SOURCE_PARAMS,
-        "real_kv_tail_params": REAL_KV_TAIL_PARAMS,
-        # C names of the kernels (extern "C" symbols) and the arguments that must fit a C integer.
+        # C names of the kernels (extern "C" symbols).
         "entry_points": entry_points,
-        "entry_point_prefix": ENTRY_POINT_PREFIX,
-        "argument_kinds": argument_kinds(schema),
-        # The operation table's per-tensor rules and data class fields (codegen/operations.py).
-        **rules_context(schema),
+        "unknown": UNKNOWN,
     }
 
 
@@ -322,6 +316,8 @@ def render_all(schema: Schema, schema_text: str, env: jinja2.Environment | None 
             identity = template
             continue
         typed = cuda_context(template, schema, extra.get("kernel"))  # CUDA, emulation and cpu templates
+        if typed is None:
+            typed = python_context(template, schema, provenance.regenerate)  # kernel_abi.py
         body = render_body(env, template, typed if typed is not None else {**context, **extra}, path)
         out.append(GeneratedFile(path, make_header(path, template, provenance) + body, template))
     file_sha256 = {f.path: sha256_text(f.text) for f in sorted(out, key=lambda f: f.path)}

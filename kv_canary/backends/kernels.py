@@ -2,8 +2,9 @@
 whose `kernel_launches` names its kernels and work sizes) as launches of the generated kernels.
 
 Which variant and every argument value: decided here, from the layer's generated kernel
-ABI (generated/kernel_abi.py: `KERNELS[name].bind(arguments[, kv])` returns a kernel's arguments in ABI
-order, rendered from the same parameter list as the CUDA signature). Subclasses say how big a grid
+ABI (generated/kernel_abi.py: each kernel's parameters as typed data, rendered from the same parameter
+list as the CUDA signature; `KERNELS[name].bind(arguments[, read])`, compiled from them by
+kv_canary/backends/binder.py, returns a kernel's arguments in ABI order). Subclasses say how big a grid
 is and how a launch of those values runs (`launcher`: CuPy's kernel call on a GPU, the emulation
 library's packed-argument entry point on the host).
 
@@ -38,7 +39,7 @@ class KernelBackend:
             raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
                              f"run `{regenerate_command(layer)}`")
-        self.kernels = {template: self.abi.kernel_for_template(template) for template in self.abi.KERNEL_OPERATIONS}
+        self.kernels = {operation: self.abi.kernel_for_operation(operation) for operation in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
 
     # -- hooks ----------------------------------------------------------------------------------
@@ -70,23 +71,24 @@ class KernelBackend:
                                  f"`specializations: {{{flag}: [false, true]}}` for it in kernels.yaml")
         return kernel.entry_point(**{k: bool(v) for k, v in flags.items() if k in declared})
 
-    def bound(self, template: str, args, *, work: int, device: torch.device, kv: tuple | None = None,
+    def bound(self, operation: str, args, *, work: int, device: torch.device, read: list | None = None,
               values: tuple | None = None, **flags) -> tuple:
         """(kernel, entry point, blocks, threads, values, args) of one kernel launch over `args` (kept
-        with the launch: the values hold their tensors' addresses, not the tensors); `values`: the
-        launch's values already bound (the plan's stages, bind_plan)."""
-        kernel = self.kernels[template]
+        with the launch: the values hold their tensors' addresses, not the tensors); `read`: what
+        validation read of the real-KV sources (a kernel with a real-KV block); `values`: the launch's
+        values already bound (the plan's stages, PLAN.bind)."""
+        kernel = self.kernels[operation]
         entry = self.entry_point(kernel, **flags)
         blocks, threads = self.grid(kernel, entry, work=work, device=device)
         if values is None:
-            values = kernel.bind(args) if kv is None else kernel.bind(args, kv)
+            values = kernel.bind(args) if kernel.real_kv is None else kernel.bind(args, read)
         return kernel, entry, blocks, threads, values, args
 
     def prepare(self, operation, args: dict, *, read: list | None = None) -> Prepared:
         """`operation` (an object of kv_canary/launch/operations.py; validated `args`) bound to its
         kernel launches (`operation.kernel_launches`), the kernels alone (an operation adds its
         index-value checks on a host backend); `read`: what the validators read of the real-KV
-        sources (write, verify; real_kv_args)."""
+        sources (write, verify: the binding takes them instead of reading the tensors again)."""
         device, stages = operation.kernel_launches(self, args, read)
         runs = [self.launcher(kernel, entry, blocks=blocks, threads=threads, values=values, device=device)
                 for kernel, entry, blocks, threads, values, _ in stages]

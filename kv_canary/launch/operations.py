@@ -405,8 +405,7 @@ class Write(ContextOperation):
 
     def kernel_launches(self, backend, args, read):
         device = backend.device_of(args["context"].canary_buf)
-        kv = backend.abi.real_kv_args(args["context"], read)
-        return device, [backend.bound("write", args, kv=kv, device=device,
+        return device, [backend.bound("write", args, read=read, device=device,
                                       work=int(args["plan"].write_seed_slot_indices.shape[0]))]
 
 
@@ -429,8 +428,7 @@ class Verify(ContextOperation):
 
     def kernel_launches(self, backend, args, read):
         device = backend.device_of(args["context"].canary_buf)
-        kv = backend.abi.real_kv_args(args["context"], read)
-        return device, [backend.bound("verify", args, kv=kv, device=device,
+        return device, [backend.bound("verify", args, read=read, device=device,
                                       work=int(args["plan"].verify_slot_indices.shape[0]),
                                       check_verify_expected_token=args["check_verify_expected_token"])]
 
@@ -514,7 +512,7 @@ class Plan(PlanOperation):
         device = backend.device_of(args["req_to_token"])
         bs = int(args["req_pool_indices"].shape[0])
         scratch = args["req_pool_indices"].new_empty(bs + 1)  # int64 on its device; new_empty: half torch.empty's cost
-        offsets, entries = backend.abi.bind_plan(args, scratch)  # the stages' values, as plan_stage_args would bind them
+        offsets, entries = backend.abi.PLAN.bind(args, scratch)  # the stages' values, as PLAN.args would bind them
         held = (args, scratch)  # what the stages' values point into
         return device, [backend.bound("plan_offsets", held, values=offsets, work=bs, device=device),
                         backend.bound("plan_entries", held, values=entries, device=device,

@@ -75,10 +75,10 @@ def test_strict_mode_rejects_a_partial_warp_reduction(default_layer):
     backend = _backend(default_layer)
     case = scenarios.make_verify_case(random.Random(3), default_layer, n_reqs=4)
     abi = kernel_abi(default_layer)
-    kernel = abi.kernel_for_template("verify")
+    kernel = abi.kernel_for_operation("verify")
     case["plan"].enable.fill_(1)
     args = kernel.bind(dict(context=case["context"], plan=case["plan"], check_verify_expected_token=False,
-                            extra_slot_tables={}), abi.real_kv_args(case["context"]))
+                            extra_slot_tables={}), None)  # None: the binding reads the real-KV sources itself
     entry = kernel.entry_point(check_verify_expected_token=False)
     with pytest.raises(EmulationLaunchError, match="strict warp check: lane .* does not exist"):
         backend.launcher(kernel, entry, blocks=1, threads=48, values=args, device=None)()

@@ -35,13 +35,13 @@ def shaped_layer(request):
     if shape == "default":
         return kv_canary.generated
     layer = write_shape_layer(shape, threads)
-    write = kernel_abi(layer).kernel_for_template("write")
+    write = kernel_abi(layer).kernel_for_operation("write")
     assert (write.shape, write.threads) == (shape, threads)
     return layer
 
 
 def test_default_write_is_block_per_request(default_layer):
-    write = kernel_abi(default_layer).kernel_for_template("write")
+    write = kernel_abi(default_layer).kernel_for_operation("write")
     assert write.shape == "block_per_request" and write.threads % 32 == 0
     assert f"kvc_write::block_per_request<{write.threads}, " in read_source(default_layer, write.source)
 
@@ -64,7 +64,7 @@ def test_full_block_with_repeated_slots_matches_reference(default_layer, monkeyp
     requests of several chunks, half of them with slots repeated many times inside one request: in
     one chunk across lanes and warps, and across chunks (scenarios.crowd_slots)."""
     backend = kv_canary.runtime_for(default_layer).backend("emulated")
-    write = kernel_abi(default_layer).kernel_for_template("write")
+    write = kernel_abi(default_layer).kernel_for_operation("write")
     assert write.threads > 64, "kernels.yaml's write block is no wider than the emulation's default"
     monkeypatch.setattr(backend, "threads", write.threads)
     for seed in range(max(1, int(4 * budget.MULTIPLIER))):

@@ -62,7 +62,7 @@ def test_builtin_fail_reasons_reach_the_layer(generated):
 
 
 def test_the_plans_stages_fill_every_field_of_its_plans(generated):
-    """plan_stage_args (rendered from the operation table) hands each stage its own keywords, and the
+    """PLAN.args (the stage values rendered from the operation table) hands each stage its own keywords, and the
     two stages together reach every field of both plan data classes."""
     layer, schema = generated
     abi = kernel_abi(layer)
@@ -72,7 +72,7 @@ def test_the_plans_stages_fill_every_field_of_its_plans(generated):
     plan.update({cls: SimpleNamespace(**values) for cls, values in fields.items()},
                 extra_request_values={f.name: object() for f in schema.canary.per_request_fields})
     scratch = object()
-    stages = abi.plan_stage_args(plan, scratch)
+    stages = abi.PLAN.args(plan, scratch)
     assert [list(s) for s in stages] == [[k.name for k in OPERATIONS[op].keywords] for op in ("plan_offsets", "plan_entries")]
     reached = {id(v) for s in stages for v in s.values()}
     reached |= {id(v) for v in stages[1]["out_extra_verify_expected"].values()}
@@ -82,14 +82,14 @@ def test_the_plans_stages_fill_every_field_of_its_plans(generated):
         assert not missing, f"the plan's stages never reach {cls}.{missing}"
 
 
-def test_bind_plan_binds_each_stage_as_the_stages_binding_binds_its_arguments(generated):
-    """bind_plan (what the kernel backends launch a plan with) gives each stage's kernel the values
-    its own binding gives over plan_stage_args, with and without the optional tensors."""
+def test_the_plan_binds_each_stage_as_the_stages_binding_binds_its_arguments(generated):
+    """PLAN.bind (what the kernel backends launch a plan with) gives each stage's kernel the values
+    its own binding gives over PLAN.args, with and without the optional tensors."""
     layer, _ = generated
     abi = kernel_abi(layer)
-    kernels = [abi.kernel_for_template(stage) for stage in ("plan_offsets", "plan_entries")]
+    kernels = [abi.kernel_for_operation(stage) for stage in ("plan_offsets", "plan_entries")]
     for seed in range(8):
         case = scenarios.make_plan_case(random.Random(seed), layer, n_reqs=3)
         scratch = torch.zeros(4, dtype=torch.int64)
-        stages = abi.plan_stage_args(case, scratch)
-        assert abi.bind_plan(case, scratch) == tuple(k.bind(args) for k, args in zip(kernels, stages))
+        stages = abi.PLAN.args(case, scratch)
+        assert abi.PLAN.bind(case, scratch) == tuple(k.bind(args) for k, args in zip(kernels, stages))

@@ -13,7 +13,7 @@ from kv_canary.layer.sources import kernel_abi
 def test_launch_grids_follow_the_schema_and_the_occupancy():
     """Grid rules of the CUDA backend (no GPU needed): persistent = SM count x min(blocks_per_sm,
     resident blocks), never more blocks than the capacity fills; fixed_grid pins kernels.yaml's grid."""
-    verify = kernel_abi(kv_canary.generated).kernel_for_template("verify")
+    verify = kernel_abi(kv_canary.generated).kernel_for_operation("verify")
     assert verify.shape == "persistent" and verify.blocks_per_sm == 8
     assert persistent_grid(132, verify.blocks_per_sm, 5) == 660        # occupancy below the schema's 8
     assert persistent_grid(132, verify.blocks_per_sm, 16) == 1056      # the schema's value is the bound
@@ -25,7 +25,7 @@ def test_launch_grids_follow_the_schema_and_the_occupancy():
     # write: block_per_request covers the plan's capacity with one block per request whatever the
     # block size (the active count is on the device; blocks past it exit); per_request packs
     # `threads` requests into a block.
-    write = kernel_abi(kv_canary.generated).kernel_for_template("write")
+    write = kernel_abi(kv_canary.generated).kernel_for_operation("write")
     assert write.shape == "block_per_request"
     assert blocks_for(write, 257, threads=write.threads, persistent_blocks=0) == 257
     assert blocks_for(write, 257, threads=32, persistent_blocks=0) == 257

@@ -60,15 +60,15 @@ def test_the_ranges_come_from_the_kernel_abi():
     kernel parameter, and each capacity the element type of the int* its count is stored in."""
     abi = kernel_abi(kv_canary.generated)
     kinds = {"int": "i32", "long long": "i64"}
-    verify = abi.kernel_for_template("verify")
-    params = dict(verify.params)
+    verify = abi.kernel_for_operation("verify")
+    params = {p.name: p.ctype for p in verify.params}
     for field in ("page_size", "num_bytes_per_token", "read_bytes"):
         assert abi.ARGUMENT_KINDS["RealKvSource." + field] == kinds[params[f"real_kv_{field}_0"]]
-    plan_offsets = dict(abi.kernel_for_template("plan_offsets").params)
+    plan_offsets = {p.name: p.ctype for p in abi.kernel_for_operation("plan_offsets").params}
     assert plan_offsets["verify_num_valid"] == "int*" and abi.ARGUMENT_KINDS["verify_capacity"] == "i32"
     assert plan_offsets["write_num_valid_reqs"] == "int*" and abi.ARGUMENT_KINDS["write_req_capacity"] == "i32"
     assert params["violation_write_index"] == "int*" and abi.ARGUMENT_KINDS["ring_capacity"] == "i32"
-    entries = dict(abi.kernel_for_template("plan_entries").params)
+    entries = {p.name: p.ctype for p in abi.kernel_for_operation("plan_entries").params}
     for name in ("swa_window_size", "kv_token_id_vs_position_offset"):
         assert abi.ARGUMENT_KINDS[name] == kinds[entries[name]]
 

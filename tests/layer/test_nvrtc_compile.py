@@ -78,7 +78,7 @@ def test_every_kernel_compiles_with_nvrtc(any_layer, arch):
     if arch not in archs_for(any_layer):
         pytest.skip(f"sm_{arch} for the example schemas runs under make test-full (KV_CANARY_FULL=1)")
     abi = kernel_abi(any_layer)
-    assert {k.template for k in abi.KERNELS.values()} == {"write", "verify", "plan_offsets", "plan_entries", "scatter"}
+    assert {k.operation for k in abi.KERNELS.values()} == {"write", "verify", "plan_offsets", "plan_entries", "scatter"}
     for kernel in abi.KERNELS.values():
         cubin = _cubin(read_source(any_layer, kernel.source), kernel.source, _headers(any_layer), arch=arch)
         assert cubin[:4] == b"\x7fELF", f"{kernel.source}: NVRTC did not return a CUBIN"
@@ -94,7 +94,7 @@ def test_write_compiles_in_every_launch_shape(shape, threads):
     the same template and must compile too (the block shape's shared memory is a static_assert)."""
     from support.write_shapes import write_shape_layer
     layer = write_shape_layer(shape, threads)
-    write = kernel_abi(layer).kernel_for_template("write")
+    write = kernel_abi(layer).kernel_for_operation("write")
     assert (write.shape, write.threads) == (shape, threads)
     for arch in ARCHS if budget.FULL else (90,):
         cubin = _cubin(read_source(layer, write.source), write.source, _headers(layer), arch=arch)
@@ -123,7 +123,7 @@ def test_chain_only_benchmark_kernel_compiles_with_nvcc(default_layer, tmp_path)
 
 
 def test_verify_has_both_expected_token_specialisations(default_layer):
-    verify = kernel_abi(default_layer).kernel_for_template("verify")
+    verify = kernel_abi(default_layer).kernel_for_operation("verify")
     flags = {symbol: dict(values) for symbol, values in verify.variants}
     assert sorted(v["check_verify_expected_token"] for v in flags.values()) == [False, True]
     assert verify.entry_point(check_verify_expected_token=True) != verify.entry_point(check_verify_expected_token=False)

@@ -497,11 +497,11 @@ def plan_stages(layer, case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
     """A plan case of `layer` as SGLang's launch_canary_plan_kernels hands it to its two stages: the
     keywords of launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan
     arrays and `scratch` (the verify offsets, at least bs + 1 int64). The mapping is the kernel
-    backends' own (the layer's kernel_abi.plan_stage_args); the per-request field keywords only where
+    backends' own (the layer's kernel_abi.PLAN.args); the per-request field keywords only where
     the schema has such fields, as in the public stage signatures (docs/semantics.md §8)."""
     from kv_canary.layer.sources import kernel_abi
     extra = case.get("extra_request_values") or {}
-    offsets, entries = kernel_abi(layer).plan_stage_args(dict(case, extra_request_values=extra), scratch)
+    offsets, entries = kernel_abi(layer).PLAN.args(dict(case, extra_request_values=extra), scratch)
     if not extra:
         del entries["extra_request_values"], entries["out_extra_verify_expected"]
     return offsets, entries

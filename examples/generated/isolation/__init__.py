@@ -3,7 +3,7 @@
 # schema-sha256: d7487ad5f2a56021ed0f7dc1ae7a4ca155838bbe161cbd377efd721cabf1bb69
 # generator-sha256: not-recorded
 # generation-id: fd01e80b5ddf2608
-# body-sha256: dc5d3e350322ace766fbfc1628a10e45480d6a4058381ee80eecf2a846487d3d
+# body-sha256: 24b5fd373079654015ff00201469123e144f80f1ed370b847fa9c17c937d441b
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "d57f72a5e89bd8049e5cba68199308103a6226d702c738eba959a7100d4873c9",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
     "emulation/kv_canary_launchers.cpp": "b8c20c0ec316fb4c6f2fe04c425dd31a60af338da438e0d58c8803b594737042",
-    "kernel_abi.py": "9959e793b7fb34e911a7fe4aa2aa0adf27646ce214f4a1c23d389bcd9271ddb6",
+    "kernel_abi.py": "50195fdf09e049c80165520fee9f0ed003a368ee7399b0741274a6f6eaef48ba",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",
 }

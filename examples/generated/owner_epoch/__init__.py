@@ -3,7 +3,7 @@
 # schema-sha256: 4eff884a3f96ed65a4305ac7356318191a7d8834f3f866c35a70629766a9771b
 # generator-sha256: not-recorded
 # generation-id: 961462d924ecf170
-# body-sha256: 4f0de36c1b7da19a3bf8371d4000b744310fa9823e28d08e4445bb6c5615c5e0
+# body-sha256: 59a3bf87a2aebe6ca3b92fa03f56cfd98296697b9ac3b8adb07a5ff38a13eb51
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "39ffc700091141fbc70fe56618cd2b595f0ca612fd9f702c8888876985b5a9a9",
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
     "emulation/kv_canary_launchers.cpp": "37679e689ca14564b6448bbf51e808b268855ec78edd177c5bd9edcbab3b465a",
-    "kernel_abi.py": "db819e777c098ffcc7b7d77a5d7a90a92d1b7d894123b80c47288d6a5555e91e",
+    "kernel_abi.py": "1ee68c84b1bdf84539522edc676287208ed666055b0e043ed4534f3fd77c88d3",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",
 }

@@ -3,7 +3,7 @@
 # schema-sha256: 8da5eeda1cee034fdd890f35115c30e220697fe3a43ca0ae154d1ce16b4d9d5f
 # generator-sha256: not-recorded
 # generation-id: 596aecf436368199
-# body-sha256: 53248a7674ccc5cba20f1b2cb2fc85c43cb6b00a49664245a91e51f3e03342bb
+# body-sha256: aa276c0bb36f139a6bacf55b909e80f9f96f68ab7aa781e54575b52bb00bbeac
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -37,7 +37,7 @@ FILE_SHA256 = {
     "cuda/canary_write.cu": "b9c52246e473b8d6e48dc28d986be4a76f80661e40c67804f6f743166238ac8a",
     "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
     "emulation/kv_canary_launchers.cpp": "033cdb9fb5b2d764b8ec6a6ced67002d4e528bef836ed14de9434929c6297d5f",
-    "kernel_abi.py": "7cab04dcabd4121556a5aab56e731247487a21ba215fd701560cd80705e22667",
+    "kernel_abi.py": "012745c073f57ebb021ee80b1df750570695dec33b2304ee1a282743ba13c9c6",
     "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
 }
