@@ -178,6 +178,11 @@ class Param:
         return isinstance(self.source, (RealKvPart, RealKvCount))
 
     @property
+    def real_kv_source(self) -> int:
+        """The real-KV source this parameter belongs to (-1 for any other parameter)."""
+        return self.source.index if isinstance(self.source, RealKvPart) else -1
+
+    @property
     def restrict(self) -> bool:
         """`__restrict__` in the signature: every pointer but the ones that may alias (the canary
         buffer is read and written through two names in write; real-KV sources may share storage)."""

@@ -3,7 +3,7 @@
 # schema-sha256: d7487ad5f2a56021ed0f7dc1ae7a4ca155838bbe161cbd377efd721cabf1bb69
 # generator-sha256: not-recorded
 # generation-id: fd01e80b5ddf2608
-# body-sha256: 24b5fd373079654015ff00201469123e144f80f1ed370b847fa9c17c937d441b
+# body-sha256: 792a64bf07a832a80fb572641afc031e18a7b803223836c5884a6dd8f5b920dc
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,14 +29,14 @@ FILE_SHA256 = {
     "LAYOUT.md": "393876e87722ac9dbc1d4ac42e15fb12f0807a86342355577592735768f8f49f",
     "allocators.py": "828c7cb668c412416b5a23567818cfd59eb1d502d20d0dbc5d73eb155aa806ac",
     "api.py": "582eed2c00b05287453d1d25be6e1cc60218732211292bb0cdd281a8aefba81e",
-    "cpu/kv_canary_cpu.cpp": "55c42ca7a088f24c24276bdb95a141da78f8c10ce7ffe54fca447c2853dd3f2a",
+    "cpu/kv_canary_cpu.cpp": "cb21122891fda2db09ed2d8d09a02474794f0d60cf8a8e493c9d5a3b020f41b5",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
     "cuda/canary_plan_offsets.cu": "44748dc71d2ac97abb74b915ee4aa2dcf5177e5d16140239f254a4da1e0d2747",
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",
     "cuda/canary_verify.cu": "bb28b4724f450074e6eef46c30a3dd9ea2b9f4f110e15a109c7cfd27f8e90207",
     "cuda/canary_write.cu": "d57f72a5e89bd8049e5cba68199308103a6226d702c738eba959a7100d4873c9",
     "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
-    "emulation/kv_canary_launchers.cpp": "b8c20c0ec316fb4c6f2fe04c425dd31a60af338da438e0d58c8803b594737042",
+    "emulation/kv_canary_launchers.cpp": "4a35adee7c1289e0995326aa4003726f50de191b147e8c36f18a61b5b2c38e60",
     "kernel_abi.py": "50195fdf09e049c80165520fee9f0ed003a368ee7399b0741274a6f6eaef48ba",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
     "reference.py": "87d9c011ef3e814f6dc58239ab3b8fab3384a38640307f591a0d338af7caf998",

@@ -3,7 +3,7 @@
 # schema-sha256: 4eff884a3f96ed65a4305ac7356318191a7d8834f3f866c35a70629766a9771b
 # generator-sha256: not-recorded
 # generation-id: 961462d924ecf170
-# body-sha256: 59a3bf87a2aebe6ca3b92fa03f56cfd98296697b9ac3b8adb07a5ff38a13eb51
+# body-sha256: f5a0ca5a7275cccc16bef97093a0d4a9f6a0bbe9685f43e352cd102fc7041a3c
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,14 +29,14 @@ FILE_SHA256 = {
     "LAYOUT.md": "9609cd38c559adad48fe3975ff7bc9ac2194cb8efca7a822ef6cc2436db834b8",
     "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
     "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
-    "cpu/kv_canary_cpu.cpp": "af8da6de23b85857e50e1e5e14906f7d20cb048c717c5e814f98d75a39d37a1c",
+    "cpu/kv_canary_cpu.cpp": "31187e09ca091c641ab32d0fee53ad48c0d08004b0ac758e5909ce4f4970f460",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
     "cuda/canary_plan_offsets.cu": "235ddbcfd95ed9f243f3e19653b4595ae8d547acfb290fb3b518a1ef9007fb3b",
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
     "cuda/canary_verify.cu": "5853ad78516bb7cc3ae3639345de5d66ddfeccdef2e7a6509c39ebcac6494837",
     "cuda/canary_write.cu": "39ffc700091141fbc70fe56618cd2b595f0ca612fd9f702c8888876985b5a9a9",
     "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
-    "emulation/kv_canary_launchers.cpp": "37679e689ca14564b6448bbf51e808b268855ec78edd177c5bd9edcbab3b465a",
+    "emulation/kv_canary_launchers.cpp": "ac25237df2472fe696f2c50d54c479c5b265c3d438ef52caa11e0c47e1b0db85",
     "kernel_abi.py": "1ee68c84b1bdf84539522edc676287208ed666055b0e043ed4534f3fd77c88d3",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
     "reference.py": "68ddae954a9971e1afebb2a0cbc8984b6a5a33dc452255b994a01365fddcf346",

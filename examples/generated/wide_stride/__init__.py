@@ -3,7 +3,7 @@
 # schema-sha256: 8da5eeda1cee034fdd890f35115c30e220697fe3a43ca0ae154d1ce16b4d9d5f
 # generator-sha256: not-recorded
 # generation-id: 596aecf436368199
-# body-sha256: aa276c0bb36f139a6bacf55b909e80f9f96f68ab7aa781e54575b52bb00bbeac
+# body-sha256: 0fb7a0f42b21a61ac35d11a88085a6814e1fbecd0c819fcd0ebb5eda123c067d
 """The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
@@ -29,14 +29,14 @@ FILE_SHA256 = {
     "LAYOUT.md": "fd485bb711cab440d4e72d4d93d3b08ccbf30926159ec6337f9f9f3908fce023",
     "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
     "api.py": "3ed3e7af7609f72aa07d38ee8ec88a2fd67ea7b27a9e865fc58d7470fb010da7",
-    "cpu/kv_canary_cpu.cpp": "87a8adaa398631c8673d2381ad8914875ef7ee7abbeae677018c1bb46c779c1d",
+    "cpu/kv_canary_cpu.cpp": "a44de8377e188af71eabf6dfb9851e96ec48100d648f50d2bd147440bedbbcaa",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
     "cuda/canary_plan_offsets.cu": "7ba2438b9e74fb4fcb6fef8187b341c0f574fb2966c697e7f0d930b97f81eb52",
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
     "cuda/canary_verify.cu": "300c280b803f0add4e242ca1216a7b32f76afd5baee8d7a4e1a25a0bba7c9b6a",
     "cuda/canary_write.cu": "b9c52246e473b8d6e48dc28d986be4a76f80661e40c67804f6f743166238ac8a",
     "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
-    "emulation/kv_canary_launchers.cpp": "033cdb9fb5b2d764b8ec6a6ced67002d4e528bef836ed14de9434929c6297d5f",
+    "emulation/kv_canary_launchers.cpp": "c3d17ddcf6513731554a4bd30a188d195c44238a395d6e0559ce51104d323ef7",
     "kernel_abi.py": "012745c073f57ebb021ee80b1df750570695dec33b2304ee1a282743ba13c9c6",
     "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
     "reference.py": "65f9d595ff57688e21dd7e2746d004ccdb8a9451d77e407abb5cf297d5d5d324",
