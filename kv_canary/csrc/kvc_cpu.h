@@ -234,7 +234,8 @@ inline void prefetch_record(const unsigned char* buf, kvc_i64 num_slots, kvc_i64
 // 1.80 ms, write ALL 2.07 -> 1.86 ms). The queue holds runs, not lines: filling it line by line cost
 // a fifth of a cache-resident verify (measured: verify ALL 31.6 -> 26.0 ns per entry, 4,096 entries).
 struct LineQueue {
-  static constexpr int kMax = 128 * (2 + kvc::MAX_REAL_KV_SOURCES);  // runs (4 blocks of entries): no more are asked for
+  // A block's later entries: each a record, a prev's record and a run per source (static_assert below).
+  static constexpr int kMax = 32 * (2 + kvc::MAX_REAL_KV_SOURCES);
   const unsigned char* at[kMax];  // runs of bytes, their lines asked for when the run's turn comes
   kvc_i64 bytes[kMax];
   int size = 0, next = 0;
@@ -271,6 +272,7 @@ typedef kvc_u64 Lanes __attribute__((vector_size(kLanes * 8)));  // word k of ea
 typedef kvc_i64 LaneMask __attribute__((vector_size(kLanes * 8)));  // a comparison's result: -1 or 0
 constexpr int kGroups = 4;
 constexpr int kBlock = kGroups * kLanes;  // slots a block fingerprints; entries a loop classifies at once
+static_assert(LineQueue::kMax >= kBlock * (2 + kvc::MAX_REAL_KV_SOURCES), "a block's lines fit the queue");
 
 // rows[j] = 8 consecutive words of slot j -> rows[k] = word k of every slot (an 8 x 8 transpose).
 inline void transpose(Lanes (&r)[kLanes]) {
