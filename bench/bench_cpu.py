@@ -8,7 +8,8 @@ the K/V rows, counted from the layout), as a fraction of a plain torch copy's ba
 same number of threads; at 1 thread and at every core this process may use; the torch reference
 (one thread) beside it. Launches are bound once (Runtime.bind) and run again and again; each figure
 is the best of --repeats runs (a shared machine: the least disturbed run). The cpu backend's result
-is checked against the reference's before anything is timed.
+is checked against the reference's before anything is timed. A closing note says what PARTIAL's reads
+move in whole 64-byte lines (the table's counting stays the bytes the launch must read and write).
 
 Slots: the write stores 32 requests x 2,048 tokens and the verify walks one chain of 65,536 entries,
 first at the pool's slots in order (a fresh pool, or pages of consecutive slots: rows stream), then at
