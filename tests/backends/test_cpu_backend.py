@@ -111,7 +111,7 @@ def test_block_paths_match_the_reference(backend, pages, mode):
     rng = random.Random(hash((pages, mode)) & 0xFFFF)
     backend.set_threads(rng.choice((1, 2)), grain=256)
     layer = kv_canary.generated
-    n = 1500 + rng.randrange(64)
+    n = 700 + rng.randrange(64)
     num_slots = n + 40
     sources = _paged_sources(rng, num_slots, pages)
     ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=256, device="cpu", real_kv_sources=sources,
