@@ -9,7 +9,7 @@ or schema rebuilds and an unchanged tree is built once per machine.
 
 $CXX names the compiler (default g++). With KV_CANARY_EMULATION_SANITIZE=1 (`make sanitize`) the
 library is built with AddressSanitizer and UndefinedBehaviorSanitizer, as the emulation library is
-(kv_canary/layer/emulation_build.py), as its own cache entry.
+(kv_canary/layer/sanitize.py), as its own cache entry.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from .cache import cache_dir, content_key, entry
 from .csrc import CSRC_DIR, csrc_headers
-from .emulation_build import ENV_SANITIZE, SANITIZE_FLAGS, asan_runtime_loaded, sanitize_enabled
+from .sanitize import build_flags
 from .sources import kernel_abi, read_source, tree_dir
 
 ENV_CXX = "CXX"
@@ -78,12 +78,7 @@ def build_library(layer) -> Path:
         raise CpuBuildError(f"kv-canary: generated layer {layer.__name__} has no cpu source (generated before the "
                             f"cpu backend existed); regenerate it")
     cxx, version = compiler()
-    sanitized = sanitize_enabled()
-    flags = CXX_FLAGS + SANITIZE_FLAGS if sanitized else CXX_FLAGS
-    if sanitized and not asan_runtime_loaded():
-        raise CpuBuildError(f"kv-canary: {ENV_SANITIZE}=1 builds the cpu library with AddressSanitizer, which loads "
-                            f"only into a process started with the ASan runtime first "
-                            f"(LD_PRELOAD=$(g++ -print-file-name=libasan.so)); run `make sanitize`, or unset {ENV_SANITIZE}")
+    flags, sanitized = build_flags(CXX_FLAGS, library="cpu", error=CpuBuildError)
     inputs = library_inputs(layer)
     key = content_key("kv-canary-cpu-1", version, " ".join(flags), host_cpu(),
                       *(part for name, text in inputs for part in (name, text)))

@@ -6,20 +6,18 @@ the compiler, the flags and the text of every input, those headers too, so an
 edited template or schema always rebuilds, and an unchanged tree is built once per machine.
 
 With KV_CANARY_EMULATION_SANITIZE=1 (what `make sanitize` sets) the library is built with
-AddressSanitizer and UndefinedBehaviorSanitizer, every finding fatal, as its own cache entry. Such a
-library only loads into a process that has the ASan runtime first in its library list (LD_PRELOAD);
-`make sanitize` arranges that, and loading refuses with a clear error otherwise.
+AddressSanitizer and UndefinedBehaviorSanitizer as its own cache entry (kv_canary/layer/sanitize.py).
 """
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from .cache import cache_dir, content_key, entry
 from .csrc import CSRC_DIR, csrc_headers
+from .sanitize import ENV_SANITIZE, SANITIZE_FLAGS, asan_runtime_loaded, build_flags, sanitize_enabled
 from .sources import kernel_abi, read_source, tree_dir
 
 SHIM_DIR = Path(__file__).resolve().parent.parent / "emulation"  # the hand-written shim (package data)
@@ -27,21 +25,7 @@ SHIM_HEADER = SHIM_DIR / "cuda_host_shim.h"
 INCLUDE_DIRS = (SHIM_DIR, CSRC_DIR)  # g++ -I: the shim, then the device headers
 CXX_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra",
              "-Wno-unknown-pragmas", "-Werror")
-ENV_SANITIZE = "KV_CANARY_EMULATION_SANITIZE"
-SANITIZE_FLAGS = ("-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-                  "-fno-sanitize-recover=all")
-
-
-def sanitize_enabled() -> bool:
-    return os.environ.get(ENV_SANITIZE, "") not in ("", "0")
-
-
-def asan_runtime_loaded() -> bool:
-    """Whether this process has the ASan runtime mapped (it must come first: LD_PRELOAD)."""
-    try:
-        return "libasan" in Path("/proc/self/maps").read_text()
-    except OSError:
-        return False
+__all__ = ["ENV_SANITIZE", "SANITIZE_FLAGS", "asan_runtime_loaded", "sanitize_enabled"]  # re-exported (sanitize.py)
 
 
 class EmulationBuildError(RuntimeError):
@@ -69,13 +53,7 @@ def library_inputs(layer) -> list[tuple[str, str]]:
 def build_library(layer) -> Path:
     """Path of the layer's emulation library, compiling it on a cache miss."""
     gxx, version = compiler()
-    sanitized = sanitize_enabled()
-    flags = CXX_FLAGS + SANITIZE_FLAGS if sanitized else CXX_FLAGS
-    if sanitized and not asan_runtime_loaded():
-        raise EmulationBuildError(f"kv-canary: {ENV_SANITIZE}=1 builds the emulation library with AddressSanitizer, "
-                                  f"which loads only into a process started with the ASan runtime first "
-                                  f"(LD_PRELOAD=$(g++ -print-file-name=libasan.so)); run `make sanitize`, or unset "
-                                  f"{ENV_SANITIZE}")
+    flags, sanitized = build_flags(CXX_FLAGS, library="emulation", error=EmulationBuildError)
     inputs = library_inputs(layer)
     key = content_key("kv-canary-emulation-1", version, " ".join(flags),
                       *(part for name, text in inputs for part in (name, text)))

@@ -87,6 +87,71 @@ def test_large_launches_split_at_the_default_grain_match_the_reference(backend, 
     compare(kv_canary.generated, "write", case, "cpu", ordered=True)
 
 
+def _paged_sources(rng: random.Random, num_slots: int, pages: tuple) -> tuple:
+    """Packed-row sources of the given page sizes (a power of two or not) and random read lengths; the
+    last one lacks its last rows (the slots past them are out of its range)."""
+    out = []
+    for k, page in enumerate(pages):
+        read = 16 * rng.randint(1, 12)
+        nbpt = read + 16 * rng.choice((0, 1, 4))
+        rows = -(-num_slots // page) - (2 if k == len(pages) - 1 else 0)
+        raw = torch.randint(0, 256, (rows, page * nbpt + 16 * rng.choice((0, 2))), dtype=torch.uint8)
+        out.append(kv_canary.RealKvSource(tensor=raw[:, : page * nbpt], page_size=page, num_bytes_per_token=nbpt,
+                                          read_bytes=read))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("pages", [(1,), (3,), (4, 16), (1, 5, 2), (8, 1, 3, 2)])
+@pytest.mark.parametrize("mode", ["ALL", "PARTIAL"])
+def test_block_paths_match_the_reference(backend, pages, mode):
+    """kvc_cpu.h hashes and checks whole blocks of entries at once (32 slots' fingerprints, 8 entries'
+    checks in vector lanes) and reads the sources through a view computed per launch (a comparison
+    for the range, a shift where the page size is a power of two): long launches over 1-4 sources of
+    any page size, clean blocks and blocks with every kind of finding, on one and on two threads."""
+    rng = random.Random(hash((pages, mode)) & 0xFFFF)
+    backend.set_threads(rng.choice((1, 2)), grain=256)
+    layer = kv_canary.generated
+    n = 700 + rng.randrange(64)
+    num_slots = n + 40
+    sources = _paged_sources(rng, num_slots, pages)
+    ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=256, device="cpu", real_kv_sources=sources,
+                                     real_kv_hash_mode=getattr(kv_canary.RealKvHashMode, mode))
+    slots = torch.randperm(num_slots - 1)[:n] + 1
+    reqs = 7
+    plan = kv_canary.WritePlan.allocate(write_req_capacity=reqs, device="cpu")
+    plan.write_offsets.copy_(torch.tensor([0] + sorted(rng.sample(range(1, n), reqs - 1)) + [n]))
+    plan.write_seed_slot_indices.fill_(-1)
+    plan.write_num_valid_reqs.fill_(reqs)
+    locs = slots.clone()
+    for i in rng.sample(range(n), 30):  # skipped tokens and slots past the buffer or a source
+        locs[i] = rng.choice((-1, num_slots, num_slots + 7, -5))
+    write = dict(context=ctx, plan=plan, input_ids=torch.randint(0, 1000, (n,)), positions=torch.arange(n),
+                 out_cache_loc=locs, enable_write_input_assert=False, expected_input_tokens=None,
+                 expected_input_positions=None)
+    compare(layer, "write", write, "cpu", ordered=True)
+    kv_canary.launch_canary_write_kernel(**write, backend="torch")
+    words = ctx.canary_buf.view(torch.int64)
+    for s in rng.sample(slots.tolist(), 25):  # findings in some blocks, none in others
+        field = rng.choice((kv_canary.CANARY_FIELD_TOKEN, kv_canary.CANARY_FIELD_POSITION,
+                            kv_canary.CANARY_FIELD_PREV_HASH, kv_canary.CANARY_FIELD_REAL_KV_HASH))
+        words[s, field] += 1
+    for _ in range(10):
+        scenarios.flip_source_byte(rng, sources, rng.choice(slots.tolist()))
+    vplan = kv_canary.VerifyPlan.allocate(verify_capacity=n, device="cpu")
+    vplan.verify_slot_indices.copy_(slots)
+    vplan.verify_prev_slot_indices[0] = -1
+    vplan.verify_prev_slot_indices[1:] = slots[:-1]
+    for i in rng.sample(range(n), 20):  # padding, slots and prevs out of range, chain heads
+        vplan.verify_slot_indices[i] = rng.choice((0, num_slots, -3))
+        vplan.verify_prev_slot_indices[rng.randrange(n)] = rng.choice((0, -1, num_slots + 1))
+    vplan.verify_expected_positions.copy_(torch.arange(n))
+    vplan.verify_expected_tokens.copy_(torch.where(torch.rand(n) < 0.5, write["input_ids"], torch.full((n,), -1)))
+    vplan.verify_num_valid.fill_(n)
+    for check_token in (False, True):
+        compare(layer, "verify", dict(context=ctx, plan=vplan, check_verify_expected_token=check_token), "cpu",
+                ordered=True)
+
+
 def test_cpu_tensors_run_the_cpu_backend_by_default(monkeypatch):
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     rt = scenarios.runtime_for(kv_canary.generated)
