@@ -142,7 +142,7 @@ void parallel_ranges(int team, kvc_i64 work, const Fn& fn) {
 // 64-bit idiv per source, tens of cycles (measured: most of the write's token loop, and a large part
 // of each fingerprint). The host loops read the sources through this view, made once per launch: the
 // range check as one comparison, and a slot's bytes by a shift and a mask where the page size is a
-// power of two. Same slots in range, same addresses.
+// power of two and the row keeps no token groups. Same slots in range, same addresses.
 struct HostKv {
   const kvc::RealKvSources* kv;
   int sources;       // the sources a fingerprint reads: 0 when it reads none (kvc::real_kv_active)
@@ -186,7 +186,7 @@ inline HostKv host_kv(const kvc::RealKvSources& kv) {
     // slot / page >= rows  <=>  slot >= rows * page, for slot >= 0 and page > 0
     const kvc_i64 last = rows <= 0 ? 0 : rows > INT64_MAX / page ? INT64_MAX : rows * page;
     h.limit = std::min(h.limit, last);
-    if ((page & (page - 1)) == 0) {
+    if ((page & (page - 1)) == 0 && kv.token_group_size[s] == 0) {  // token groups: kvc::real_kv_slot
       h.shift[s] = __builtin_ctzll(static_cast<unsigned long long>(page));
       h.mask[s] = page - 1;
     }

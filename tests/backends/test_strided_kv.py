@@ -25,8 +25,8 @@ from kv_canary.engine.contract import KvLayout
 P = "kv-canary: "
 L = kv_canary.generated.layout
 MODES = {"ALL": L.RealKvHashMode.ALL, "PARTIAL": L.RealKvHashMode.PARTIAL}
-LAYOUTS = ("vllm_v", "vllm_k_elements", "vllm_k_x", "vllm_k_amx", "flash_attn_k", "flash_attn_v", "flashinfer_hnd_k",
-           "flashinfer_hnd_v")
+LAYOUTS = ("vllm_v", "vllm_k_elements", "vllm_k_x", "vllm_k_amx", "tiled_rows", "flash_attn_k", "flash_attn_v",
+           "flashinfer_hnd_k", "flashinfer_hnd_v")
 # vLLM CPU's K on AMX keeps a block's tokens in tiles (16 tokens there; 2 in these 4-slot blocks) of
 # 4-byte runs of a head's elements.
 AMX_TILE_TOKENS, AMX_RUN_BYTES = 2, 4
@@ -68,6 +68,13 @@ def stored(name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, K
         t = k.reshape(nb, bs // tt, tt, heads, hd // r, r).permute(0, 3, 1, 4, 2, 5).contiguous()
         return t, KvLayout.token_tiles(block_size=bs, num_heads=heads, head_dim=hd, element_size=es,
                                        tile_tokens=tt, run_bytes=AMX_RUN_BYTES), k
+    if name == "tiled_rows":    # [blocks, block_size / T, T slots + a 16-byte gap]: whole slots in token groups
+        tt, gap = AMX_TILE_TOKENS, 16 // es
+        t = torch.zeros((nb, bs // tt, tt * heads * hd + gap), dtype=k.dtype)
+        t[:, :, :tt * heads * hd] = k.reshape(nb, bs // tt, tt * heads * hd)
+        return t, KvLayout(token_stride_bytes=heads * hd * es, num_heads=heads,
+                           head_stride_bytes=hd * es if heads > 1 else 0, token_group_size=tt,
+                           token_group_stride_bytes=(tt * heads * hd + gap) * es), k
     if name.startswith("flash_attn"):  # [2, num_blocks, block_size, heads, head_dim]
         kv = torch.stack([k, v])
         return (kv[0], KvLayout.rows(heads * hd * es), k) if name.endswith("k") else \
@@ -80,8 +87,11 @@ def stored(name: str, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, K
     raise AssertionError(name)
 
 
-def stored_index(name: str, blk: int, tok: int, head: int, i: int, es: int) -> tuple:
-    """The index of logical element (block, slot in block, head, element) in layout `name`'s tensor."""
+def stored_index(name: str, blk: int, tok: int, head: int, i: int, es: int, heads: int = 2) -> tuple:
+    """The index of logical element (block, slot in block, head, element) in layout `name`'s tensor
+    (`heads` per slot)."""
+    if name == "tiled_rows":
+        return blk, tok // AMX_TILE_TOKENS, (tok % AMX_TILE_TOKENS * heads + head) * HEAD_DIM + i
     if name in ("vllm_v", "flashinfer_hnd_k", "flashinfer_hnd_v"):
         return blk, head, tok, i
     if name == "vllm_k_elements":
@@ -202,7 +212,7 @@ def test_a_flipped_byte_in_any_head_or_chunk_changes_that_slot_only(name, backen
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", ("vllm_k_elements", "vllm_k_x", "flashinfer_hnd_v"))
+@pytest.mark.parametrize("name", ("vllm_k_elements", "vllm_k_x", "vllm_k_amx", "tiled_rows", "flashinfer_hnd_v"))
 def test_verify_reads_the_layout_as_the_write_stored_it(name, backend):
     """A verify of every slot after the write: silent; after one flipped element: that slot's
     VERIFY_REAL_KV_HASH_MISMATCH row (the verify kernel's own, per-warp, fingerprint path)."""

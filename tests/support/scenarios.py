@@ -90,11 +90,12 @@ def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, m
     """A source whose slots' bytes lie as an engine keeps them (RealKvSource's layout fields), over rows
     of random bytes: one run per slot with a gap after it, heads a block apart (vLLM's V, FlashInfer's
     HND), element-strided heads (vLLM's K), 16- or 32-byte chunks (vLLM's paged-attention K), token
-    groups of small chunks (vLLM's CPU K on AMX: 16 tokens of 2 elements per 64 bytes), and both token
+    groups of small chunks (vLLM's CPU K on AMX: 16 tokens of 2 elements per 64 bytes), whole slots in
+    token groups with a gap after each group, and both token
     and chunk groups (vLLM's CPU V on AMX: token pairs, 16 elements per 1 KiB group)."""
     heads = rng.choice((1, 2, 3))
-    form = rng.choice(("gap", "heads", "elements", "chunks", "groups", "vnni"))
-    chunk = {"gap": 0, "heads": 0, "elements": rng.choice((2, 4, 8)), "chunks": rng.choice((16, 32)),
+    form = rng.choice(("gap", "heads", "elements", "chunks", "groups", "vnni", "tiles"))
+    chunk = {"gap": 0, "heads": 0, "tiles": 0, "elements": rng.choice((2, 4, 8)), "chunks": rng.choice((16, 32)),
              "groups": rng.choice((2, 4)), "vnni": rng.choice((2, 4))}[form]
     group = gs = cgroup = cgs = 0
     unit = max(align, chunk)
@@ -110,6 +111,11 @@ def layout_source(rng: random.Random, alloc, page: int, rows: int, align: int, m
         ts, cs = head, 0
         hs = page * head + align * rng.choice((0, 1))
         block = heads * hs
+    elif form == "tiles":  # [block, token group, slot of the group (+ gap), heads, head] (+ a gap after each group)
+        group = rng.choice((1, 2, 3, 4))
+        ts, hs, cs = nbpt + align * rng.choice((0, 1)), head if heads > 1 else 0, 0
+        gs = group * ts + align * rng.choice((0, 1, 2))
+        block = -(-page // group) * gs
     elif form == "groups":  # [block, heads, token group, chunk, slot of the group, chunk bytes]
         group = rng.choice((1, 2, 3, 4))
         ts, cs = chunk, group * chunk
