@@ -79,7 +79,7 @@ fuzz: $(STAMP)
 	KV_CANARY_FUZZ=full KV_CANARY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) KV_CANARY_FUZZ_TREES=$(FUZZ_TREES) \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/codegen/test_schema_fuzz.py tests/codegen/test_codegen_robustness.py
 
-# ruff, then the import contracts of pyproject.toml (layers: imports only go down; no cycles).
+# ruff, then the import contracts of pyproject.toml (tiers: imports only go down; no cycles).
 lint: $(STAMP)
 	$(PY) -m ruff check codegen kv_canary tests bench scripts
 	$(VENV)/bin/lint-imports
@@ -126,7 +126,7 @@ bench: $(STAMP)
 # test below that names no backend runs it too), loaded into a python with the sanitizer runtimes
 # preloaded; any finding fails the run.
 # The differential tests run at KV_CANARY_CASES=0.1 unless set. Not part of `make test` (minutes).
-SANITIZE_TESTS ?= tests/layer/test_emulation_shim.py tests/launch/test_validators.py tests/backends/test_host_checks.py tests/launch/test_runtime_hardening.py \
+SANITIZE_TESTS ?= tests/trees/test_emulation_shim.py tests/launch/test_validators.py tests/backends/test_host_checks.py tests/launch/test_runtime_hardening.py \
 	tests/codegen/test_c_names.py tests/backends/test_emulated_backend.py tests/backends/test_emulated_differential.py \
 	tests/launch/test_validation_gaps.py tests/launch/test_prepared.py tests/launch/test_partial_read.py \
 	tests/backends/test_strided_kv.py tests/backends/test_cpu_backend.py tests/backends/test_cpu_differential.py

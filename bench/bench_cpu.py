@@ -35,10 +35,10 @@ from support import scenarios  # noqa: E402
 import kv_canary  # noqa: E402
 from kv_canary.backends.cpu import default_threads  # noqa: E402
 
-LAYER = kv_canary.generated
-L = LAYER.layout
+TREE = kv_canary.generated
+L = TREE.layout
 ALLOC = kv_canary.allocators
-RT = scenarios.runtime_for(LAYER)
+RT = scenarios.runtime_for(TREE)
 ENTRIES = 65_536
 SOURCES, ROW_BYTES, READ_BYTES = 2, 256, 128
 REQUESTS = 32

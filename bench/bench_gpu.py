@@ -5,13 +5,13 @@
   verify = what it must read per entry: the real-KV bytes, the slot's record, the predecessor's
   chained words and the four plan words. Copy bandwidth counts bytes read + bytes written (the
   usual definition); `ratio` = verify bytes/s over that (target >= 0.6).
-- the same verify with SGLang's fixed 64 x 512 grid: a layer generated from kernels.yaml with the
+- the same verify with SGLang's fixed 64 x 512 grid: a tree generated from kernels.yaml with the
   verify launch pinned to `fixed_grid` (the schema's way to ask for it).
 - write latency: one 32,768-token prefill chain; 256 one-token decodes; both with kernels.yaml's
   write launch shape (reported), and the prefill again with SGLang's one-thread-per-request shape
-  (`per_request`, a layer generated with the write launch pinned to it) for comparison.
+  (`per_request`, a tree generated with the write launch pinned to it) for comparison.
 - the prefill's floor: bench/chain_only.cu folds the same 32,768 tokens into the schema's chain in
-  one thread and nothing else (compiled against the layer's header like the generated kernels);
+  one thread and nothing else (compiled against the tree's header like the generated kernels);
   target: the write within 1.3x of it. Self-checking: its final link must be the link of the
   record the write stored last.
 - plan latency: 256 requests x 4,096 prefix tokens.
@@ -105,37 +105,37 @@ def copy_time_ms(nbytes: int, *, repeats: int) -> float:
     return time_ms(lambda: dst.copy_(src), repeats=repeats)
 
 
-def fixed_grid_layer():
+def fixed_grid_tree():
     """kernels.yaml with the verify launch pinned to SGLang's 64 x 512 grid, generated to a temp dir."""
-    return variant_layer("verify", {"shape": "fixed_grid", "threads": 512, "blocks": 64}, "fixed_grid")
+    return variant_tree("verify", {"shape": "fixed_grid", "threads": 512, "blocks": 64}, "fixed_grid")
 
 
-def per_request_write_layer():
+def per_request_write_tree():
     """kernels.yaml with the write launch pinned to SGLang's one thread per request."""
-    return variant_layer("write", {"shape": "per_request", "threads": 128}, "per_request_write")
+    return variant_tree("write", {"shape": "per_request", "threads": 128}, "per_request_write")
 
 
-def variant_layer(operation: str, launch: dict, tag: str):
-    """kernels.yaml with one kernel's launch replaced, generated into the layer cache and imported."""
+def variant_tree(operation: str, launch: dict, tag: str):
+    """kernels.yaml with one kernel's launch replaced, generated into the tree cache and imported."""
     import yaml
 
-    from kv_canary.layer.schemas import generate_layer
+    from kv_canary.trees.schemas import generate_tree
     data = yaml.safe_load((ROOT / "kernels.yaml").read_text())
     for k in data["kernels"]:
         if k["operation"] == operation:
             k["launch"] = dict(launch)
     path = Path(tempfile.mkdtemp(prefix=f"kv_canary_{tag}_")) / f"kernels_{tag}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    return generate_layer(path)
+    return generate_tree(path)
 
 
 class Workload:
     """256 requests x 4096 tokens on consecutive slots, written once: a clean 2^20-slot buffer."""
 
-    def __init__(self, layer):
+    def __init__(self, tree):
         import kv_canary
-        self.layer, self.rt = layer, kv_canary.runtime_for(layer)
-        alloc, lay = layer.allocators, layer.layout
+        self.tree, self.rt = tree, kv_canary.runtime_for(tree)
+        alloc, lay = tree.allocators, tree.layout
         dev = "cuda"
         self.num_slots = ENTRIES + 1
         sources = tuple(alloc.RealKvSource(tensor=torch.randint(0, 256, (self.num_slots, SOURCE_BYTES), dtype=torch.uint8,
@@ -192,7 +192,7 @@ class Workload:
                                                      extra_slot_tables=self.slot_tables))
 
     def verify_bytes_per_entry(self) -> int:
-        lay = self.layer.layout
+        lay = self.tree.layout
         return (SOURCES * SOURCE_BYTES + lay.CANARY_RECORD_BYTES
                 + lay.CANARY_WORD_BYTES * (1 + len(lay.CANARY_CHAIN_FOLD_WORDS)) + 4 * 8)
 
@@ -203,7 +203,7 @@ CHAIN_ONLY_SOURCE = ROOT / "bench" / "chain_only.cu"
 CHAIN_ONLY_KERNEL = "kv_canary_chain_only"
 
 
-def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor):
+def chain_only_launcher(tree, input_ids: torch.Tensor, positions: torch.Tensor):
     """(run, final_link): run() launches bench/chain_only.cu over the tokens on torch's current
     stream (one block of one warp); final_link is the int64 [1] CUDA tensor it writes."""
     import cupy
@@ -212,8 +212,8 @@ def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor)
     import kv_canary
     from kv_canary.backends.cuda import load_source_module
     index = input_ids.device.index if input_ids.device.index is not None else torch.cuda.current_device()
-    mods = kv_canary.runtime_for(layer).backend("cuda").warm_up(input_ids.device)  # its stream helper
-    module = load_source_module(layer, CHAIN_ONLY_SOURCE.read_text(encoding="utf-8"), CHAIN_ONLY_SOURCE.name, index)
+    mods = kv_canary.runtime_for(tree).backend("cuda").warm_up(input_ids.device)   # its stream helper
+    module = load_source_module(tree, CHAIN_ONLY_SOURCE.read_text(encoding="utf-8"), CHAIN_ONLY_SOURCE.name, index)
     with cupy.cuda.Device(index):
         fn = module.get_function(CHAIN_ONLY_KERNEL)
     final_link = torch.zeros(1, dtype=torch.int64, device=input_ids.device)
@@ -226,21 +226,21 @@ def chain_only_launcher(layer, input_ids: torch.Tensor, positions: torch.Tensor)
     return run, final_link
 
 
-def stored_link(layer, canary_buf: torch.Tensor, slot: int) -> int:
+def stored_link(tree, canary_buf: torch.Tensor, slot: int) -> int:
     """link() of the record stored at `slot` (the torch reference's fold, on the host)."""
-    ref = layer.reference
-    words = canary_buf.view(torch.int64)[slot:slot + 1, :layer.layout.CANARY_FIELDS_PER_SLOT]
+    ref = tree.reference
+    words = canary_buf.view(torch.int64)[slot:slot + 1, :tree.layout.CANARY_FIELDS_PER_SLOT]
     return int(ref.link_t(words.cpu())[0])
 
 
-def verify_grid_info(layer) -> dict:
+def verify_grid_info(tree) -> dict:
     """The persistent verify grid actually launched (occupancy-clamped) and the compiled kernel's
     resources, so a slow verify can be explained from the report alone."""
     import kv_canary
-    from kv_canary.layer.sources import kernel_abi
-    kernel = kernel_abi(layer).kernel_for_operation("verify")
+    from kv_canary.trees.sources import kernel_abi
+    kernel = kernel_abi(tree).kernel_for_operation("verify")
     entry = kernel.entry_point(check_verify_expected_token=False)
-    mods = kv_canary.runtime_for(layer).backend("cuda").warm_up("cuda")
+    mods = kv_canary.runtime_for(tree).backend("cuda").warm_up("cuda")
     fn = mods.functions[entry]
     info = {"sm_count": mods.sm_count, "threads": kernel.threads, "schema_blocks_per_sm": kernel.blocks_per_sm,
             "resident_blocks_per_sm": mods.resident_blocks.get(entry),
@@ -258,7 +258,7 @@ def bench(repeats: int, out: dict, save) -> dict:
     """Fills `out` section by section; a failing section is recorded in out["errors"] and the
     others still run (`save()` is called after each, so a crash later loses nothing)."""
     import kv_canary
-    layer = kv_canary.generated
+    tree = kv_canary.generated
     out.update({"device": torch.cuda.get_device_name(), "entries": ENTRIES, "errors": {}})
 
     def section(name, fn):
@@ -273,8 +273,8 @@ def bench(repeats: int, out: dict, save) -> dict:
     state: dict = {}
 
     def setup():
-        state["w"] = Workload(layer)
-        out["verify_grid"] = verify_grid_info(layer)
+        state["w"] = Workload(tree)
+        out["verify_grid"] = verify_grid_info(tree)
     section("setup", setup)
     if "w" not in state:
         return out
@@ -298,7 +298,7 @@ def bench(repeats: int, out: dict, save) -> dict:
         return run
     section("verify_persistent", verify("verify_persistent"))
     section("verify_fixed_grid_64x512", lambda: verify("verify_fixed_grid_64x512",
-                                                         kv_canary.runtime_for(fixed_grid_layer()))())
+                                                         kv_canary.runtime_for(fixed_grid_tree()))())
     if "verify_persistent" in out and "verify_fixed_grid_64x512" in out:
         # > 1: the persistent grid is faster than SGLang's fixed 64 x 512 grid.
         out["persistent_vs_fixed_grid_speedup"] = out["verify_fixed_grid_64x512"]["ms"] / out["verify_persistent"]["ms"]
@@ -306,10 +306,10 @@ def bench(repeats: int, out: dict, save) -> dict:
         out["verify_target"] = {"ratio": out["verify_persistent"]["ratio_vs_copy_bandwidth"], "target": TARGET_RATIO,
                                 "met": out["verify_persistent"]["ratio_vs_copy_bandwidth"] >= TARGET_RATIO}
 
-    alloc = layer.allocators
+    alloc = tree.allocators
 
-    from kv_canary.layer.sources import kernel_abi
-    write_kernel = kernel_abi(layer).kernel_for_operation("write")
+    from kv_canary.trees.sources import kernel_abi
+    write_kernel = kernel_abi(tree).kernel_for_operation("write")
     out["write_launch"] = {"shape": write_kernel.shape, "threads": write_kernel.threads}
 
     def prefill_inputs() -> dict:
@@ -334,11 +334,11 @@ def bench(repeats: int, out: dict, save) -> dict:
     def chain_only():
         # The same tokens through the chain alone; its final link is the last stored record's link.
         p = prefill_inputs()
-        run, final_link = chain_only_launcher(layer, p["input_ids"], p["positions"])
+        run, final_link = chain_only_launcher(tree, p["input_ids"], p["positions"])
         out["chain_only_32768_ms"] = time_ms(run, repeats=max(3, repeats // 4), warmup=1)
         torch.cuda.synchronize()
         w.write(**p)  # the records of these tokens, whatever ran before
-        want = stored_link(layer, w.ctx.canary_buf, PREFILL_TOKENS)
+        want = stored_link(tree, w.ctx.canary_buf, PREFILL_TOKENS)
         if int(final_link[0]) != want:
             raise AssertionError(f"chain-only final link {int(final_link[0]) & (2**64 - 1):#018x} differs from the "
                                  f"link of the prefill's last record {want & (2**64 - 1):#018x}")
@@ -351,7 +351,7 @@ def bench(repeats: int, out: dict, save) -> dict:
         # SGLang's shape, for the before/after: one thread fingerprints and chains all 32,768 entries.
         section("write_prefill_32768_per_request",
                 lambda: prefill("write_prefill_32768_per_request_ms",
-                                kv_canary.runtime_for(per_request_write_layer()), samples=3)())
+                                kv_canary.runtime_for(per_request_write_tree()), samples=3)())
         if "write_prefill_32768_ms" in out and "write_prefill_32768_per_request_ms" in out:
             out["write_prefill_speedup_vs_per_request"] = (out["write_prefill_32768_per_request_ms"]
                                                            / out["write_prefill_32768_ms"])
@@ -376,16 +376,16 @@ def bench(repeats: int, out: dict, save) -> dict:
 
     def host_launch():
         import host_launch as hl
-        hl.self_check(layer, "cuda", "cuda", sync=torch.cuda.synchronize)
+        hl.self_check(tree, "cuda", "cuda", sync=torch.cuda.synchronize)
         out["host_launch_self_check"] = "ok: free functions and prepared launches match bare RawKernel launches byte for byte"
-        costs = hl.host_costs(layer, "cuda", "cuda", rounds=max(5, repeats), batch=50, sync=torch.cuda.synchronize)
+        costs = hl.host_costs(tree, "cuda", "cuda", rounds=max(5, repeats), batch=50, sync=torch.cuda.synchronize)
         out["host_launch"] = host_launch_result(costs)
         out["host_lines"] = host_launch_lines(out)  # scripts/gpu_check.py puts them in its summary as they are
     section("host_launch", host_launch)
 
     def manager():
         import manager_steps as ms
-        rt = kv_canary.runtime_for(layer)
+        rt = kv_canary.runtime_for(tree)
         out["manager_steps"] = []
         for kind, requests, tokens, steps in MANAGER_STEPS:
             clock = ms.KernelClock(rt, "cuda", device="cuda")

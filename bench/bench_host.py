@@ -42,8 +42,8 @@ import kv_canary  # noqa: E402
 from kv_canary.launch import operations  # noqa: E402
 from kv_canary.launch.runtime import runtime_for  # noqa: E402
 
-LAYER = kv_canary.generated
-RT = runtime_for(LAYER)
+TREE = kv_canary.generated
+RT = runtime_for(TREE)
 RATIO_GOAL, FREE_GOAL_US = 2.0, 40.0
 MANAGER_GOAL_MS = 0.70  # decode host overhead per step (9 launches on the torch backend)
 LAUNCHES = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify_kernel",
@@ -69,7 +69,7 @@ def _i64(values) -> torch.Tensor:
 
 def workloads() -> dict:
     """Small valid launches (host cost does not depend on sizes) with every real-KV source in use."""
-    alloc, lay = LAYER.allocators, LAYER.layout
+    alloc, lay = TREE.allocators, TREE.layout
     sources = tuple(alloc.RealKvSource(tensor=torch.zeros((64, 128), dtype=torch.uint8), page_size=1,
                                        num_bytes_per_token=128, read_bytes=128)
                     for _ in range(lay.MAX_REAL_KV_SOURCES))
@@ -107,10 +107,10 @@ def _bare(op: str, args: dict, backend: str):
     """The op's kernels without kv-canary: for emulated, its per-argument ctypes entry points with
     the values the prepared launch bound; for torch, the reference's operation on validated arguments."""
     if backend == "emulated":
-        return bare(LAYER, op, args, backend)
+        return bare(TREE, op, args, backend)
     operation = operations.BY_NAME[op]
     validated = operation.validate(RT.validators, args)
-    run = operation.reference(LAYER.reference)
+    run = operation.reference(TREE.reference)
     return (lambda: run(**validated)), 0
 
 
@@ -163,9 +163,9 @@ def schema_costs(*, quick: bool) -> list:
     interleaved twice; per schema the lower of the two medians."""
     import manager_steps as ms
 
-    from kv_canary.layer.schemas import example_schema, generate_layer
+    from kv_canary.trees.schemas import example_schema, generate_tree
 
-    isolation = generate_layer(example_schema("isolation"))
+    isolation = generate_tree(example_schema("isolation"))
     runs = [("torch", "decode", 256, 16 if quick else 64, 3 if quick else 6),
             ("torch", "prefill", 4, 1024 if quick else 4096, 2 if quick else 3)]
     if shutil.which("g++") is not None:
@@ -174,10 +174,10 @@ def schema_costs(*, quick: bool) -> list:
     for backend, kind, requests, tokens, steps in runs:
         best: dict = {}
         for _ in range(2):
-            for name, layer in (("kernels.yaml", None), ("isolation.yaml", isolation)):
-                clock = ms.KernelClock(runtime_for(layer or LAYER), backend)
+            for name, tree in (("kernels.yaml", None), ("isolation.yaml", isolation)):
+                clock = ms.KernelClock(runtime_for(tree or TREE), backend)
                 r = ms.measure(kind, requests=requests, tokens=tokens, steps=steps, backend=backend, device="cpu",
-                               clock=clock, layer=layer)
+                               clock=clock, tree=tree)
                 keep = best.get(name)
                 if keep is None or r["step_ms_median"] < keep["step_ms_median"]:
                     best[name] = r

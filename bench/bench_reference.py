@@ -25,9 +25,9 @@ from kv_canary.backends import reference as chains  # noqa: E402
 from tests.support import scenarios  # noqa: E402
 from tests.support.oracle import Oracle  # noqa: E402
 
-LAYER = kv_canary.generated
+TREE = kv_canary.generated
 ALLOC = kv_canary.allocators
-RT = scenarios.runtime_for(LAYER)
+RT = scenarios.runtime_for(TREE)
 # One intra-op thread by default: the reference's tensors are small enough that OpenMP fan-out
 # costs more than it gains, and on a shared 2-core machine spinning threads collapse throughput.
 torch.set_num_threads(int(os.environ.get("KV_CANARY_BENCH_THREADS", "1")))
@@ -43,7 +43,7 @@ def sources(num_slots: int, n: int = 2, read: int = 128):
 
 def context(num_slots: int):
     return ALLOC.allocate_context(num_slots=num_slots, ring_capacity=1024, device="cpu", real_kv_sources=sources(num_slots),
-                                  real_kv_hash_mode=LAYER.layout.RealKvHashMode.ALL)
+                                  real_kv_hash_mode=TREE.layout.RealKvHashMode.ALL)
 
 
 def timed(fn, repeat: int = 1, prepare=lambda: None) -> float:
@@ -75,7 +75,7 @@ def verify_case(n: int):
     ctx = context(num_slots)
     # One long chain written by the reference, then verified entry by entry.
     RT.launch_canary_write_kernel(**write_case([n], [-1], num_slots, ctx))
-    order = ctx.canary_buf.view(torch.int64)[:, LAYER.layout.CANARY_POSITION_WORD]
+    order = ctx.canary_buf.view(torch.int64)[:, TREE.layout.CANARY_POSITION_WORD]
     slots = torch.argsort(order[1:]) + 1
     plan = ALLOC.VerifyPlan.allocate(verify_capacity=n, device="cpu")
     plan.verify_slot_indices.copy_(slots)
@@ -140,10 +140,10 @@ def chain_methods(lengths) -> None:
     """Times the write's serial chain alone: the reference's packed lock-step vs the two alternatives."""
     lens = np.array(lengths, dtype=np.int64)
     total = int(lens.sum())
-    seeds = np.full(lens.size, LAYER.layout.CANARY_CHAIN_HEAD, dtype=np.uint64)
+    seeds = np.full(lens.size, TREE.layout.CANARY_CHAIN_HEAD, dtype=np.uint64)
     rng = np.random.default_rng(0)
     # One value array per chained field (fold order); tokens and positions are the realistic magnitudes.
-    fold_values = [rng.integers(0, 50_000, total).astype(np.uint64) for _ in LAYER.layout.CANARY_CHAIN_FOLD_WORDS]
+    fold_values = [rng.integers(0, 50_000, total).astype(np.uint64) for _ in TREE.layout.CANARY_CHAIN_FOLD_WORDS]
     deps = np.full(lens.size, -1, dtype=np.int64)
     t_ref = timed(lambda _: chains.run_chains(lens, seeds, deps, fold_values), repeat=5)
     t_int = timed(lambda _: int_loop_chains(lens, seeds, fold_values), repeat=3)
@@ -158,7 +158,7 @@ def chain_methods(lengths) -> None:
 
 def main() -> int:
     torch.manual_seed(0)
-    oracle = Oracle(LAYER)
+    oracle = Oracle(TREE)
     print(f"kv-canary torch reference vs scalar oracle (torch {torch.__version__}, {torch.get_num_threads()} threads)")
     ok = compare("verify 65,536 entries, ALL, 2 x 128 B", 65_536, verify_case(65_536),
                  "launch_canary_verify_kernel", oracle.verify, 100)

@@ -2,7 +2,7 @@
 uses .venv-vllm when `make test-vllm` built it): the demo's tiny random Llama and workload
 (kv_canary.demo.vllm) in vLLM's one-process mode, guarded by kv_canary.integrations.vllm's connector,
 on the torch reference, the native cpu kernels (the default on CPU tensors) and the emulated kernels,
-each with the default schema and with kv_canary/schemas/isolation.yaml (the connector's `layer` and
+each with the default schema and with kv_canary/schemas/isolation.yaml (the connector's `tree` and
 `request_inputs` options; two tenants' cache salts, correct keying), same workload, same run, with
 isolation's canary time over the default's and each backend's over the torch reference's.
 
@@ -67,7 +67,7 @@ def main() -> int:
           f"in {dv.WORKLOAD.waves} waves (two tenants' cache salts), block size {dv.BLOCK}")
     print(f"{'backend':<10} {'schema':<10} {'steps':>5} {'engine step':>12} {'canary/step':>12} {'share':>7}   "
           f"scheduler / before forward (HEAD) / after forward (TAIL, sweep, drain) per step")
-    schemas = {"default": {}, "isolation": {"layer": dv.isolation_layer_dir()}}
+    schemas = {"default": {}, "isolation": {"tree": dv.isolation_tree_dir()}}
     step_us = plain["t"] / plain["n"] * 1e6
     ratios = []
     default_per_backend = {}
@@ -77,9 +77,9 @@ def main() -> int:
         # The schemas alternate within each repeat, so a slow spell of this shared machine hits both.
         best: dict = {}
         for _ in range(args.repeats):
-            for schema, layer in schemas.items():
+            for schema, tree in schemas.items():
                 m = _measured(run, {"mode": "log", "backend": backend, "sweep_interval": dv.SWEEP,
-                                    "request_inputs": "vllm_namespace", **layer}, hooks)
+                                    "request_inputs": "vllm_namespace", **tree}, hooks)
                 if schema not in best or m[0] < best[schema][0]:
                     best[schema] = m
         per_schema = {}

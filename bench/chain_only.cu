@@ -3,7 +3,7 @@
 // every entry) and does nothing else: no slots, checks, fingerprints or stores but the final link.
 // Chained words other than token and position (schema input fields) are 0, as the benchmark writes
 // them. Compiled and loaded like the generated kernels (kv_canary.cuda.module.load_source_module);
-// tests/layer/test_nvrtc_compile.py compiles it and tests/backends/test_chain_only.py runs it in emulation.
+// tests/trees/test_nvrtc_compile.py compiles it and tests/backends/test_chain_only.py runs it in emulation.
 #include "kv_canary_layout.cuh"
 
 namespace {

@@ -6,7 +6,7 @@ on the CPU with the `emulated` backend (the bare launch is the kernel's per-argu
 point with prebuilt arguments), which is how its logic is tested without a GPU
 (tests/bench/test_host_bench.py).
 
-- `workloads(layer, device)`: one small valid launch per operation, built deterministically (two
+- `workloads(tree, device)`: one small valid launch per operation, built deterministically (two
   calls give twin states), contexts with two real-KV sources;
 - `prepared(...)`: the launch validated and bound once (Runtime.bind: what the manager does at
   attach); its run is the "prepared launch";
@@ -32,11 +32,11 @@ NUMPY = {"ptr": "uint64", "i64": "int64", "i32": "int32"}  # how CuPy receives e
 SLOTS, SOURCE_BYTES, ENTRIES = 4096, 256, 256
 
 
-def workloads(layer, device, seed: int = 0) -> dict:
+def workloads(tree, device, seed: int = 0) -> dict:
     """{operation: launch arguments}: a write of 4 requests, a verify of ENTRIES entries, a plan of
     4 requests, a scatter of 4 rows, over one context; the same seed gives the same state."""
     gen = torch.Generator().manual_seed(seed)
-    alloc, lay = layer.allocators, layer.layout
+    alloc, lay = tree.allocators, tree.layout
     dev = torch.device(device)
 
     def randint(lo, hi, shape, dtype=torch.int64):
@@ -84,16 +84,16 @@ def workloads(layer, device, seed: int = 0) -> dict:
     }
 
 
-def prepared(layer, op: str, args: dict, backend: str):
+def prepared(tree, op: str, args: dict, backend: str):
     """The public launch of `op` validated and bound once (a PreparedLaunch)."""
-    return runtime_for(layer).bind(LAUNCHES[op], **args, backend=backend)
+    return runtime_for(tree).bind(LAUNCHES[op], **args, backend=backend)
 
 
-def bare(layer, op: str, args: dict, backend: str):
+def bare(tree, op: str, args: dict, backend: str):
     """(run, argument count): `op`'s kernels launched with the grid and values its prepared launch
     bound, without kv-canary's launch path."""
-    bound = prepared(layer, op, args, backend)
-    chosen = runtime_for(layer).backend(backend)
+    bound = prepared(tree, op, args, backend)
+    chosen = runtime_for(tree).backend(backend)
     calls = []
     for kernel, entry, blocks, threads, values, _ in bound.prepared.launches:
         if backend == "cuda":
@@ -148,15 +148,15 @@ def _state(case: dict) -> list:
     return out
 
 
-def self_check(layer, device, backend: str, sync=lambda: None) -> None:
+def self_check(tree, device, backend: str, sync=lambda: None) -> None:
     """Every operation as a free function and a prepared launch, and as bare launches, on twin
     states: same bytes."""
-    ours, theirs = workloads(layer, device, seed=1), workloads(layer, device, seed=1)
-    rt = runtime_for(layer)
+    ours, theirs = workloads(tree, device, seed=1), workloads(tree, device, seed=1)
+    rt = runtime_for(tree)
     for op in LAUNCHES:
-        operations.BY_NAME[layer.api.LAUNCHES[LAUNCHES[op]]].launch(rt, backend, dict(ours[op]))
-        prepared(layer, op, ours[op], backend).run()
-        launch, _ = bare(layer, op, theirs[op], backend)
+        operations.BY_NAME[tree.api.LAUNCHES[LAUNCHES[op]]].launch(rt, backend, dict(ours[op]))
+        prepared(tree, op, ours[op], backend).run()
+        launch, _ = bare(tree, op, theirs[op], backend)
         launch()
         launch()
     sync()
@@ -168,18 +168,18 @@ def self_check(layer, device, backend: str, sync=lambda: None) -> None:
                                  f"(tensors {bad} of {len(a)})")
 
 
-def host_costs(layer, device, backend: str, *, rounds: int, batch: int, sync=lambda: None) -> dict:
+def host_costs(tree, device, backend: str, *, rounds: int, batch: int, sync=lambda: None) -> dict:
     """{op: {launch_us, bare_us, ratio, free_us, kernel_arguments}}: host microseconds per call of
     the prepared launch and of the bare launch (best mean of interleaved batches, the device
     synchronised after each batch, never inside), and of the free function's host path
     (`free_us`: validation + binding at every call, the kernels not launched)."""
-    rt = runtime_for(layer)
-    case = workloads(layer, device, seed=2)
+    rt = runtime_for(tree)
+    case = workloads(tree, device, seed=2)
     out = {}
     for op, name in LAUNCHES.items():
         args = case[op]
-        launch = prepared(layer, op, args, backend)
-        bare_launch, nargs = bare(layer, op, args, backend)
+        launch = prepared(tree, op, args, backend)
+        bare_launch, nargs = bare(tree, op, args, backend)
         fns = {"launch": launch.run, "bare": bare_launch,
                "free": lambda name=name, args=args: rt.bind(name, **args, backend=backend)}
         best = {k: float("inf") for k in fns}

@@ -24,7 +24,7 @@ import torch
 from kv_canary.demo.sim.pool import KvStorage
 from kv_canary.engine.manager import CanaryManager, KvPoolView
 from kv_canary.engine.request_inputs import namespace_of
-from kv_canary.layer.loader import default_layer
+from kv_canary.trees.loader import default_tree
 
 LAYERS = 2          # K and V tensors per layer, all fingerprinted (mode ALL)
 BYTES_PER_TOKEN = 64
@@ -132,12 +132,12 @@ class KernelClock:
         return timed
 
 
-def manager_for(engine: StepEngine, backend: str, layer=None) -> CanaryManager:
-    """Mode raise, every check on; `layer`: another schema's (its request_input fields get a namespace
+def manager_for(engine: StepEngine, backend: str, tree=None) -> CanaryManager:
+    """Mode raise, every check on; `tree`: another schema's (its request_input fields get a namespace
     per request, four tenants)."""
-    fields = [f.name for f in (layer or default_layer()).layout.INPUT_FIELDS if f.source == "request_input"]
+    fields = [f.name for f in (tree or default_tree()).layout.INPUT_FIELDS if f.source == "request_input"]
     m = CanaryManager(mode="raise", real_kv_hash_mode="ALL", sweep_interval=0, backend=backend,
-                      check_verify_expected_token=True, ring_capacity=1024, layer=layer,
+                      check_verify_expected_token=True, ring_capacity=1024, tree=tree,
                       request_inputs=lambda r: {name: namespace_of("tenant", r.rid % 4) for name in fields})
     m.attach(engine)
     engine.tell_tokens(m)
@@ -152,17 +152,17 @@ def run_step(manager: CanaryManager, batch) -> None:
 
 
 def measure(kind: str, *, requests: int, tokens: int, steps: int, backend: str, device,
-            sync=lambda: None, clock: KernelClock | None = None, layer=None) -> dict:
+            sync=lambda: None, clock: KernelClock | None = None, tree=None) -> dict:
     """Host seconds per step of a `kind` ("decode": `tokens` prefix tokens per request, one appended per
     step; "prefill": `tokens` written per request per step), best and median over `steps` steps."""
     if kind == "decode":
         engine = StepEngine(requests=requests, max_ctx=tokens + steps + 2, device=device)
-        manager = manager_for(engine, backend, layer)
+        manager = manager_for(engine, backend, tree)
         run_step(manager, engine.batch(0, prefix=0, extend=tokens))  # untimed: writes every prefix
         shape = lambda s: dict(prefix=tokens + s, extend=1)  # noqa: E731
     else:
         engine = StepEngine(requests=requests, max_ctx=tokens, device=device)
-        manager = manager_for(engine, backend, layer)
+        manager = manager_for(engine, backend, tree)
         shape = lambda s: dict(prefix=0, extend=tokens)  # noqa: E731
     run_step(manager, engine.batch(1, **shape(0)))  # warm-up: compiles, allocates, prepares the launches
     times, kernel, launches = [], [], []

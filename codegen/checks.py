@@ -52,7 +52,7 @@ typedef typeid typename union unsigned using virtual void volatile wchar_t while
 # Names the generated Python uses at the same scope; a schema name equal to one would shadow it.
 # `mro` cannot name an enum member; u64 and i64 are the schema's own type names.
 RESERVED_NAMES = frozenset({"self", "cls", "torch", "math", "enum", "typing", "u64", "i64", "mro",
-                            # the generated package's modules (`layer.api`, ...): a constant of that
+                            # the generated package's modules (`tree.api`, ...): a constant of that
                             # name, re-exported by the package, would hide the module
                             "layout", "validators", "allocators", "reference", "api", "kernel_abi"})
 

@@ -142,7 +142,7 @@ def cmd_describe(args) -> int:
         # Only where there is no schema file at all: one that cannot be read (a link that dangles or
         # loops) is an error naming it, not a silent switch to another layout.
         if not os.path.lexists(args.schema) and args.installed_layout is not None:
-            # Outside a checkout (an installed wheel): the layer the package was generated from.
+            # Outside a checkout (an installed wheel): the tree the package was generated from.
             print(f"kv-canary describe: no {CONFIG_NAME} and no kernels.yaml here: describing kv-canary's built-in "
                   f"schema (the default layout it was installed with); --schema FILE describes yours",
                   file=sys.stderr)
@@ -198,7 +198,7 @@ def tree_options(p, root: Path, schema_default=None) -> None:
 def add_codegen_commands(sub, root: Path, installed_layout=None) -> None:
     """The generator's subcommands, on paths relative to `root`. `installed_layout`, when given, is
     what `describe` prints without --schema where `root` has no kernels.yaml (kv_canary passes the
-    installed default layer's LAYOUT.md)."""
+    installed default tree's LAYOUT.md)."""
     p = sub.add_parser("generate", help="render the schema into its generated tree (kv-canary.yaml's trees, "
                                         "or kernels.yaml into generated/)")
     tree_options(p, root)

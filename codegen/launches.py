@@ -30,11 +30,11 @@ class LaunchFunction:
     reference: bool = True          # also generate `<name>_torch_reference` (always the torch reference)
 
 
-# Public functions of every layer's api that are not launches (rendered by templates/python/api.py.j2).
+# Public functions of every tree's api that are not launches (rendered by templates/python/api.py.j2).
 HELPERS = ("compute_slot_hash", "use_torch_reference")
 
-# What a layer's `allocators` module exports (templates/python/allocators.py.j2): the runtime's
-# allocators for the layer (kv_canary/launch/allocation.py allocators_for builds the same names).
+# What a tree's `allocators` module exports (templates/python/allocators.py.j2): the runtime's
+# allocators for the tree (kv_canary/launch/allocation.py allocators_for builds the same names).
 ALLOCATOR_NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf",
                    "canary_buf_bytes", "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts",
                    "allocate_counter", "allocate_counters", "allocate_chain_position_flag", "allocate_context")

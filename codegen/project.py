@@ -32,7 +32,7 @@ CODEGEN_DIR = Path(__file__).resolve().parent
 EXAMPLE_SCHEMAS_DIR = "kv_canary/schemas"
 # The example schemas' generated trees, checked in so that a pull request that changes an example's
 # output shows it (`make generate` writes them, `make check-generated` checks them). Only for review:
-# nothing imports them (kv_canary.layer.schemas generates its own cached trees).
+# nothing imports them (kv_canary.trees.schemas generates its own cached trees).
 GOLDENS_DIR = "examples/generated"
 
 

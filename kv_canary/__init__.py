@@ -1,17 +1,18 @@
 """kv-canary: KV-cache integrity canaries generated from kernels.yaml.
 
-This root names the public API above the package's layers (docs/architecture.md): SGLang-compatible
-names from the default generated layer (no layout literal lives here), the rest loaded on first use.
+This root names the public API above the package's tiers (docs/architecture.md): SGLang-compatible
+names from the default generated tree (no layout literal lives here), the rest loaded on first use.
 """
 from __future__ import annotations
 
 import importlib
+import warnings
 
-from .layer import loader as _loader
-from .layer.loader import load_generated  # noqa: F401  (public: another schema's tree)
+from .trees import loader as _loader
+from .trees.loader import load_generated  # noqa: F401  (public: another schema's tree)
 
 _loader.register_codegen()  # kv_canary.codegen and .workflow: importable from a checkout as from a wheel
-generated = _loader.default_layer()
+generated = _loader.default_tree()
 _layout = generated.layout
 
 ABI_VERSION = _layout.ABI_VERSION
@@ -39,12 +40,12 @@ SCHEMA_FIELD_PREFIXES = ("VIOLATION_FIELD_", "REAL_KV_SOURCE_FIELD_")
 
 # Names that need torch load on first use (PEP 562), so that `kv-canary describe/check/diff` and
 # layout-only users do not import it: public name -> (module, attribute). The launch functions are
-# the generated api's (its __all__); the data classes and allocators the default layer runtime's.
+# the generated api's (its __all__); the data classes and allocators the default tree runtime's.
 LAZY = {
     "BackendUnavailable": ("kv_canary.backends", "BackendUnavailable"),
     "get_backend": ("kv_canary.backends", "get_backend"),
     "runtime_for": ("kv_canary.launch.runtime", "runtime_for"),
-    "generate_layer": ("kv_canary.layer.schemas", "generate_layer"),
+    "generate_tree": ("kv_canary.trees.schemas", "generate_tree"),
     "CanaryManager": ("kv_canary.engine.manager", "CanaryManager"),
     "CanaryViolationError": ("kv_canary.engine.manager", "CanaryViolationError"),
     "CanaryHealthError": ("kv_canary.engine.monitor", "CanaryHealthError"),
@@ -70,6 +71,10 @@ def __getattr__(name: str):
         value = getattr(generated.api, name)
     elif name.startswith(SCHEMA_FIELD_PREFIXES) and not name.endswith("_NAMES") and hasattr(_layout, name):
         value = getattr(_layout, name)
+    elif name == "generate_layer":  # generate_tree's former name, kept for engines (never cached: it warns)
+        warnings.warn("kv-canary: kv_canary.generate_layer is the former name of kv_canary.generate_tree; "  # former name
+                      "call generate_tree", DeprecationWarning, stacklevel=2)
+        return __getattr__("generate_tree")
     else:
         raise AttributeError(f"module 'kv_canary' has no attribute {name!r}")
     globals()[name] = value  # the next access is a plain attribute

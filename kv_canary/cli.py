@@ -11,9 +11,9 @@ from .workflow.cli import add_workflow_commands
 
 
 def installed_layout() -> str:
-    """LAYOUT.md of the default generated layer (what `describe` renders), for use outside a checkout."""
+    """LAYOUT.md of the default generated tree (what `describe` renders), for use outside a checkout."""
     from .codegen.render import split_header
-    from .layer.loader import default_generated_dir
+    from .trees.loader import default_generated_dir
 
     text = (default_generated_dir() / "LAYOUT.md").read_text(encoding="utf-8")
     parsed = split_header(text)

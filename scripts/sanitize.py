@@ -1,11 +1,11 @@
 """`make sanitize`: the bad-runtime-input tests against ASan+UBSan builds of the emulation library and
-of the cpu backend's library (kv_canary/layer/cpu_build.py builds its own instrumented variant under
+of the cpu backend's library (kv_canary/trees/cpu_build.py builds its own instrumented variant under
 the same switch).
 
 Usage: python scripts/sanitize.py [pytest arguments...]   (the Makefile passes SANITIZE_TESTS)
 
 The emulation library is built with -fsanitize=address,undefined -fno-sanitize-recover=all (its own
-cache entry: kv_canary/layer/sanitize.py, KV_CANARY_EMULATION_SANITIZE=1) and loaded into a python
+cache entry: kv_canary/trees/sanitize.py, KV_CANARY_EMULATION_SANITIZE=1) and loaded into a python
 that has the sanitizer runtimes preloaded, so any out-of-bounds access, use-after-free or undefined
 behaviour (signed overflow, misaligned access, bad shift, ...) in the generated kernels or the shim
 aborts the run with the sanitizer's report. Before the tests, a positive control proves that this
@@ -55,8 +55,8 @@ def positive_control(gxx: str, env: dict) -> None:
     """A library with a signed overflow, built with the same sanitizer flags: loading and calling it
     in this setup must abort with UBSan's report, or the real run would prove nothing."""
     sys.path.insert(0, str(ROOT))
-    from kv_canary.layer.emulation_build import CXX_FLAGS
-    from kv_canary.layer.sanitize import SANITIZE_FLAGS
+    from kv_canary.trees.emulation_build import CXX_FLAGS
+    from kv_canary.trees.sanitize import SANITIZE_FLAGS
     with tempfile.TemporaryDirectory(prefix="kv_canary_sanitize_") as tmp:
         src, lib = Path(tmp) / "control.cpp", Path(tmp) / "control.so"
         src.write_text(CONTROL_SOURCE)

@@ -8,7 +8,7 @@ import inspect
 import re
 from pathlib import Path
 
-from support.layers import ROOT
+from support.trees import ROOT
 
 LEDGER = ROOT / "docs" / "sglang-compat.md"
 COLUMNS = ["Call / argument", "SGLang", "kv-canary", "Why", "Pinned by"]

@@ -24,11 +24,17 @@ RETIRED = [
      {"tests/support/schema_errors.py"}),  # its case of both keys at once
     ("dispatch by an operation's name", re.compile(r'getattr\(self\.(?:reference|checks), operation|_checks\[operation\]'),
      {"tests/test_launch_path.py"}),
+    ("a generated tree or kv_canary's tier called layer",
+     re.compile(r"\bdefault_layer\b|\bgenerate_layer\b|\bPerLayer\b|\bkv_canary[./]layer\b|(?<![\w.-])layer/"
+                r"|\.layer\b|\blayer=|\[['\"]layer['\"]|\"layer\":|\b(?:generated|Python|default) layers?\b"
+                r"|\bLayer \d:"),
+     {"kv_canary/__init__.py", "kv_canary/engine/manager.py", "kv_canary/integrations/vllm/options.py",
+      "docs/architecture.md"}),
 ]
 
 
 def test_the_glossary_names_each_word():
-    for word in ("operation", "binding", "staging", "step roles", "template", "layer"):
+    for word in ("operation", "binding", "staging", "step roles", "template", "layer", "tree", "tier"):
         assert re.search(rf"^\| {word} \|", DOC, re.M), word
 
 
@@ -44,3 +50,23 @@ def test_retired_uses_are_gone(what, pattern, allowed):
 def test_the_staging_alias_is_the_staging():
     from kv_canary.engine.manager import CanaryManager
     assert "stage(batch)" in CanaryManager.prepare.__doc__
+
+
+def test_the_former_names_of_tree_still_work_and_say_the_new_one():
+    import kv_canary
+    from kv_canary.engine.manager import CanaryManager
+    from kv_canary.integrations.vllm.options import Options
+
+    with pytest.warns(DeprecationWarning, match=r"kv_canary\.generate_tree"):
+        assert kv_canary.generate_layer is kv_canary.generate_tree
+    with pytest.warns(DeprecationWarning, match=r"CanaryManager\(tree=\.\.\.\)"):
+        manager = CanaryManager(layer=kv_canary.generated)
+    assert manager.tree is kv_canary.generated
+    with pytest.warns(DeprecationWarning, match=r"CanaryManager\.tree"):
+        assert manager.layer is kv_canary.generated
+    with pytest.raises(ValueError, match="tree= .* or layer=, its former name, not both"):
+        CanaryManager(tree=kv_canary.generated, layer=kv_canary.generated)
+    with pytest.warns(DeprecationWarning, match=r"rename the key to 'tree'"):
+        assert Options.parse({"layer": "myengine._canary"}).tree == "myengine._canary"
+    with pytest.raises(ValueError, match="both 'tree' and 'layer'"):
+        Options.parse({"layer": "a", "tree": "b"})

@@ -32,16 +32,16 @@ def copy(tmp_path) -> Path:
 
 
 def test_an_upward_import_and_a_cycle_break_the_contracts(copy):
-    """(`make lint` checks the package itself; here a copy with an upward import in layer/ and a cycle
+    """(`make lint` checks the package itself; here a copy with an upward import in trees/ and a cycle
     inside engine/.)"""
-    with open(copy / "kv_canary" / "layer" / "cache.py", "a", encoding="utf-8") as f:
+    with open(copy / "kv_canary" / "trees" / "cache.py", "a", encoding="utf-8") as f:
         f.write("\nfrom ..engine import config  # noqa: E402,F401\n")
     with open(copy / "kv_canary" / "engine" / "drain.py", "a", encoding="utf-8") as f:
         f.write("\nfrom . import manager  # noqa: E402,F401\n")
     proc = lint(copy)
     assert proc.returncode != 0, proc.stdout
-    assert "layers: imports only go down BROKEN" in proc.stdout
-    assert "kv_canary.layer.cache -> kv_canary.engine.config" in proc.stdout
+    assert "tiers: imports only go down BROKEN" in proc.stdout
+    assert "kv_canary.trees.cache -> kv_canary.engine.config" in proc.stdout
     assert "no import cycles between the modules of any package BROKEN" in proc.stdout
     assert "- .manager -> .drain (1 import)" in proc.stdout  # the one edge that would make engine/ acyclic
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from support.layers import ROOT, SPEC_DIR, load_vectors
+from support.trees import ROOT, SPEC_DIR, load_vectors
 
 DOC = ROOT / "docs" / "semantics.md"
 CITATION = re.compile(r"semantics\.md\s+§\s*(\d+(?:\.\d+)?)")

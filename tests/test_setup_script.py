@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 
-from support.layers import ROOT
+from support.trees import ROOT
 
 
 def _script():

@@ -22,7 +22,7 @@ def installed(tmp_path_factory):
 PROBE = """
 import importlib.resources as r, importlib.util as u, json
 import kv_canary, kv_canary.codegen, kv_canary.workflow.cli
-from kv_canary.layer import csrc, emulation_build, sources
+from kv_canary.trees import csrc, emulation_build, sources
 print(json.dumps({
     "top_level_codegen": u.find_spec("codegen") is not None,
     "top_level_workflow": u.find_spec("workflow") is not None,

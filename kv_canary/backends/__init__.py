@@ -1,10 +1,10 @@
-"""Layer 2: the backends that run a launch, and the registry that finds them.
+"""Tier 2: the backends that run a launch, and the registry that finds them.
 
 A backend lives in `kv_canary.backends.<name>` (`torch`: the generated reference; `cpu`: the
 schema's kernels compiled natively for the host, the default on CPU tensors; `emulated`: the
 generated CUDA kernels compiled for the host against a CUDA shim; `cuda`: the generated kernels on
 a GPU through CuPy) and
-exposes `create(layer)`; modules load lazily, so a missing optional dependency (CuPy, a compiler)
+exposes `create(tree)`; modules load lazily, so a missing optional dependency (CuPy, a compiler)
 only matters when asked for. A backend receives validated arguments (kv_canary.launch validates
 first) and must never read or write out of bounds. Its one method, `prepare(operation, args)`,
 binds an operation object (kv_canary/launch/operations.py: WRITE, VERIFY, PLAN, PLAN_OFFSETS,
@@ -23,7 +23,7 @@ KNOWN_BACKENDS = ("torch", "cpu", "cuda", "emulated")
 
 
 class BackendUnavailable(Exception):
-    """Raised by a backend's `create(layer)` when it cannot run here; the message says why."""
+    """Raised by a backend's `create(tree)` when it cannot run here; the message says why."""
 
 
 @dataclass(slots=True)
@@ -42,11 +42,11 @@ _cache: dict = {}
 _lock = threading.Lock()
 
 
-def get_backend(name: str, layer):
-    """The backend `name` for the generated package `layer`, created once per (name, layer)."""
+def get_backend(name: str, tree):
+    """The backend `name` for the generated package `tree`, created once per (name, tree)."""
     if name not in KNOWN_BACKENDS:
         raise ValueError(f"kv-canary: unknown backend {name!r}; expected one of {', '.join(KNOWN_BACKENDS)}")
-    key = (name, layer.__name__)
+    key = (name, tree.__name__)
     backend = _cache.get(key)
     if backend is not None:  # every launch asks: no lock once it exists
         return backend
@@ -61,7 +61,7 @@ def get_backend(name: str, layer):
             raise ValueError(f"kv-canary: backend '{name}' is not available: "
                              f"module kv_canary.backends.{name} is not installed") from None
         try:
-            backend = module.create(layer)
+            backend = module.create(tree)
         except BackendUnavailable as exc:
             raise ValueError(f"kv-canary: backend '{name}' is not available: {exc}") from exc
         _cache[key] = backend

@@ -1,6 +1,6 @@
 """The `cpu` backend: the schema's kernels compiled for this host (the generated cpu/kv_canary_cpu.cpp
 over kv_canary/csrc/kvc_cpu.h's loops and the same device functions as the CUDA kernels; built by
-kv_canary/layer/cpu_build.py) and loaded with ctypes. The default backend for CPU tensors.
+kv_canary/trees/cpu_build.py) and loaded with ctypes. The default backend for CPU tensors.
 
 Arguments are bound as for the emulated backend (the generated kernel ABI, packed once per prepared
 launch into 8-byte slots), so a prepared launch costs one ctypes call of three arguments: the thread
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from ..layer.identity import check_identity
-from ..layer.memo import PerLayer
-from ..layer.sources import kernel_abi
+from ..trees.identity import check_identity
+from ..trees.memo import PerTree
+from ..trees.sources import kernel_abi
 from . import BackendUnavailable
 from .kernels import KernelBackend, packer
 
@@ -64,11 +64,11 @@ def default_threads() -> int:
 
 
 class CpuLibrary:
-    """One loaded library, bound to the Python layer whose kernels it must match."""
+    """One loaded library, bound to the Python package whose kernels it must match."""
 
-    def __init__(self, layer, path: Path | str):
+    def __init__(self, tree, path: Path | str):
         self.path = Path(path)
-        self.abi = kernel_abi(layer)
+        self.abi = kernel_abi(tree)
         self.lib = ctypes.CDLL(str(self.path))
         try:
             version_fn = getattr(self.lib, self.abi.CPU_ABI_VERSION_FUNCTION)
@@ -77,7 +77,7 @@ class CpuLibrary:
             raise CpuLaunchError(f"kv-canary: {self.path} is not a kv-canary cpu library (missing {exc}); rebuild it "
                                  f"from generated/ (`make generate`)") from None
         version_fn.restype, fingerprint_fn.restype = ctypes.c_int, ctypes.c_ulonglong
-        check_identity(layer, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
+        check_identity(tree, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
                        module_desc=f"the cpu library {self.path}")
         self.lib.kvc_cpu_last_error.restype = ctypes.c_char_p
         self._entry_points: dict = {}
@@ -101,17 +101,17 @@ class CpuLibrary:
         return CpuLaunchError(f"kv-canary: cpu launch of {entry_point} failed: {reason}")
 
 
-def _load_library(layer) -> CpuLibrary:
-    from ..layer.cpu_build import build_library
-    return CpuLibrary(layer, build_library(layer))
+def _load_library(tree) -> CpuLibrary:
+    from ..trees.cpu_build import build_library
+    return CpuLibrary(tree, build_library(tree))
 
 
-_libraries: PerLayer[CpuLibrary] = PerLayer(_load_library)
+_libraries: PerTree[CpuLibrary] = PerTree(_load_library)
 
 
-def library_for(layer) -> CpuLibrary:
-    """The layer's loaded cpu library: built (or found in the cache) once per process."""
-    return _libraries.get(layer)
+def library_for(tree) -> CpuLibrary:
+    """The tree's loaded cpu library: built (or found in the cache) once per process."""
+    return _libraries.get(tree)
 
 
 class _NotInLibrary(Exception):
@@ -122,11 +122,11 @@ class CpuBackend(KernelBackend):
     name = "cpu"
     checks_index_values = "all"  # it reads index values for free (kv_canary/launch/operations.py HostChecks)
 
-    def __init__(self, layer, *, threads: int | None = None):
-        super().__init__(layer)
+    def __init__(self, tree, *, threads: int | None = None):
+        super().__init__(tree)
         self.threads, self.grain = 1, DEFAULT_GRAIN
         self.set_threads(default_threads() if threads is None else threads)
-        self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
+        self.library = library_for(tree)   # eager: a build error surfaces here, not mid-batch
         self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
         # The kernels the library holds (by operation); an operation launching another runs the torch reference.
         self.native = frozenset(operation for operation, kernel in self.kernels.items()
@@ -144,7 +144,7 @@ class CpuBackend(KernelBackend):
         except _NotInLibrary:  # no kvc_cpu.h loop for one of its kernels yet
             if self._reference is None:
                 from .torch import create as torch_backend
-                self._reference = torch_backend(self.layer)
+                self._reference = torch_backend(self.tree)
             return self._reference.prepare(operation, args, read=read)
 
     def set_threads(self, threads: int, *, grain: int | None = None) -> None:
@@ -174,9 +174,9 @@ class CpuBackend(KernelBackend):
         return launch
 
 
-def create(layer) -> CpuBackend:
-    from ..layer.cpu_build import CpuBuildError
+def create(tree) -> CpuBackend:
+    from ..trees.cpu_build import CpuBuildError
     try:
-        return CpuBackend(layer)
+        return CpuBackend(tree)
     except (CpuBuildError, OSError) as exc:
         raise BackendUnavailable(str(exc)) from exc

@@ -1,8 +1,8 @@
 """The `cuda` backend: the generated kernels on a GPU through CuPy.
 
-On first use per device every generated .cu of the layer is compiled with NVRTC (or taken from the
-compile cache: kv_canary/layer/nvrtc.py) and loaded as a CuPy RawModule, and each module's exported
-ABI identity is compared with the Python layer's before any of its kernels can run. Loading reads
+On first use per device every generated .cu of the tree is compiled with NVRTC (or taken from the
+compile cache: kv_canary/trees/nvrtc.py) and loaded as a CuPy RawModule, and each module's exported
+ABI identity is compared with the Python package's before any of its kernels can run. Loading reads
 the identity back from the device, so it must happen outside CUDA-graph capture: launch once (or
 call `warm_up(device)`) before capturing.
 
@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..layer.identity import check_identity
-from ..layer.nvrtc import cached_binary, target_for
-from ..layer.sources import kernel_abi, read_source
+from ..trees.identity import check_identity
+from ..trees.nvrtc import cached_binary, target_for
+from ..trees.sources import kernel_abi, read_source
 from . import BackendUnavailable
 from .kernels import KernelBackend, blocks_for
 
@@ -37,30 +37,30 @@ _NUMPY = {"ptr": np.uint64, "i64": np.int64, "i32": np.int32}
 
 
 class DeviceModules:
-    """Every kernel of one layer, loaded on one device."""
+    """Every kernel of one tree, loaded on one device."""
 
-    def __init__(self, layer, device_index: int):
+    def __init__(self, tree, device_index: int):
         import cupy
-        self.layer = layer
+        self.tree = tree
         self.device_index = device_index
-        abi = kernel_abi(layer)
+        abi = kernel_abi(tree)
         device = cupy.cuda.Device(device_index)
         cc = int(device.compute_capability)
         self.arch, self.cubin = target_for(cc)
         self.sm_count = int(device.attributes["MultiProcessorCount"])
-        headers = layer_headers(layer)
+        headers = tree_headers(tree)
         self.functions = {}
         self.binaries = {}
         self.resident_blocks: dict[str, int] = {}  # entry point -> blocks one SM keeps resident
         self._streams: dict = {}
         with device:
             for kernel in abi.KERNELS.values():
-                path = cached_binary(read_source(layer, kernel.source), kernel.source, headers,
+                path = cached_binary(read_source(tree, kernel.source), kernel.source, headers,
                                      arch=self.arch, cubin=self.cubin)
                 module = cupy.RawModule(path=str(path))
                 version = self._read_global(cupy, module, abi.ABI_VERSION_SYMBOL, np.int32)
                 fingerprint = self._read_global(cupy, module, abi.LAYOUT_FINGERPRINT_SYMBOL, np.uint64)
-                check_identity(layer, module_abi_version=version, module_fingerprint=fingerprint,
+                check_identity(tree, module_abi_version=version, module_fingerprint=fingerprint,
                                module_desc=f"the CUDA module {path.name} ({kernel.source})")
                 for symbol, _ in kernel.variants:
                     # get_function loads the module on this device now, and querying an attribute loads
@@ -110,20 +110,20 @@ class DeviceModules:
                 fn(grid, block, args)
         return launch
 
-def layer_headers(layer) -> dict[str, str]:
-    """The in-memory includes of a CUDA source built against `layer`: its generated layout header."""
-    abi = kernel_abi(layer)
-    return {Path(abi.HEADER).name: read_source(layer, abi.HEADER)}
+def tree_headers(tree) -> dict[str, str]:
+    """The in-memory includes of a CUDA source built against `tree`: its generated layout header."""
+    abi = kernel_abi(tree)
+    return {Path(abi.HEADER).name: read_source(tree, abi.HEADER)}
 
 
-def load_source_module(layer, source: str, name: str, device_index: int):
-    """A CuPy RawModule of a .cu that is not one of the layer's kernels but includes its
+def load_source_module(tree, source: str, name: str, device_index: int):
+    """A CuPy RawModule of a .cu that is not one of the tree's kernels but includes its
     kv_canary_layout.cuh (a benchmark's reference kernel), compiled for the device through the same
-    cache as the layer's kernels. Like the layer's modules, load it before any CUDA-graph capture."""
+    cache as the tree's kernels. Like the tree's modules, load it before any CUDA-graph capture."""
     import cupy
     device = cupy.cuda.Device(device_index)
     arch, cubin = target_for(int(device.compute_capability))
-    path = cached_binary(source, name, layer_headers(layer), arch=arch, cubin=cubin)
+    path = cached_binary(source, name, tree_headers(tree), arch=arch, cubin=cubin)
     with device:
         return cupy.RawModule(path=str(path))
 
@@ -147,8 +147,8 @@ def resident_blocks_per_sm(cupy, fn, threads: int) -> int:
 class CudaBackend(KernelBackend):
     name = "cuda"
 
-    def __init__(self, layer):
-        super().__init__(layer)
+    def __init__(self, tree):
+        super().__init__(tree)
         self._device_modules: dict[int, DeviceModules] = {}  # device index -> its modules, made on first use
         self._load_lock = threading.Lock()
 
@@ -168,10 +168,10 @@ class CudaBackend(KernelBackend):
             if mods is None:
                 if torch.cuda.is_current_stream_capturing():
                     raise RuntimeError(
-                        f"kv-canary: the CUDA kernels of {self.layer.__name__} are compiled and loaded on first use "
+                        f"kv-canary: the CUDA kernels of {self.tree.__name__} are compiled and loaded on first use "
                         f"on cuda:{index}, which cannot happen during CUDA-graph capture; launch once (or call "
                         f"the backend's warm_up(device)) before capturing")
-                mods = self._device_modules[index] = DeviceModules(self.layer, index)
+                mods = self._device_modules[index] = DeviceModules(self.tree, index)
         return mods
 
     def persistent_blocks(self, kernel, device: torch.device, entry_point: str | None = None) -> int:
@@ -187,7 +187,7 @@ class CudaBackend(KernelBackend):
                                              values=values)
 
 
-def create(layer) -> CudaBackend:
+def create(tree) -> CudaBackend:
     try:
         import cupy
     except ImportError as exc:
@@ -196,4 +196,4 @@ def create(layer) -> CudaBackend:
         raise BackendUnavailable("CuPy sees no CUDA device")
     if not torch.cuda.is_available():
         raise BackendUnavailable("torch sees no CUDA device")
-    return CudaBackend(layer)
+    return CudaBackend(tree)

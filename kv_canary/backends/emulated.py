@@ -1,5 +1,5 @@
 """The `emulated` backend: the generated CUDA kernels compiled for the host (g++ against
-kv_canary/emulation/cuda_host_shim.h; built by kv_canary/layer/emulation_build.py) and loaded with
+kv_canary/emulation/cuda_host_shim.h; built by kv_canary/trees/emulation_build.py) and loaded with
 ctypes. Same kernels, same argument binding and same launch shapes as the `cuda` backend, on CPU
 tensors. Blocks stay small (EMULATED_THREADS threads, EMULATED_PERSISTENT_BLOCKS blocks for
 persistent grids) so that tests are fast while still running several warps and several blocks.
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ..layer.identity import check_identity
-from ..layer.memo import PerLayer
-from ..layer.sources import kernel_abi
+from ..trees.identity import check_identity
+from ..trees.memo import PerTree
+from ..trees.sources import kernel_abi
 from . import BackendUnavailable
 from .kernels import KernelBackend, blocks_for, packer
 
@@ -41,12 +41,12 @@ class EmulationLaunchError(RuntimeError):
 
 
 class EmulationLibrary:
-    """One loaded library, bound to the Python layer whose kernels it must match."""
+    """One loaded library, bound to the Python package whose kernels it must match."""
 
-    def __init__(self, layer, path: Path | str):
-        self.layer = layer
+    def __init__(self, tree, path: Path | str):
+        self.tree = tree
         self.path = Path(path)
-        self.abi = kernel_abi(layer)
+        self.abi = kernel_abi(tree)
         self.lib = ctypes.CDLL(str(self.path))
         try:
             version_fn = getattr(self.lib, self.abi.EMULATION_ABI_VERSION_FUNCTION)
@@ -55,7 +55,7 @@ class EmulationLibrary:
             raise EmulationLaunchError(f"kv-canary: {self.path} is not a kv-canary emulation library "
                                        f"(missing {exc}); rebuild it from generated/ (`make generate`)") from None
         version_fn.restype, fingerprint_fn.restype = ctypes.c_int, ctypes.c_ulonglong
-        check_identity(layer, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
+        check_identity(tree, module_abi_version=version_fn(), module_fingerprint=fingerprint_fn(),
                        module_desc=f"the emulation library {self.path}")
         self.lib.kvc_emu_last_error.restype = ctypes.c_char_p
         self.lib.kvc_emu_set_strict.argtypes = [ctypes.c_int]
@@ -86,30 +86,30 @@ class EmulationLibrary:
                                     f"failed: {reason}")
 
 
-def _load_library(layer) -> EmulationLibrary:
-    from ..layer.emulation_build import build_library
-    return EmulationLibrary(layer, build_library(layer))
+def _load_library(tree) -> EmulationLibrary:
+    from ..trees.emulation_build import build_library
+    return EmulationLibrary(tree, build_library(tree))
 
 
-_libraries: PerLayer[EmulationLibrary] = PerLayer(_load_library)
+_libraries: PerTree[EmulationLibrary] = PerTree(_load_library)
 
 
-def library_for(layer) -> EmulationLibrary:
-    """The layer's loaded emulation library: built (or found in the cache) once per process."""
-    return _libraries.get(layer)
+def library_for(tree) -> EmulationLibrary:
+    """The tree's loaded emulation library: built (or found in the cache) once per process."""
+    return _libraries.get(tree)
 
 
 class EmulatedBackend(KernelBackend):
     name = "emulated"
     checks_index_values = "all"  # it reads index values for free (kv_canary/launch/operations.py HostChecks)
 
-    def __init__(self, layer, *, threads: int = EMULATED_THREADS, persistent_blocks: int = EMULATED_PERSISTENT_BLOCKS):
-        super().__init__(layer)
+    def __init__(self, tree, *, threads: int = EMULATED_THREADS, persistent_blocks: int = EMULATED_PERSISTENT_BLOCKS):
+        super().__init__(tree)
         if threads % 32 or not 32 <= threads <= 1024:
             raise ValueError(f"kv-canary: emulated threads per block must be a multiple of 32 in [32, 1024], got {threads}")
         self.threads = threads
         self.persistent_blocks = persistent_blocks
-        self.library = library_for(layer)  # eager: a build error surfaces here, not mid-batch
+        self.library = library_for(tree)   # eager: a build error surfaces here, not mid-batch
         self._packers = {name: packer(kernel.kinds) for name, kernel in self.abi.KERNELS.items()}
 
     def check_device(self, device: torch.device) -> None:
@@ -127,9 +127,9 @@ class EmulatedBackend(KernelBackend):
                                      packed=self._packers[kernel.name].pack(*values))
 
 
-def create(layer) -> EmulatedBackend:
-    from ..layer.emulation_build import EmulationBuildError
+def create(tree) -> EmulatedBackend:
+    from ..trees.emulation_build import EmulationBuildError
     try:
-        return EmulatedBackend(layer)
+        return EmulatedBackend(tree)
     except EmulationBuildError as exc:
         raise BackendUnavailable(str(exc)) from exc

@@ -1,7 +1,7 @@
 """What the `cuda`, `cpu` and `emulated` backends share: an operation (kv_canary/launch/operations.py,
 whose `kernel_launches` names its kernels and work sizes) as launches of the generated kernels.
 
-Which variant and every argument value: decided here, from the layer's generated kernel
+Which variant and every argument value: decided here, from the tree's generated kernel
 ABI (generated/kernel_abi.py: each kernel's parameters as typed data, rendered from the same parameter
 list as the CUDA signature; `KERNELS[name].bind(arguments[, read])`, compiled from them by
 kv_canary/backends/binder.py, returns a kernel's arguments in ABI order). Subclasses say how big a grid
@@ -18,27 +18,27 @@ from typing import Callable
 
 import torch
 
-from ..layer.loader import regenerate_command
-from ..layer.sources import kernel_abi
+from ..trees.loader import regenerate_command
+from ..trees.sources import kernel_abi
 from . import Prepared
 
 
 class KernelBackend:
-    """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one layer."""
+    """write / verify / plan (plan_offsets + plan_entries) / scatter on the generated kernels of one tree."""
 
     name = "kernels"
     # Which of the operations' index-value checks run before its kernels ("all" on a host backend,
     # which reads index values for free; None on a GPU: kv_canary/launch/operations.py HostChecks).
     checks_index_values: str | None = None
 
-    def __init__(self, layer):
-        self.layer = layer
-        self.layout = layer.layout
-        self.abi = kernel_abi(layer)
+    def __init__(self, tree):
+        self.tree = tree
+        self.layout = tree.layout
+        self.abi = kernel_abi(tree)
         if self.abi.LAYOUT_FINGERPRINT != self.layout.LAYOUT_FINGERPRINT or self.abi.ABI_VERSION != self.layout.ABI_VERSION:
-            raise ValueError(f"kv-canary: {layer.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
+            raise ValueError(f"kv-canary: {tree.__name__}.kernel_abi (fingerprint {self.abi.LAYOUT_FINGERPRINT}) and "
                              f"layout (fingerprint {self.layout.LAYOUT_FINGERPRINT}) come from different schemas; "
-                             f"run `{regenerate_command(layer)}`")
+                             f"run `{regenerate_command(tree)}`")
         self.kernels = {operation: self.abi.kernel_for_operation(operation) for operation in self.abi.KERNEL_OPERATIONS}
         self._entry_points: dict = {}  # (kernel, flags) -> the entry point compiled for them
 

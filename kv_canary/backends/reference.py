@@ -1,5 +1,5 @@
 """Torch reference of every canary kernel (write, verify, plan and its two stages, scatter) and of
-SGLang's compute_slot_hash, docs/semantics.md §2–§8, over one generated layer's layout tables.
+SGLang's compute_slot_hash, docs/semantics.md §2–§8, over one generated tree's layout tables.
 
 `Reference(layout)` binds these functions to a generated package's `layout` module (word indices,
 fail-reason bits, violation columns, input fields, the chain fold); each generated package's
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 # The launch's data classes (VerifyOrWriteContext, VerifyPlan, WritePlan, RealKvSource) are built
-# per generated layer at run time (kv_canary.launch.allocation): the reference reads their fields.
+# per generated tree at run time (kv_canary.launch.allocation): the reference reads their fields.
 Context = Any
 Plan = Any
 
@@ -365,8 +365,8 @@ def splitmix64_t(x: torch.Tensor) -> torch.Tensor:
 
 
 class Reference:
-    """The reference bound to one generated layer's `layout` module: its public methods are the
-    layer's `reference` functions (write, verify, plan, plan_offsets, plan_entries, scatter,
+    """The reference bound to one generated tree's `layout` module: its public methods are the
+    tree's `reference` functions (write, verify, plan, plan_offsets, plan_entries, scatter,
     fingerprint, compute_slot_hash, link_t, splitmix64_t)."""
 
     scatter = staticmethod(scatter)

@@ -1,4 +1,4 @@
-"""The `torch` backend: the torch reference (kv_canary/backends/reference.py) bound to a layer's layout
+"""The `torch` backend: the torch reference (kv_canary/backends/reference.py) bound to a tree's layout
 (its generated `reference` module, generated/reference.py).
 
 It runs on tensors of any device (the reference copies what it needs to the CPU and writes results
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-from ..layer.loader import regenerate_command
+from ..trees.loader import regenerate_command
 from . import BackendUnavailable, Prepared
 
 
@@ -30,10 +30,10 @@ class TorchBackend:
         return Prepared(lambda: fn(**args), args)
 
 
-def create(layer) -> TorchBackend:
+def create(tree) -> TorchBackend:
     try:
-        reference = importlib.import_module(layer.__name__ + ".reference")
+        reference = importlib.import_module(tree.__name__ + ".reference")
     except ModuleNotFoundError as exc:
-        raise BackendUnavailable(f"{layer.__name__} has no generated reference module (run "
-                                 f"`{regenerate_command(layer)}`)") from exc
+        raise BackendUnavailable(f"{tree.__name__} has no generated reference module (run "
+                                 f"`{regenerate_command(tree)}`)") from exc
     return TorchBackend(reference)

@@ -2,7 +2,7 @@
 // the rows and entries a GPU grid would cover, calling the same device functions as the CUDA
 // kernels (kvc_device.cuh: hashing, the chain, the ring, the real-KV fingerprint; kvc_write.cuh,
 // kvc_verify.cuh, kvc_plan.cuh, kvc_scatter.cuh: one entry's or one request's work), compiled as
-// host code with the system compiler (kv_canary/layer/cpu_build.py).
+// host code with the system compiler (kv_canary/trees/cpu_build.py).
 //
 // The generated cpu/kv_canary_cpu.cpp includes this first (it includes the schema's layout header
 // itself, after the host qualifiers) and defines one extern "C" function per kernel entry point,

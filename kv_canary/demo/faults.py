@@ -17,18 +17,18 @@ from ..engine.config import ENV_VARS, FLAG_REAL_KV_DATA
 from ..engine.manager import CanaryManager
 from ..engine.request_inputs import namespace_inputs, vllm_request_namespace
 from ..engine.violations import Violation, sglang_reason_name
-from ..layer.schemas import example_schema, generate_layer
+from ..trees.schemas import example_schema, generate_tree
 from .sim import Engine, SimConfig
 
 
-def owner_epoch_layer(cache_dir=None):
-    """The layer of the shipped example schema owner_epoch.yaml (generated once into the cache)."""
-    return generate_layer(example_schema("owner_epoch"), cache_dir)
+def owner_epoch_tree(cache_dir=None):
+    """The tree of the shipped example schema owner_epoch.yaml (generated once into the cache)."""
+    return generate_tree(example_schema("owner_epoch"), cache_dir)
 
 
-def example_layer(name: str, cache_dir=None):
-    """The layer of a shipped example schema (None for "default": the manager's default layer)."""
-    return None if name == "default" else generate_layer(example_schema(name), cache_dir)
+def example_tree(name: str, cache_dir=None):
+    """The tree of a shipped example schema (None for "default": the manager's default tree)."""
+    return None if name == "default" else generate_tree(example_schema(name), cache_dir)
 
 
 # What the simulation's engine integration supplies to request_input fields: the namespace of each
@@ -370,7 +370,7 @@ class Scenario:
     sim: SimConfig
     steps: int = 48
     manager: dict = field(default_factory=dict)   # CanaryManager keyword overrides
-    layer: str = "default"                        # or an example schema: "owner_epoch", "isolation"
+    tree: str = "default"                         # or an example schema: "owner_epoch", "isolation"
 
 
 @dataclass
@@ -388,8 +388,8 @@ class ScenarioResult:
     why: str
     settings: dict = field(default_factory=dict)   # the canary settings the scenario ran with
     fault: Optional[Fault] = None                  # the fault object after the run (for inspection)
-    expected: str = ""                             # what the scenario expects, in the layer's tag names
-    expected_tag: Optional[str] = None             # the layer's name of the expected launch's tag (None: control)
+    expected: str = ""                             # what the scenario expects, in the tree's tag names
+    expected_tag: Optional[str] = None             # the tree's name of the expected launch's tag (None: control)
 
     def describe_settings(self) -> str:
         s = self.settings
@@ -455,41 +455,41 @@ def scenarios() -> list[Scenario]:
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(None), no_share),
         Scenario("stale_transfer/owner_epoch", "same bug, kv_canary/schemas/owner_epoch.yaml: the owner id differs",
                  lambda: StaleTransfer(10, shared_prompt=True), Expect(head, "VERIFY_OWNER_MISMATCH"), no_share,
-                 layer="owner_epoch"),
+                 tree="owner_epoch"),
         Scenario("cross_tenant_prefix/default_schema", "the prefix cache drops the cache salt from its key: a "
                  "tenant reuses another tenant's cached prompt prefix (same tokens, positions, chain, K/V bytes)",
                  lambda: PrefixCacheKeyDrop(0), Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied),
         Scenario("cross_tenant_prefix/isolation", "same bug, kv_canary/schemas/isolation.yaml: the reader's "
                  "namespace differs from the writer's", lambda: PrefixCacheKeyDrop(0),
                  Expect(head, "VERIFY_NAMESPACE_MISMATCH"), tenants, steps=PREFIX_STEPS, manager=supplied,
-                 layer="isolation"),
+                 tree="isolation"),
         Scenario("cross_adapter_prefix/isolation", "the prefix cache drops the LoRA adapter from its key: a "
                  "request attends to another adapter's K/V (isolation.yaml)", lambda: PrefixCacheKeyDrop(0),
                  Expect(head, "VERIFY_NAMESPACE_MISMATCH"), replace(tenants, tenant_kind="lora"), steps=PREFIX_STEPS,
-                 manager=supplied, layer="isolation"),
+                 manager=supplied, tree="isolation"),
         Scenario("cross_tenant_prefix/correct_keying", "control: the key keeps the cache salt, tenants sharing "
                  "a prompt prefix do not share pages (isolation.yaml)", lambda: PrefixCacheKeyDrop(0, drop=False),
-                 Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
+                 Expect(None), tenants, steps=PREFIX_STEPS, manager=supplied, tree="isolation"),
         Scenario("same_tenant_prefix/isolation", "control: requests of one tenant share a cached prompt prefix "
                  "(isolation.yaml)", lambda: PrefixCacheKeyDrop(0, across=False), Expect(None), one_tenant,
-                 steps=PREFIX_STEPS, manager=supplied, layer="isolation"),
+                 steps=PREFIX_STEPS, manager=supplied, tree="isolation"),
         Scenario("stale_transfer/other_tokens", "offload/restore hands a request another request's context "
                  "with other tokens (the expected-token check sees it)", lambda: StaleTransfer(10, shared_prompt=False),
                  Expect(head, "VERIFY_TOKEN_MISMATCH"), no_share),
     ]
 
 
-def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", layer=None,
+def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", tree=None,
                  stop_after_detection: bool = False, metrics_registry=None, violations_jsonl=None,
                  **manager_kwargs) -> ScenarioResult:
     """Run one scenario (mode 'log', its own manager) and judge it against its expectation.
     `stop_after_detection`: end two steps after the first violation (the judgement is the same, the
     totals cover the steps run); controls always run every step. `violations_jsonl`: a text stream
     that gets each violation as a JSON line (label scenario)."""
-    if layer is None:
-        layer = example_layer(sc.layer)
+    if tree is None:
+        tree = example_tree(sc.tree)
     kwargs = {"mode": "log", "sweep_interval": SWEEP, **sc.manager, **manager_kwargs}
-    manager = CanaryManager(layer=layer, backend=backend, **kwargs)
+    manager = CanaryManager(tree=tree, backend=backend, **kwargs)
     listeners = scenario_listeners(manager, sc.name, metrics_registry, violations_jsonl)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault], device=device)
@@ -509,7 +509,7 @@ def run_scenario(sc: Scenario, *, backend: Optional[str] = None, device="cpu", l
 
 def judge(sc, manager: CanaryManager, fault) -> ScenarioResult:
     """A finished scenario run against its expectation (any engine's scenario: `name`, `expect`,
-    `layer`; a fault with `damage_step` and `detail`)."""
+    `tree`; a fault with `damage_step` and `detail`)."""
     vs = manager.violations
     first = vs[0] if vs else None
     launch = [v for v in vs if first is not None and (v.step, v.launch_tag) == (first.step, first.launch_tag)]
@@ -528,7 +528,7 @@ def judge(sc, manager: CanaryManager, fault) -> ScenarioResult:
         ok = first.launch_tag == want_tag and e.reason in reasons and first.step == want_step
         why = "as expected" if ok else (f"expected {want_tag} {e.reason} at step {want_step}, got {first.launch_tag} "
                                         f"{'+'.join(reasons)} at step {first.step}")
-    settings = {"schema": "kernels.yaml" if sc.layer == "default" else f"kv_canary/schemas/{sc.layer}.yaml",
+    settings = {"schema": "kernels.yaml" if sc.tree == "default" else f"kv_canary/schemas/{sc.tree}.yaml",
                 "check_verify_expected_token": manager.check_verify_expected_token,
                 "real_kv_hash_mode": manager.real_kv_hash_mode.name, "sweep_interval": manager.sweep_interval}
     return ScenarioResult(sc, fault.damage_step, fault.detail, manager.stats.total, manager.stats.lost, first,

@@ -54,8 +54,8 @@ def rank_main(rank: int, world_size: int, demo: FleetDemo) -> dict:
     log.addHandler(lines)
     log.setLevel(logging.INFO)
     log.propagate = False   # the parent prints the fleet's view; ranks print nothing themselves
-    layer = faults.example_layer(sc.layer)
-    manager = CanaryManager(layer=layer, backend=demo.backend, **{**demo.manager, **sc.manager})
+    tree = faults.example_tree(sc.tree)
+    manager = CanaryManager(tree=tree, backend=demo.backend, **{**demo.manager, **sc.manager})
     fault = sc.make_fault() if rank == FAULT_RANK else None
     engine = Engine(sc.sim, canary=manager, hooks=[fault] if fault else [], device=demo.device)
     fleet = FleetMonitor(manager, stats_every=STATS_EVERY)

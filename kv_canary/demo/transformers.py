@@ -314,7 +314,7 @@ class TransformersScenario:
     workload: Workload = WORKLOAD
     manager: dict = field(default_factory=dict)
     steps: int = 40               # the chart's x range (a run takes what its workload needs)
-    layer: str = "default"
+    tree: str = "default"
 
 
 PREFIX = "transformers/"

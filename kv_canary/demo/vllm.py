@@ -471,12 +471,12 @@ class IsolationScenario:
     kind: str                      # tenant or adapter
     keying: str                    # dropped or correct
     same: bool                     # the reader is of the writer's own tenant / adapter
-    layer: str                     # default or isolation
+    tree: str                      # default or isolation
 
     @property
     def name(self) -> str:
         what = f"same_{self.kind}" if self.same else f"cross_{self.kind}"
-        return f"vllm/{what}_prefix/{self.keying}_keying/{self.layer}"
+        return f"vllm/{what}_prefix/{self.keying}_keying/{self.tree}"
 
     @property
     def leaks(self) -> bool:
@@ -484,7 +484,7 @@ class IsolationScenario:
 
     @property
     def expect(self) -> Expect:
-        if self.leaks and self.layer == "isolation":
+        if self.leaks and self.tree == "isolation":
             return Expect(("head", "k", "full"), "VERIFY_NAMESPACE_MISMATCH")
         return Expect(None, None)  # a control, or the default record (blind by construction)
 
@@ -494,21 +494,21 @@ class IsolationScenario:
 
 
 def isolation_scenarios(kinds=("tenant", "adapter")) -> list:
-    return [IsolationScenario(kind, keying, same, layer) for kind in kinds
+    return [IsolationScenario(kind, keying, same, tree) for kind in kinds
             for keying, same in (("dropped", False), ("correct", False), ("dropped", True))
-            for layer in ("isolation", "default")]
+            for tree in ("isolation", "default")]
 
 
-def isolation_layer_dir() -> str:
-    """The directory of kv_canary/schemas/isolation.yaml's generated tree (the connector's `layer`)."""
-    from .faults import example_layer
+def isolation_tree_dir() -> str:
+    """The directory of kv_canary/schemas/isolation.yaml's generated tree (the connector's `tree`)."""
+    from .faults import example_tree
 
-    return os.path.dirname(example_layer("isolation").__file__)
+    return os.path.dirname(example_tree("isolation").__file__)
 
 
-def isolation_options(layer: str, **options) -> dict:
+def isolation_options(tree: str, **options) -> dict:
     """The connector options of an isolation scenario: the vLLM namespace fills the schema's field."""
-    extra = {"layer": isolation_layer_dir()} if layer == "isolation" else {}
+    extra = {"tree": isolation_tree_dir()} if tree == "isolation" else {}
     return {"mode": "log", "sweep_interval": SWEEP, "request_inputs": "vllm_namespace", **extra, **options}
 
 
@@ -516,7 +516,7 @@ def run_isolation(sc: IsolationScenario, **options):
     """One isolation scenario in a fresh LLM: (ScenarioResult, RunResult)."""
     fault = SharedPrefixRead()
     with extra_keys_dropped() if sc.keying == "dropped" else nullcontext():
-        r = run(isolation_options(sc.layer, **options), sc.workload, hooks=[fault])
+        r = run(isolation_options(sc.tree, **options), sc.workload, hooks=[fault])
     return judge(sc, r.canary.manager, fault), r
 
 
@@ -532,7 +532,7 @@ class Scenario:
     make: object                   # () -> Fault
     expect: Expect
     workload: Workload = WORKLOAD
-    layer: str = "default"
+    tree: str = "default"
 
 
 def scenarios() -> list:
@@ -631,7 +631,7 @@ def isolation_section(out, backend: Optional[str] = None) -> bool:
                 continue
             r, _ = run_isolation(sc, **({"backend": backend} if backend else {}))
             ok = ok and r.ok
-            said[sc.layer] = r
+            said[sc.tree] = r
         blind, caught = said["default"], said["isolation"]
         where = (f": {caught.first.launch_tag} {'+'.join(map(sglang_reason_name, caught.first_launch_reasons))} at "
                  f"step {caught.first.step} (damage step {caught.damage_step}), {caught.detail}"

@@ -12,13 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from ..layer.loader import default_layer
+from ..trees.loader import default_tree
 
 MODES = ("none", "log", "raise")
 MODE_SYNONYMS = {"off": "none"}   # SGLang's older spelling of "none"
 # --kv-canary-real-data values: the RealKvHashMode members lower-cased (partial reads the first
 # REAL_KV_PARTIAL_READ_BYTES bytes of a slot, all the whole slot).
-REAL_KV_DATA = tuple(m.name.lower() for m in default_layer().layout.RealKvHashMode)
+REAL_KV_DATA = tuple(m.name.lower() for m in default_tree().layout.RealKvHashMode)
 
 FLAG_MODE = "--kv-canary"
 FLAG_REAL_KV_DATA = "--kv-canary-real-data"
@@ -96,7 +96,7 @@ class CanaryConfig:
         group.add_argument(FLAG_REAL_KV_DATA, type=_cli(parse_real_kv_data, FLAG_REAL_KV_DATA), choices=REAL_KV_DATA,
                            default=d.real_kv_data, metavar="{" + ",".join(REAL_KV_DATA) + "}",
                            help=f"fingerprint the real K/V bytes: none, partial (the first "
-                                f"{default_layer().layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
+                                f"{default_tree().layout.REAL_KV_PARTIAL_READ_BYTES} bytes of a slot) or all "
                                 f"(default: %(default)s)")
         group.add_argument(FLAG_SWEEP_INTERVAL, type=_cli(parse_int, FLAG_SWEEP_INTERVAL),
                            default=d.sweep_interval, metavar="N",

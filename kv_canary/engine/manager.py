@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 
 from ..launch.runtime import runtime_for
-from ..layer.loader import default_layer
+from ..trees.loader import default_tree
 from .config import check_caller_tables, check_count, check_fingerprint_layers, parse_hash_mode, parse_mode
 from .contract import KvLayout, KvPoolView, check_engine, check_storage_layouts, slot_table_kind
 from .drain import CanaryStats, CanaryViolationError, RingDrain
@@ -75,7 +75,9 @@ class CanaryManager(Listened):
     context columns its per-request and per-token buffers start with (default INITIAL_CONTEXT, at most
     the engine's max_ctx); they grow on demand (docs/attach-your-engine.md, "What the canary costs")."""
 
-    def __init__(self, *, layer=None, mode: str = "log", real_kv_hash_mode: str = "ALL",
+    def __init__(self, *, tree=None,
+                 layer=None,  # tree's former name (a DeprecationWarning), kept for engines
+                 mode: str = "log", real_kv_hash_mode: str = "ALL",
                  check_verify_expected_token: bool = True, ring_capacity: int = 1024, sweep_interval: int = 8,
                  chain_position_assert: bool = True, backend: Optional[str] = None, keep_violations: int = 100_000,
                  fingerprint_layers: Optional[Mapping] = None, caller_tables: Optional[Mapping] = None,
@@ -83,8 +85,14 @@ class CanaryManager(Listened):
                  stats_print_every_n_steps: int = 0, request_inputs: Optional[Callable] = None,
                  initial_context: Optional[int] = None):
         self.mode = parse_mode(mode, "mode")
-        self.layer = layer if layer is not None else default_layer()
-        self.L = self.layer.layout
+        if layer is not None:  # layer=: tree's former name, kept for engines
+            if tree is not None:
+                raise ValueError("kv-canary: CanaryManager takes tree= (the generated tree to run) or layer=, its former name, not both")
+            warnings.warn("kv-canary: CanaryManager(layer=...) is the former name of CanaryManager(tree=...); "  # former name
+                          "pass tree=", DeprecationWarning, stacklevel=2)
+            tree = layer  # former name
+        self.tree = tree if tree is not None else default_tree()
+        self.L = self.tree.layout
         self.real_kv_hash_mode = parse_hash_mode(self.L, real_kv_hash_mode)
         for name, value, low in (("ring_capacity", ring_capacity, 1), ("sweep_interval", sweep_interval, 0),
                                  ("keep_violations", keep_violations, 0),
@@ -110,7 +118,7 @@ class CanaryManager(Listened):
         self.keep_violations = keep_violations
         self.fingerprint_layers = check_fingerprint_layers(self.L, fingerprint_layers)
         self.fingerprinted: dict = {}  # group name -> layer indices whose K/V bytes are fingerprinted
-        self.rt = runtime_for(self.layer)
+        self.rt = runtime_for(self.tree)
         self.alloc = self.rt.allocators
         self.reporter = ViolationReporter(self.L)
         self.tags = tuple(self.L.CanaryLaunchTag)        # index i: kernel_run_counters[i]
@@ -134,7 +142,7 @@ class CanaryManager(Listened):
     @classmethod
     def from_config(cls, config, **engine_options) -> "CanaryManager":
         """A manager with a CanaryConfig's options (SGLang's flags and environment variables, defaults
-        included) and the engine-side ones given here (layer, backend, fingerprint_layers,
+        included) and the engine-side ones given here (tree, backend, fingerprint_layers,
         caller_tables, request_inputs, chain_position_assert, keep_violations)."""
         from .config import CanaryConfig
 
@@ -146,6 +154,13 @@ class CanaryManager(Listened):
             raise ValueError(f"kv-canary: from_config takes {', '.join(clash)} from the CanaryConfig; "
                              f"set it there (flag or environment variable), not as a keyword")
         return cls(**options, **engine_options)
+
+    @property
+    def layer(self):
+        """`tree` under its former name (kept for engines that read it; a DeprecationWarning)."""
+        warnings.warn("kv-canary: CanaryManager.layer is the former name of CanaryManager.tree; read .tree",  # former name
+                      DeprecationWarning, stacklevel=2)
+        return self.tree
 
     @property
     def enabled(self) -> bool:

@@ -1,6 +1,6 @@
 """The violation report, a text that engines and their test harnesses parse (docs/semantics.md §9; the
 stats line and the health-check error are kv_canary.engine.monitor's). What a row means comes from the
-layer's layout (phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
+tree's layout (phase coordinates, FailReason kinds, TOKEN_REASON_BITS), never from names.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ PER_FORWARD_PREFIX = "per_forward_"
 
 
 class ViolationReporter:
-    """Formats §9 violation messages for the violations of one generated layer."""
+    """Formats §9 violation messages for the violations of one generated tree."""
 
     def __init__(self, layout):
         self.phase_of = {int(tag): coordinates[0] for tag, coordinates in layout.LAUNCH_TAG_COORDINATES.items()}

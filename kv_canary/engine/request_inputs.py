@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..layer.loader import default_layer
+from ..trees.loader import default_tree
 
 __all__ = ("DEFAULT_NAMESPACE", "NAMESPACE_FIELD", "namespace_of", "vllm_request_namespace", "namespace_inputs",
            "check_request_values")
@@ -29,7 +29,7 @@ __all__ = ("DEFAULT_NAMESPACE", "NAMESPACE_FIELD", "namespace_of", "vllm_request
 DEFAULT_NAMESPACE = 0
 NAMESPACE_FIELD = "cache_namespace"   # the field of kv_canary/schemas/isolation.yaml
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-_UNKNOWN = default_layer().layout.UNKNOWN  # -1 in every layout: an expected value that is not checked
+_UNKNOWN = default_tree().layout.UNKNOWN   # -1 in every layout: an expected value that is not checked
 _PERSON = b"kv-canary-ns"              # blake2b personalisation: these hashes are ours alone
 
 

@@ -1,6 +1,6 @@
 """Violation-ring rows -> structured Violation objects, SGLang's log line, and cascade grouping.
 
-Every column, bit and tag comes from the generated layer the decoder is built for, so a schema that
+Every column, bit and tag comes from the generated tree the decoder is built for, so a schema that
 reorders the row, renumbers the fail bits or adds columns decodes correctly.
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Violation:
 
 
 class ViolationDecoder:
-    """Decodes ring rows of one generated layer (`layer.layout`)."""
+    """Decodes ring rows of one generated tree (`tree.layout`)."""
 
     def __init__(self, layout):
         self.width = layout.VIOLATION_FIELDS

@@ -1,14 +1,14 @@
 """Launch data classes (SGLang's names and keywords) and the allocators of every canary buffer, for
-one generated layer.
+one generated tree.
 
-Sizes and names come from the layer's layout tables: the record stride, the violation row width,
+Sizes and names come from the tree's layout tables: the record stride, the violation row width,
 the enums, and the plan arrays (one `verify_expected_<field>` array per input field a schema
 verifies per request). The classes are defined here, once: `RealKvSourceBase`,
 `VerifyOrWriteContextBase` and the plans' methods (`VerifyPlanMethods`, `WritePlanMethods`);
-`layer_classes(layout, validators)` derives one class of each per layer (holding that layer's
-validators and defaults, so two schemas' classes never mix): the layer's Validators make them and
+`tree_classes(layout, validators)` derives one class of each per tree (holding that tree's
+validators and defaults, so two schemas' classes never mix): the tree's Validators make them and
 hold them (`Validators.classes`: what they hold was checked when built). `allocators_for(layout,
-validators)` returns the layer's namespace of those classes and its allocators.
+validators)` returns the tree's namespace of those classes and its allocators.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar, NamedTuple, Optional
 import torch
 
 _DTYPES = {"int64": torch.int64, "int32": torch.int32}
-# What a layer's allocators namespace exports (= codegen ALLOCATOR_NAMES).
+# What a tree's allocators namespace exports (= codegen ALLOCATOR_NAMES).
 NAMES = ("RealKvSource", "VerifyOrWriteContext", "VerifyPlan", "WritePlan", "allocate_canary_buf", "canary_buf_bytes",
          "allocate_violation_ring", "violation_ring_bytes", "allocate_reason_counts", "allocate_counter",
          "allocate_counters", "allocate_chain_position_flag", "allocate_context")
@@ -36,7 +36,7 @@ def allocate_or_explain(v, what: str, nbytes: int, device: torch.device, make: C
 
 
 # The plan classes' tensor fields, (name, dtype, dims over the capacity "cap", fill), from the
-# layer's kernel ABI (rendered from the operation table, codegen/operations.py).
+# tree's kernel ABI (rendered from the operation table, codegen/operations.py).
 def _sized(dims: tuple, cap: int) -> tuple:
     return tuple(cap if d == "cap" else cap + 1 if d == "cap+1" else d for d in dims)
 
@@ -62,7 +62,7 @@ class RealKvSourceBase:
     groups `(t // token_group_size) * token_group_stride_bytes + (t % token_group_size) * token_stride_bytes`,
     and chunks in groups the same way (`chunk_group_size`, `chunk_group_stride_bytes`). The fingerprint folds a slot's logical bytes (head
     0's, then head 1's, ...), so it does not depend on the layout; the defaults are SGLang's."""
-    validators: ClassVar[Any] = None          # the layer's (its class, allocators_for)
+    validators: ClassVar[Any] = None          # the tree's (its class, allocators_for)
     tensor: torch.Tensor
     page_size: int
     num_bytes_per_token: int                  # a slot's bytes over all heads
@@ -93,15 +93,15 @@ class RealKvSourceBase:
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class VerifyOrWriteContextBase:
     """What one verify or write launch works on (docs/semantics.md §3); the ring is shared by every launch."""
-    validators: ClassVar[Any] = None            # the layer's (its class, allocators_for)
+    validators: ClassVar[Any] = None            # the tree's (its class, allocators_for)
     canary_buf: torch.Tensor                    # uint8 [num_slots, stride]
-    kernel_kind: Any                            # the layer's CanaryLaunchTag: stamped into every violation row
+    kernel_kind: Any                            # the tree's CanaryLaunchTag: stamped into every violation row
     violation_ring: torch.Tensor                # int64 [ring_capacity, VIOLATION_FIELDS]
     violation_write_index: torch.Tensor         # int32 [1]
     slot_run_counter: torch.Tensor              # int64 [1]
     kernel_run_counter: torch.Tensor            # int64 [1]
     real_kv_sources: tuple = ()                 # tuple[RealKvSource, ...], at most MAX_REAL_KV_SOURCES
-    real_kv_hash_mode: Any = None               # the layer's RealKvHashMode (its class: default NONE)
+    real_kv_hash_mode: Any = None               # the tree's RealKvHashMode (its class: default NONE)
     enable_chain_position_assert: torch.Tensor  # int32 [1]: the write's chain-position assert (0 = off)
     # [extension] int64 [VIOLATION_REASON_COUNT_COLUMNS]: +1 per FailReason bit of every row a launch
     # produces, dropped rows included (None = not counted). Share it like the ring.
@@ -114,7 +114,7 @@ class VerifyOrWriteContextBase:
 
 
 class VerifyPlanMethods:
-    """What every layer's VerifyPlan has besides its fields (docs/semantics.md §5.2)."""
+    """What every tree's VerifyPlan has besides its fields (docs/semantics.md §5.2)."""
     __slots__ = ()
     validators: ClassVar[Any] = None
 
@@ -144,7 +144,7 @@ class VerifyPlanMethods:
 
 
 class WritePlanMethods:
-    """What every layer's WritePlan has besides its fields (docs/semantics.md §5.1)."""
+    """What every tree's WritePlan has besides its fields (docs/semantics.md §5.1)."""
     __slots__ = ()
     validators: ClassVar[Any] = None
 
@@ -171,43 +171,43 @@ class WritePlanMethods:
         return self
 
 
-def _layer_class(name: str, base: type, v, fields: list, namespace: dict) -> type:
-    """`base` for one layer: its validators, its own fields (or defaults), named as SGLang names it."""
+def _tree_class(name: str, base: type, v, fields: list, namespace: dict) -> type:
+    """`base` for one tree: its validators, its own fields (or defaults), named as SGLang names it."""
     return dataclasses.make_dataclass(name, fields, bases=(base,),
                                       namespace={"validators": v, "__module__": __name__, **namespace},
                                       frozen=True, slots=True, kw_only=True)
 
 
-class LayerClasses(NamedTuple):
-    """One layer's launch data classes (layer_classes)."""
+class TreeClasses(NamedTuple):
+    """One tree's launch data classes (tree_classes)."""
     source: type          # RealKvSource
     context: type         # VerifyOrWriteContext
     verify_plan: type     # VerifyPlan
     write_plan: type      # WritePlan
 
 
-def layer_classes(layout, validators) -> LayerClasses:
-    """RealKvSource, VerifyOrWriteContext, VerifyPlan and WritePlan of a layer, checking themselves
+def tree_classes(layout, validators) -> TreeClasses:
+    """RealKvSource, VerifyOrWriteContext, VerifyPlan and WritePlan of a tree, checking themselves
     with its `validators` when built."""
     v, abi = validators, validators.abi
-    return LayerClasses(
-        source=_layer_class("RealKvSource", RealKvSourceBase, v, [], {"__doc__": RealKvSourceBase.__doc__}),
-        context=_layer_class(
+    return TreeClasses(
+        source=_tree_class("RealKvSource", RealKvSourceBase, v, [], {"__doc__": RealKvSourceBase.__doc__}),
+        context=_tree_class(
             "VerifyOrWriteContext", VerifyOrWriteContextBase, v,
             [("kernel_kind", layout.CanaryLaunchTag), ("real_kv_hash_mode", layout.RealKvHashMode,
                                                        dataclasses.field(default=layout.RealKvHashMode.NONE))],
             {"__doc__": VerifyOrWriteContextBase.__doc__}),
-        verify_plan=_layer_class(
+        verify_plan=_tree_class(
             "VerifyPlan", VerifyPlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.VERIFY_PLAN_FIELDS],
             {"__doc__": "Flat verify entries (docs/semantics.md §5.2), sized to a fixed capacity.",
              "ARRAY_FIELDS": tuple(name for name, _, dims, _ in abi.VERIFY_PLAN_FIELDS if dims == ("cap",))}),
-        write_plan=_layer_class(
+        write_plan=_tree_class(
             "WritePlan", WritePlanMethods, v, [(name, torch.Tensor) for name, *_ in abi.WRITE_PLAN_FIELDS],
             {"__doc__": "Per-request write ranges and chain seeds (docs/semantics.md §5.1)."}))
 
 
 def allocators_for(layout, validators) -> SimpleNamespace:
-    """The layer's classes (its validators' `classes`) and its allocate_* functions.
+    """The tree's classes (its validators' `classes`) and its allocate_* functions.
 
     Sizes are validated before anything is allocated (a capacity must fit the C int the kernels
     count it in, a buffer's byte size the kernels' 64-bit offsets), and an allocation the device

@@ -29,7 +29,7 @@ def _host(t: torch.Tensor) -> np.ndarray:
 
 
 class HostChecks:
-    """The index-value checks of one generated layer (its padding row and its §7 message texts);
+    """The index-value checks of one generated tree (its padding row and its §7 message texts);
     `swa=False` leaves out the SWA indices (the torch reference checks those itself). Which of them
     an operation makes is the operation's (its `host_checks`).
 
@@ -41,9 +41,9 @@ class HostChecks:
     (scatter), and an unreadable SWA index becomes kvc::PLAN_UNREADABLE_INDEX, which verify and write
     then report as SLOT_OUT_OF_RANGE (kv_canary/csrc/kvc_plan.cuh)."""
 
-    def __init__(self, layer, *, swa: bool = True):
-        self.layout = layer.layout
-        self.padding = int(layer.layout.REQ_POOL_IDX_PADDING)
+    def __init__(self, tree, *, swa: bool = True):
+        self.layout = tree.layout
+        self.padding = int(tree.layout.REQ_POOL_IDX_PADDING)
         self.swa = swa
 
     def request_rows(self, req_pool_indices: torch.Tensor, *, rows: int, table: str) -> None:
@@ -184,7 +184,7 @@ class Operation:
         return prepared
 
     def validate(self, v, arguments: dict, read: Optional[list] = None) -> dict:
-        """Every check of this operation over a dict of its keywords (`v`: the layer's Validators);
+        """Every check of this operation over a dict of its keywords (`v`: the tree's Validators);
         returns the backend operation's keyword arguments, normalised (input-field mappings become
         dicts with exactly the schema's keys). The keywords get their defaults from the generated
         table (kernel_abi.OPERATIONS[...].arguments: SGLang's names and defaults), then the operation
@@ -198,7 +198,7 @@ class Operation:
     # -- what each operation says of itself -----------------------------------------------------------
     def size_checks(self, v) -> dict:
         """{size symbol: check(sizes)}: what is checked of a size its tensor rules bind, as soon as the
-        tensor binding it passed (converted into the layer's rules once, Validators.tensors)."""
+        tensor binding it passed (converted into the tree's rules once, Validators.tensors)."""
         return {}
 
     def device(self, args: dict):
@@ -207,11 +207,11 @@ class Operation:
 
     def check(self, v, a: dict, read: Optional[list]) -> tuple:
         """The operation's own checks over its keywords (a dict, defaults filled in), with `v` the
-        layer's Validators; returns (the backend operation's keywords, the spans of its tensors)."""
+        tree's Validators; returns (the backend operation's keywords, the spans of its tensors)."""
         raise NotImplementedError
 
     def reference(self, ref):
-        """The torch reference's function for this operation (`ref`: the layer's generated reference)."""
+        """The torch reference's function for this operation (`ref`: the tree's generated reference)."""
         raise NotImplementedError
 
     def kernel_launches(self, backend, args: dict, read: Optional[list]) -> tuple:
@@ -301,7 +301,7 @@ class ContextOperation(Operation):
         return args["context"].canary_buf.device
 
     def check_context(self, v, a: dict, plan_class) -> None:
-        """What a write's or verify's context and plan are besides tensors (this layer's classes were
+        """What a write's or verify's context and plan are besides tensors (this tree's classes were
         checked when they were built)."""
         if type(a["context"]) is not v.classes.context:
             v.check_context_fields(a["context"])
@@ -312,7 +312,7 @@ class ContextOperation(Operation):
         """A write's or verify's tensors (its rules), then what the rules cannot say of its context: the
         slot stride, the ring's capacity, its real-KV sources (read in place, so checked at every launch:
         a tensor moved since its source was built is caught) and, for a context of another class than
-        this layer's, that no two of its tensors share memory."""
+        this tree's, that no two of its tensors share memory."""
         sizes, spans = v.check_tensors(v.tensors[self.name], a)
         context = a["context"]
         frozen = type(context) is v.classes.context
@@ -332,7 +332,7 @@ class ContextOperation(Operation):
         """Every real-KV source of a write's or verify's context (a list already checked), as the launch
         reads it: its span (an input) appended to the launch's `spans` and, where the binding takes them
         (`read`, kernel_abi.real_kv_args), its (data pointer, stride(0), element size, rows). A source
-        of this layer's class had its integers and layout checked when it was built: its tensor on the
+        of this tree's class had its integers and layout checked when it was built: its tensor on the
         device, its loads aligned and every byte its rows' slots read inside its storage is accepted
         in one pass (packed rows, the usual case: a contiguous tensor); any other source is checked
         whole (Validators.check_real_kv_source), which names the first thing that is wrong."""

@@ -1,10 +1,10 @@
 """What a launch's values must be, and the generic checks that hold them to it (docs/semantics.md §7).
 
-- Tensor rules. Every tensor of an operation has a rule in the layer's generated kernel ABI
+- Tensor rules. Every tensor of an operation has a rule in the tree's generated kernel ABI
   (generated/kernel_abi.py OPERATIONS[...].rules, rendered from the operation table
   codegen/operations.py): dtype, dims, role, alignment, the name it is reported under when it shares
   memory. `tensor_rules` turns those positional tuples into named `TensorRule` records once per
-  layer, with what each rule's check needs precomputed; `Rules.check_tensors` holds an operation's
+  tree, with what each rule's check needs precomputed; `Rules.check_tensors` holds an operation's
   tensors to them, reading each tensor's attributes once, and hands a tensor that breaks its rule
   to `refuse`, which names the first thing that is wrong (`check_tensor`, one check after the other).
   `check_spans`: no input shares memory with an output.
@@ -130,7 +130,7 @@ class FieldNames(NamedTuple):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class OperationTensors:
-    """An operation's tensors and their rules in one layer."""
+    """An operation's tensors and their rules in one tree."""
     rules: tuple                   # of TensorRule, in the order `tensors` returns them
     tensors: Callable              # the operation's arguments (a dict) -> its tensors (generated)
     device_of: str                 # the argument whose device every tensor must share (the first)
@@ -151,7 +151,7 @@ def bound_text(value: int) -> str:
 
 
 class Rules:
-    """The generic checks of one layer (`layout`: its generated layout module, for the message prefix
+    """The generic checks of one tree (`layout`: its generated layout module, for the message prefix
     and the §7 texts; `abi`: its generated kernel ABI, for the C kinds of the kernels' arguments)."""
 
     def __init__(self, layout, abi):

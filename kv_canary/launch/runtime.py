@@ -1,7 +1,7 @@
-"""The runtime of one generated layer (the default one or any other schema's): its validators,
+"""The runtime of one generated tree (the default one or any other schema's): its validators,
 allocators and backends, and its prepared launches.
 
-A generated layer's public functions (generated/api.py, rendered from the launch table in
+A generated tree's public functions (generated/api.py, rendered from the launch table in
 codegen/launches.py: SGLang's exact keyword-only signatures plus `backend=`) each call their
 operation object (kv_canary/launch/operations.py): `WRITE.launch(runtime, backend, arguments)`,
 which does, at every call:
@@ -31,7 +31,7 @@ import warnings
 import torch
 
 from ..backends import KNOWN_BACKENDS, Prepared, get_backend
-from ..layer.memo import PerLayer
+from ..trees.memo import PerTree
 from . import operations
 from .allocation import allocators_for
 from .operations import ENV_BACKEND
@@ -91,25 +91,25 @@ class PreparedLaunch:
 
 
 class Runtime:
-    """The launches, validators and allocators of one generated layer."""
+    """The launches, validators and allocators of one generated tree."""
 
-    def __init__(self, layer):
-        self.layer = layer
-        self.api = layer.api  # the layer's generated public API module, with its per-schema signatures
-        self.validators = Validators(layer.layout, operations=operations.BY_NAME.values())
-        self.allocators = allocators_for(layer.layout, self.validators)
+    def __init__(self, tree):
+        self.tree = tree
+        self.api = tree.api   # the tree's generated public API module, with its per-schema signatures
+        self.validators = Validators(tree.layout, operations=operations.BY_NAME.values())
+        self.allocators = allocators_for(tree.layout, self.validators)
         # public launch name -> its operation object (the generated table names it)
-        self.launches = {name: operations.BY_NAME[op] for name, op in layer.api.LAUNCHES.items()}
+        self.launches = {name: operations.BY_NAME[op] for name, op in tree.api.LAUNCHES.items()}
         self.operations = operations  # what the generated api launches (its WRITE, VERIFY, ...)
         # (backend=, device) or (KV_CANARY_BACKEND, device, None) -> the backend chosen for them
         # (Operation.prepare reads it, Runtime.choose fills it)
         self.chosen: dict = {}
         # A host backend's checks_index_values -> the HostChecks its operations make before its kernels
-        self.host_checks = {"all": operations.HostChecks(layer), "all_but_swa": operations.HostChecks(layer, swa=False)}
+        self.host_checks = {"all": operations.HostChecks(tree), "all_but_swa": operations.HostChecks(tree, swa=False)}
         self._cpu_unavailable = False  # the cpu backend could not be built: CPU tensors get the torch reference
 
     def backend(self, name: str):
-        return get_backend(name, self.layer)
+        return get_backend(name, self.tree)
 
     def choose(self, backend: str | None, device: torch.device, key: tuple):
         """backend_for, remembered under `key` for the launches that follow (Operation.prepare: the
@@ -138,14 +138,14 @@ class Runtime:
     def bind(self, name: str, **arguments) -> PreparedLaunch:
         """The public launch `name` validated and bound, not launched (PreparedLaunch)."""
         if name not in self.launches:
-            raise ValueError(f"kv-canary: {self.layer.__name__} has no launch named {name!r}; "
+            raise ValueError(f"kv-canary: {self.tree.__name__} has no launch named {name!r}; "
                              f"launches are {', '.join(self.launches)}")
         return PreparedLaunch(self, name, arguments.pop("backend", None), arguments)
 
     def compute_slot_hash(self, buf_i64, source_slot_idx) -> int:
         """SGLang's compute_slot_hash: the link of one slot (u64), HEAD for a negative slot."""
         args = self.validators.validate_slot_hash(buf_i64=buf_i64, source_slot_idx=source_slot_idx)
-        return self.layer.reference.compute_slot_hash(**args)
+        return self.tree.reference.compute_slot_hash(**args)
 
     def use_torch_reference(self, device, *, backend=None) -> bool:
         """SGLang's predicate, answered by the launches' own backend choice (backend_for)."""
@@ -155,9 +155,9 @@ class Runtime:
         return name == "torch"
 
 
-_runtimes: PerLayer[Runtime] = PerLayer(Runtime)
+_runtimes: PerTree[Runtime] = PerTree(Runtime)
 
 
-def runtime_for(layer) -> Runtime:
+def runtime_for(tree) -> Runtime:
     """The Runtime of a generated package (e.g. kv_canary.generated or kv_canary.load_generated(path))."""
-    return _runtimes.get(layer)
+    return _runtimes.get(tree)

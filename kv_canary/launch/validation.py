@@ -1,16 +1,16 @@
-"""The checks of one generated layer's launch data: its contexts, real-KV sources and plans
-(docs/semantics.md §3, §4, §7), compute_slot_hash's inputs, and the layer's tensor rules per operation.
+"""The checks of one generated tree's launch data: its contexts, real-KV sources and plans
+(docs/semantics.md §3, §4, §7), compute_slot_hash's inputs, and the tree's tensor rules per operation.
 
 `Validators` extends the generic checks (kv_canary/launch/rules.py: tensor rules, scalar helpers)
-with what the layer's data classes must be. A `VerifyOrWriteContext`, `RealKvSource`, `VerifyPlan`
-or `WritePlan` of this layer (`classes`, kv_canary/launch/allocation.py layer_classes) checks itself
+with what the tree's data classes must be. A `VerifyOrWriteContext`, `RealKvSource`, `VerifyPlan`
+or `WritePlan` of this tree (`classes`, kv_canary/launch/allocation.py tree_classes) checks itself
 here when it is built, so a launch over them checks only their tensors again (in its operation,
 kv_canary/launch/operations.py); a context or source of another class is checked here whole, at every
 launch. `tensors[operation name]` holds an operation's generated rules (generated/kernel_abi.py
 OPERATIONS) as named TensorRule records, converted once, with the operation's checks of the sizes they
 bind (`Operation.size_checks`).
 
-Every number, name and message comes from the layer's layout tables (generated/layout.py): the
+Every number, name and message comes from the tree's layout tables (generated/layout.py): the
 record and ring sizes, the enums, the §7 texts with the schema's values already in them, and the
 input fields a schema declares. Everything is checked from shapes, dtypes, data pointers and Python
 arguments only: no device value is read, so validation never synchronises a GPU.
@@ -22,7 +22,7 @@ from typing import Any, Iterable, Optional
 
 import torch
 
-from .allocation import layer_classes
+from .allocation import tree_classes
 from .operations import real_kv_reach
 from .rules import FieldNames, Rules, operation_tensors
 
@@ -31,7 +31,7 @@ _UINT8 = torch.uint8
 
 
 class Validators(Rules):
-    """The checks of one layer (`layout`: the layer's generated layout module; `abi`: its generated
+    """The checks of one tree (`layout`: the tree's generated layout module; `abi`: its generated
     kernel_abi module, by default the one beside the layout; `operations`: the operation objects whose
     tensors it holds rules for, kv_canary/launch/operations.py)."""
 
@@ -50,9 +50,9 @@ class Validators(Rules):
         self.source_names = tuple(f"real_kv_sources[{i}].tensor" for i in range(layout.MAX_REAL_KV_SOURCES))
         self.plan_fields = {"VerifyPlan": tuple(f[0] for f in self.abi.VERIFY_PLAN_FIELDS),
                             "WritePlan": tuple(f[0] for f in self.abi.WRITE_PLAN_FIELDS)}
-        # This layer's launch data classes: what they hold besides tensors is checked when they are
+        # This tree's launch data classes: what they hold besides tensors is checked when they are
         # built, not again at every launch.
-        self.classes = layer_classes(layout, self)
+        self.classes = tree_classes(layout, self)
         self.plan_classes = {"VerifyPlan": self.classes.verify_plan, "WritePlan": self.classes.write_plan}
 
     # -- buffers and plans --------------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class Validators(Rules):
     def check_real_kv_tensor(self, tensor: Any, *, page_size: int, num_bytes_per_token: int,
                              layout: Optional[tuple] = None) -> int:
         """A source's tensor, one check after the other (a write or verify checks the tensor of a valid
-        source of this layer in one pass, kv_canary/launch/operations.py). `layout`: check_real_kv_layout's (None: packed rows). Returns the
+        source of this tree in one pass, kv_canary/launch/operations.py). `layout`: check_real_kv_layout's (None: packed rows). Returns the
         bytes from the tensor's first element to the end of the farthest one a slot reads."""
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{self.prefix}RealKvSource.tensor must be a torch.Tensor, got {type(tensor).__name__}")
@@ -241,7 +241,7 @@ class Validators(Rules):
     # -- contexts -------------------------------------------------------------------------------------------
     def check_context_fields(self, context: Any) -> None:
         """What a context holds besides its tensors: its fields, launch tag, hash mode and real-KV
-        sources (checked once when this layer's VerifyOrWriteContext is built, else at every launch)."""
+        sources (checked once when this tree's VerifyOrWriteContext is built, else at every launch)."""
         for attr in ("canary_buf", "kernel_kind", "violation_ring", "violation_write_index", "slot_run_counter",
                      "kernel_run_counter", "real_kv_sources", "real_kv_hash_mode", "enable_chain_position_assert"):
             if not hasattr(context, attr):

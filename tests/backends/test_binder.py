@@ -23,7 +23,7 @@ from kv_canary.backends.binder import (
     resolve,
 )
 from kv_canary.launch import operations
-from kv_canary.layer.sources import kernel_abi
+from kv_canary.trees.sources import kernel_abi
 
 CASES = {"write": scenarios.make_write_case, "verify": scenarios.make_verify_case,
          "plan": scenarios.make_plan_case, "scatter": scenarios.make_scatter_case}
@@ -76,23 +76,23 @@ def expected_values(kernel: KernelAbi, args: dict) -> tuple:
     return tuple(out)
 
 
-def _validated(layer, name: str, seed: int) -> tuple[dict, list]:
-    abi = kernel_abi(layer)
-    case = CASES[name](random.Random(seed), layer, n_reqs=3)
+def _validated(tree, name: str, seed: int) -> tuple[dict, list]:
+    abi = kernel_abi(tree)
+    case = CASES[name](random.Random(seed), tree, n_reqs=3)
     keywords = abi.OPERATIONS[name].keywords
     read: list = []
-    args = operations.BY_NAME[name].validate(scenarios.runtime_for(layer).validators,
+    args = operations.BY_NAME[name].validate(scenarios.runtime_for(tree).validators,
                                              {k: v for k, v in case.items() if k in keywords}, read)
     return args, read
 
 
 @pytest.mark.parametrize("name", ["write", "verify", "scatter"])
-def test_each_kernels_binding_reads_its_table(any_layer, name):
-    abi = kernel_abi(any_layer)
+def test_each_kernels_binding_reads_its_table(any_tree, name):
+    abi = kernel_abi(any_tree)
     kernel = abi.kernel_for_operation(name)
-    assert len(kernel.params) == len(kernel.kinds) == len(expected_values(kernel, _validated(any_layer, name, 0)[0]))
+    assert len(kernel.params) == len(kernel.kinds) == len(expected_values(kernel, _validated(any_tree, name, 0)[0]))
     for seed in range(4):
-        args, read = _validated(any_layer, name, seed)
+        args, read = _validated(any_tree, name, seed)
         want = expected_values(kernel, args)
         if kernel.real_kv is not None:
             assert kernel.bind(args, read) == want  # what validation read of the sources
@@ -101,20 +101,20 @@ def test_each_kernels_binding_reads_its_table(any_layer, name):
             assert kernel.bind(args) == want
 
 
-def test_the_plans_stages_read_their_tables(any_layer):
-    abi = kernel_abi(any_layer)
+def test_the_plans_stages_read_their_tables(any_tree):
+    abi = kernel_abi(any_tree)
     kernels = [abi.kernel_for_operation(stage) for stage in abi.PLAN.stages]
     for seed in range(4):
-        args, _ = _validated(any_layer, "plan", seed)
+        args, _ = _validated(any_tree, "plan", seed)
         scratch = torch.zeros(int(args["req_pool_indices"].shape[0]) + 1, dtype=torch.int64)
         stages = abi.PLAN.args(args, scratch)
         assert abi.PLAN.bind(args, scratch) == tuple(expected_values(k, a) for k, a in zip(kernels, stages))
 
 
-def test_a_checked_integer_is_refused_with_its_kernel_and_parameter(default_layer):
+def test_a_checked_integer_is_refused_with_its_kernel_and_parameter(default_tree):
     """launch_tag is read from the context: the binding, not validation, refuses what a long long cannot hold."""
-    kernel = kernel_abi(default_layer).kernel_for_operation("verify")
-    args, read = _validated(default_layer, "verify", 0)
+    kernel = kernel_abi(default_tree).kernel_for_operation("verify")
+    args, read = _validated(default_tree, "verify", 0)
     paths = [e.path if isinstance(e, RealKv) else e[2].path for e in kernel.table]
     fields = {parse_path(p).attrs[0] for p in paths if parse_path(p).root == "context"}
     ctx = SimpleNamespace(**{f: getattr(args["context"], f, None) for f in fields})
@@ -146,8 +146,8 @@ def test_a_path_that_is_not_names_is_refused(path):
         kernel.bind  # noqa: B018 (compiling it is what refuses)
 
 
-def test_a_kernel_takes_one_real_kv_block(default_layer):
-    block = kernel_abi(default_layer).REAL_KV
+def test_a_kernel_takes_one_real_kv_block(default_tree):
+    block = kernel_abi(default_tree).REAL_KV
     with pytest.raises(ValueError, match="kv-canary: kernel k lists 2 real-KV blocks; a kernel takes at most one"):
         KernelAbi(name="k", operation="op", source="", shape="per_request", threads=1, blocks_per_sm=0, blocks=0,
                   warp_reduction=False, variants=(), table=(block, block))
@@ -159,8 +159,8 @@ def test_an_unknown_c_type_is_refused():
                   warp_reduction=False, variants=(), table=(("f", "float", Int("f")),))
 
 
-def test_an_operations_keywords_take_defaults_and_refuse_unknown_names(default_layer):
-    rules = kernel_abi(default_layer).OPERATIONS["plan"]
+def test_an_operations_keywords_take_defaults_and_refuse_unknown_names(default_tree):
+    rules = kernel_abi(default_tree).OPERATIONS["plan"]
     required = {k: object() for k in rules.keywords if k not in rules.defaults}
     assert rules.arguments(**required) == {k: required.get(k, rules.defaults.get(k)) for k in rules.keywords}
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):

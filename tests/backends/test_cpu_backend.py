@@ -15,7 +15,7 @@ from support.kernel_diff import compare
 import kv_canary
 from kv_canary.backends import cpu as cpu_module
 from kv_canary.launch import runtime as runtime_module
-from kv_canary.layer import cpu_build
+from kv_canary.trees import cpu_build
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -50,10 +50,10 @@ def test_set_threads_refuses_what_is_not_a_positive_int(backend):
 
 def _big_verify_case(rng: random.Random) -> dict:
     """Verify entries over one long chain with some corruption: more entries than the default grain."""
-    layer = kv_canary.generated
+    tree = kv_canary.generated
     n = 3 * cpu_module.DEFAULT_GRAIN + 17
     num_slots = n + 8
-    sources = scenarios.make_sources(rng, layer, num_slots, count=2)
+    sources = scenarios.make_sources(rng, tree, num_slots, count=2)
     ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=64, device="cpu", real_kv_sources=sources,
                                      real_kv_hash_mode=kv_canary.RealKvHashMode.ALL)
     slots = torch.randperm(num_slots - 1)[:n] + 1
@@ -110,7 +110,7 @@ def test_block_paths_match_the_reference(backend, pages, mode):
     any page size, clean blocks and blocks with every kind of finding, on one and on two threads."""
     rng = random.Random(hash((pages, mode)) & 0xFFFF)
     backend.set_threads(rng.choice((1, 2)), grain=256)
-    layer = kv_canary.generated
+    tree = kv_canary.generated
     n = 700 + rng.randrange(64)
     num_slots = n + 40
     sources = _paged_sources(rng, num_slots, pages)
@@ -128,7 +128,7 @@ def test_block_paths_match_the_reference(backend, pages, mode):
     write = dict(context=ctx, plan=plan, input_ids=torch.randint(0, 1000, (n,)), positions=torch.arange(n),
                  out_cache_loc=locs, enable_write_input_assert=False, expected_input_tokens=None,
                  expected_input_positions=None)
-    compare(layer, "write", write, "cpu", ordered=True)
+    compare(tree, "write", write, "cpu", ordered=True)
     kv_canary.launch_canary_write_kernel(**write, backend="torch")
     words = ctx.canary_buf.view(torch.int64)
     for s in rng.sample(slots.tolist(), 25):  # findings in some blocks, none in others
@@ -148,7 +148,7 @@ def test_block_paths_match_the_reference(backend, pages, mode):
     vplan.verify_expected_tokens.copy_(torch.where(torch.rand(n) < 0.5, write["input_ids"], torch.full((n,), -1)))
     vplan.verify_num_valid.fill_(n)
     for check_token in (False, True):
-        compare(layer, "verify", dict(context=ctx, plan=vplan, check_verify_expected_token=check_token), "cpu",
+        compare(tree, "verify", dict(context=ctx, plan=vplan, check_verify_expected_token=check_token), "cpu",
                 ordered=True)
 
 
@@ -167,11 +167,11 @@ def test_without_a_compiler_the_reference_runs_after_one_warning(monkeypatch):
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     real = runtime_module.get_backend
 
-    def no_cpu(name, layer):
+    def no_cpu(name, tree):
         if name == "cpu":
             raise ValueError("kv-canary: backend 'cpu' is not available: kv-canary: the cpu backend needs a C++ "
                              "compiler (CXX or g++ on PATH), found no 'g++'")
-        return real(name, layer)
+        return real(name, tree)
     monkeypatch.setattr(runtime_module, "get_backend", no_cpu)
     rt = scenarios.CaseLaunches(kv_canary.generated, runtime_module.Runtime(kv_canary.generated))  # nothing decided yet
     case = scenarios.make_verify_case(random.Random(3), kv_canary.generated)
@@ -208,16 +208,16 @@ def test_an_operation_whose_kernel_has_no_cpu_loop_runs_the_torch_reference(back
     codegen/operations.py KernelTemplateSpec.cpu) is not launched: every operation that launches it
     runs the torch reference, with the same end state; the other operations stay native."""
     from kv_canary.launch.operations import PLAN, SCATTER, WRITE
-    layer, rt = kv_canary.generated, scenarios.runtime_for(kv_canary.generated).runtime
+    tree, rt = kv_canary.generated, scenarios.runtime_for(kv_canary.generated).runtime
     rng = random.Random(11)
-    scatter = scenarios.make_scatter_case(rng, layer, n_reqs=3)
-    plan = scenarios.make_plan_case(rng, layer, n_reqs=3)
-    write = scenarios.make_write_case(rng, layer, n_reqs=2)
+    scatter = scenarios.make_scatter_case(rng, tree, n_reqs=3)
+    plan = scenarios.make_plan_case(rng, tree, n_reqs=3)
+    write = scenarios.make_write_case(rng, tree, n_reqs=2)
     assert SCATTER.prepare(rt, "cpu", scenarios.clone_case(scatter)).launches  # held: its kernel runs
     monkeypatch.setattr(backend, "native", backend.native - {"scatter", "plan_entries"})
     assert SCATTER.prepare(rt, "cpu", scenarios.clone_case(scatter)).launches == ()  # the torch reference
     assert PLAN.prepare(rt, "cpu", scenarios.clone_case(plan)).launches == ()  # one of its two stages is missing
     assert WRITE.prepare(rt, "cpu", scenarios.clone_case(write)).launches
-    compare(layer, "scatter", scatter, "cpu", ordered=True)
-    compare(layer, "plan", plan, "cpu", ordered=True)
-    compare(layer, "write", write, "cpu", ordered=True)
+    compare(tree, "scatter", scatter, "cpu", ordered=True)
+    compare(tree, "plan", plan, "cpu", ordered=True)
+    compare(tree, "write", write, "cpu", ordered=True)

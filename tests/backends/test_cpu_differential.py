@@ -24,14 +24,14 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not ins
 SPLITS = {"default": None, "split": (3, 1)}  # (threads, grain) of the second run
 
 
-def cases_for(layer, split: str) -> int:
-    base = 80 if layer is kv_canary.generated else 20
+def cases_for(tree, split: str) -> int:
+    base = 80 if tree is kv_canary.generated else 20
     return budget.cases(base if split == "default" else base // 4)  # the split run: a quarter of them
 
 
 @pytest.fixture(params=list(SPLITS))
-def split(request, any_layer):
-    backend = kv_canary.runtime_for(any_layer).backend("cpu")  # built once, outside the per-case loop
+def split(request, any_tree):
+    backend = kv_canary.runtime_for(any_tree).backend("cpu")   # built once, outside the per-case loop
     threads, grain = backend.threads, backend.grain
     if SPLITS[request.param] is not None:
         backend.set_threads(SPLITS[request.param][0], grain=SPLITS[request.param][1])
@@ -39,41 +39,41 @@ def split(request, any_layer):
     backend.set_threads(threads, grain=grain)
 
 
-def each_case(layer, kind: str, make, split: str) -> None:
-    for seed in range(cases_for(layer, split)):
-        case = make(random.Random(seed), layer)
+def each_case(tree, kind: str, make, split: str) -> None:
+    for seed in range(cases_for(tree, split)):
+        case = make(random.Random(seed), tree)
         try:
-            compare(layer, kind, case, "cpu", ordered=True)
+            compare(tree, kind, case, "cpu", ordered=True)
         except AssertionError as exc:
-            raise AssertionError(f"{kind} case seed={seed} ({layer.__name__}): {exc}") from None
+            raise AssertionError(f"{kind} case seed={seed} ({tree.__name__}): {exc}") from None
 
 
-def test_write_matches_reference(any_layer, split):
+def test_write_matches_reference(any_tree, split):
     # Requests are walked in order on one thread, so duplicates and in-batch seeds (overlap cases)
     # are exact; only the fingerprints are computed in parallel.
-    each_case(any_layer, "write",
-              lambda rng, layer: scenarios.make_write_case(rng, layer, overlap=rng.random() < 0.5), split)
+    each_case(any_tree, "write",
+              lambda rng, tree: scenarios.make_write_case(rng, tree, overlap=rng.random() < 0.5), split)
 
 
-def test_verify_matches_reference(any_layer, split):
-    each_case(any_layer, "verify", scenarios.make_verify_case, split)
+def test_verify_matches_reference(any_tree, split):
+    each_case(any_tree, "verify", scenarios.make_verify_case, split)
 
 
-def test_plan_matches_reference(any_layer, split):
+def test_plan_matches_reference(any_tree, split):
     tally = scenarios.PlanCaseTally()
-    each_case(any_layer, "plan", tally.make, split)
-    tally.report(f"cpu vs reference ({any_layer.__name__}, {split})")
+    each_case(any_tree, "plan", tally.make, split)
+    tally.report(f"cpu vs reference ({any_tree.__name__}, {split})")
 
 
-def test_plan_stages_match_reference(any_layer, split):
+def test_plan_stages_match_reference(any_tree, split):
     """launch_plan_offsets_kernel then launch_plan_entries_kernel, as SGLang calls them one by one."""
-    for seed in range(cases_for(any_layer, split)):
-        case = scenarios.make_plan_case(random.Random(seed), any_layer)
+    for seed in range(cases_for(any_tree, split)):
+        case = scenarios.make_plan_case(random.Random(seed), any_tree)
         bs = int(case["req_pool_indices"].shape[0])
-        ref = run_plan_stages(any_layer, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "torch")
-        got = run_plan_stages(any_layer, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "cpu")
+        ref = run_plan_stages(any_tree, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "torch")
+        got = run_plan_stages(any_tree, scenarios.clone_case(case), case["req_pool_indices"].new_zeros(bs + 1), "cpu")
         scenarios.compare_state(ref, got)
 
 
-def test_scatter_matches_reference(any_layer, split):
-    each_case(any_layer, "scatter", scenarios.make_scatter_case, split)
+def test_scatter_matches_reference(any_tree, split):
+    each_case(any_tree, "scatter", scenarios.make_scatter_case, split)

@@ -18,10 +18,10 @@ import shutil
 import pytest
 from support import budget, scenarios
 from support.kernel_diff import compare
-from support.write_shapes import write_shape_layer
+from support.write_shapes import write_shape_tree
 
 import kv_canary
-from kv_canary.layer.sources import kernel_abi, read_source
+from kv_canary.trees.sources import kernel_abi, read_source
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 
@@ -30,50 +30,50 @@ CASES = budget.cases(24)
 
 @pytest.fixture(scope="module", params=[("default", 0), ("block_per_request", 32), ("per_request", 128)],
                 ids=lambda p: f"{p[0]}_{p[1]}" if p[1] else p[0])
-def shaped_layer(request):
+def shaped_tree(request):
     shape, threads = request.param
     if shape == "default":
         return kv_canary.generated
-    layer = write_shape_layer(shape, threads)
-    write = kernel_abi(layer).kernel_for_operation("write")
+    tree = write_shape_tree(shape, threads)
+    write = kernel_abi(tree).kernel_for_operation("write")
     assert (write.shape, write.threads) == (shape, threads)
-    return layer
+    return tree
 
 
-def test_default_write_is_block_per_request(default_layer):
-    write = kernel_abi(default_layer).kernel_for_operation("write")
+def test_default_write_is_block_per_request(default_tree):
+    write = kernel_abi(default_tree).kernel_for_operation("write")
     assert write.shape == "block_per_request" and write.threads % 32 == 0
-    assert f"kvc_write::block_per_request<{write.threads}, " in read_source(default_layer, write.source)
+    assert f"kvc_write::block_per_request<{write.threads}, " in read_source(default_tree, write.source)
 
 
-def test_long_requests_match_reference_in_both_shapes(shaped_layer):
-    kv_canary.runtime_for(shaped_layer).backend("emulated")  # build once, outside the per-case loop
+def test_long_requests_match_reference_in_both_shapes(shaped_tree):
+    kv_canary.runtime_for(shaped_tree).backend("emulated")   # build once, outside the per-case loop
     for seed in range(CASES):
         rng = random.Random(seed)
-        case = scenarios.make_write_case(rng, shaped_layer, n_reqs=rng.randint(1, 6), max_extend=160,
+        case = scenarios.make_write_case(rng, shaped_tree, n_reqs=rng.randint(1, 6), max_extend=160,
                                          overlap=rng.random() < 0.5)
         try:
-            compare(shaped_layer, "write", case, "emulated", ordered=True)
+            compare(shaped_tree, "write", case, "emulated", ordered=True)
         except AssertionError as exc:
-            raise AssertionError(f"write case seed={seed} ({shaped_layer.__name__}): {exc}") from None
+            raise AssertionError(f"write case seed={seed} ({shaped_tree.__name__}): {exc}") from None
 
 
 
-def test_full_block_with_repeated_slots_matches_reference(default_layer, monkeypatch):
+def test_full_block_with_repeated_slots_matches_reference(default_tree, monkeypatch):
     """kernels.yaml's whole block (warp 0 walks, the other warps stage chunks of threads - 32) over
     requests of several chunks, half of them with slots repeated many times inside one request: in
     one chunk across lanes and warps, and across chunks (scenarios.crowd_slots)."""
-    backend = kv_canary.runtime_for(default_layer).backend("emulated")
-    write = kernel_abi(default_layer).kernel_for_operation("write")
+    backend = kv_canary.runtime_for(default_tree).backend("emulated")
+    write = kernel_abi(default_tree).kernel_for_operation("write")
     assert write.threads > 64, "kernels.yaml's write block is no wider than the emulation's default"
     monkeypatch.setattr(backend, "threads", write.threads)
     for seed in range(max(1, int(4 * budget.MULTIPLIER))):
         rng = random.Random(seed)
-        case = scenarios.make_write_case(rng, default_layer, n_reqs=rng.randint(1, 4), max_extend=3 * write.threads,
+        case = scenarios.make_write_case(rng, default_tree, n_reqs=rng.randint(1, 4), max_extend=3 * write.threads,
                                          overlap=rng.random() < 0.5)
         if seed % 2:
             scenarios.crowd_slots(rng, case)
         try:
-            compare(default_layer, "write", case, "emulated", ordered=True)
+            compare(default_tree, "write", case, "emulated", ordered=True)
         except AssertionError as exc:
             raise AssertionError(f"full-block write case seed={seed}: {exc}") from None

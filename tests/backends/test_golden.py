@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 import torch
-from support.layers import load_vectors
 from support.oracle import Oracle, s64, sm64
+from support.trees import load_vectors
 
 import kv_canary
 from kv_canary import FailReason, RealKvHashMode

@@ -26,21 +26,21 @@ def _kernels_only(backend, operation: str, **args) -> None:
     backend.prepare(operations.BY_NAME[operation], args).run()
 
 
-def _plan_case(layer, seed: int, **kw) -> dict:
-    return scenarios.make_plan_case(random.Random(seed), layer, n_reqs=3, **kw)
+def _plan_case(tree, seed: int, **kw) -> dict:
+    return scenarios.make_plan_case(random.Random(seed), tree, n_reqs=3, **kw)
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
 @pytest.mark.parametrize("bad", ["past_the_end", "negative"])
-def test_plan_rejects_a_row_outside_req_to_token(any_layer, backend, bad):
-    case = _plan_case(any_layer, 1)
+def test_plan_rejects_a_row_outside_req_to_token(any_tree, backend, bad):
+    case = _plan_case(any_tree, 1)
     rows = int(case["req_to_token"].shape[0])
     value = rows + 4 if bad == "past_the_end" else -3
     case["req_pool_indices"][1] = value
     before = scenarios.clone_case(case)
     msg = f"kv-canary: req_pool_indices[1] = {value} is outside req_to_token rows [0, {rows})"
     with pytest.raises(ValueError, match="^" + re.escape(msg) + "$"):
-        scenarios.runtime_for(any_layer).launch_canary_plan_kernels(**case, backend=backend)
+        scenarios.runtime_for(any_tree).launch_canary_plan_kernels(**case, backend=backend)
     scenarios.compare_state(case, before)   # nothing written
 
 
@@ -57,35 +57,35 @@ def test_scatter_rejects_a_row_outside_the_pool(backend):
 
 
 @needs_gxx
-def test_kernels_treat_bad_rows_as_inactive(default_layer):
+def test_kernels_treat_bad_rows_as_inactive(default_tree):
     """What the cuda backend does (it cannot raise): the same kernels without the host checks end
     where the oracle does, which leaves such a plan row inactive and skips such a scatter row."""
-    emulated = scenarios.runtime_for(default_layer).backend("emulated")
+    emulated = scenarios.runtime_for(default_tree).backend("emulated")
     for seed in range(4):
-        case = _plan_case(default_layer, seed)
+        case = _plan_case(default_tree, seed)
         case["req_pool_indices"][seed % 3] = int(case["req_to_token"].shape[0]) + seed
         got, want = scenarios.clone_case(case), scenarios.clone_case(case)
         _kernels_only(emulated, "plan", **got)
-        Oracle(default_layer).plan(**want)
+        Oracle(default_tree).plan(**want)
         scenarios.compare_state(got, want)
-        scatter = scenarios.make_scatter_case(random.Random(seed), default_layer, n_reqs=3)
+        scatter = scenarios.make_scatter_case(random.Random(seed), default_tree, n_reqs=3)
         scatter["req_pool_indices"][seed % 3] = -1 - seed
         got, want = scenarios.clone_case(scatter), scenarios.clone_case(scatter)
         _kernels_only(emulated, "scatter", **got)
-        Oracle(default_layer).scatter(**want)
+        Oracle(default_tree).scatter(**want)
         scenarios.compare_state(got, want)
 
 
 @needs_gxx
-def test_swa_index_outside_the_lut_raises_the_same_text_in_both_host_backends(default_layer):
+def test_swa_index_outside_the_lut_raises_the_same_text_in_both_host_backends(default_tree):
     """Random plans with a truncated LUT (with or without a window): torch and emulated both raise the
     §7 text with the same index, or (when nothing read is outside, e.g. an overflowing verify plan)
     both end equal."""
-    rt = scenarios.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_tree)
     raised = passed = 0
     for seed in range(150):
         rng = random.Random(seed)
-        case = scenarios.make_plan_case(rng, default_layer, n_reqs=rng.randint(1, 6), max_prefix=12)
+        case = scenarios.make_plan_case(rng, default_tree, n_reqs=rng.randint(1, 6), max_prefix=12)
         if case["full_to_swa_index_mapping"] is None:
             continue
         lut = case["full_to_swa_index_mapping"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 
 import numpy as np
-from support.layers import load_vectors
 from support.oracle import sm64
+from support.trees import load_vectors
 
 from kv_canary.backends.reference import MASK64, link_values, run_chains, serial_chain, splitmix64
 

@@ -1,7 +1,7 @@
 """Sentinels (docs/semantics.md §5) and corruption scenarios: which bit fires on which slot.
 
-Built through the public launch API of each layer (default + example schemas); bits, columns and
-word indices come from the layer, expectations from docs/semantics.md.
+Built through the public launch API of each tree (default + example schemas); bits, columns and
+word indices come from the tree, expectations from docs/semantics.md.
 """
 from __future__ import annotations
 
@@ -24,10 +24,10 @@ def host_backend(request, monkeypatch):
 class World:
     """One canary buffer holding a 5-slot chain written from HEAD, plus launch helpers."""
 
-    def __init__(self, layer, *, mode=None, sources=(), ring_capacity=16, num_slots=16):
-        self.layer, self.lay = layer, layer.layout
-        self.rt = scenarios.runtime_for(layer)
-        self.alloc = layer.allocators
+    def __init__(self, tree, *, mode=None, sources=(), ring_capacity=16, num_slots=16):
+        self.tree, self.lay = tree, tree.layout
+        self.rt = scenarios.runtime_for(tree)
+        self.alloc = tree.allocators
         mode = self.lay.RealKvHashMode.NONE if mode is None else mode
         self.ctx = self.alloc.allocate_context(num_slots=num_slots, ring_capacity=ring_capacity, device="cpu",
                                                real_kv_sources=sources, real_kv_hash_mode=mode)
@@ -89,23 +89,23 @@ def fired(world):
 
 
 # -- a clean chain verifies clean -----------------------------------------------------------------------
-def test_clean_chain_has_no_rows(any_layer):
-    w = World(any_layer)
+def test_clean_chain_has_no_rows(any_tree):
+    w = World(any_tree)
     w.verify(w.chain_entries(), check_token=True)
     assert fired(w) == []
     assert w.ctx.slot_run_counter.item() == 5 + 5      # 5 written + 5 verified
 
 
 # -- corruption scenarios ---------------------------------------------------------------------------------
-def test_predecessor_token_changed_fires_chain_on_successor(any_layer):
-    w = World(any_layer)
+def test_predecessor_token_changed_fires_chain_on_successor(any_tree):
+    w = World(any_tree)
     w.words[SLOTS[1], w.lay.CANARY_TOKEN_WORD] += 1
     w.verify(w.chain_entries())
     assert fired(w) == [(SLOTS[2], w.lay.FailReason.VERIFY_CHAIN_HASH_MISMATCH)]
 
 
-def test_position_shifted_fires_position(any_layer):
-    w = World(any_layer)
+def test_position_shifted_fires_position(any_tree):
+    w = World(any_tree)
     w.words[SLOTS[2], w.lay.CANARY_POSITION_WORD] += 1
     w.verify(w.chain_entries())
     fr = w.lay.FailReason
@@ -114,14 +114,14 @@ def test_position_shifted_fires_position(any_layer):
 
 
 @pytest.mark.parametrize("mode", ["PARTIAL", "ALL", "NONE"])
-def test_real_kv_byte_flipped(any_layer, mode):
-    alloc = any_layer.allocators
+def test_real_kv_byte_flipped(any_tree, mode):
+    alloc = any_tree.allocators
     kv = torch.randint(0, 256, (16, 4 * 64), dtype=torch.uint8)
     src = alloc.RealKvSource(tensor=kv, page_size=4, num_bytes_per_token=64, read_bytes=48)
-    w = World(any_layer, mode=any_layer.layout.RealKvHashMode[mode], sources=(src,))
+    w = World(any_tree, mode=any_tree.layout.RealKvHashMode[mode], sources=(src,))
     kv[SLOTS[3] // 4, (SLOTS[3] % 4) * 64 + 5] ^= 0x10
     w.verify(w.chain_entries())
-    want = [] if mode == "NONE" else [(SLOTS[3], any_layer.layout.FailReason.VERIFY_REAL_KV_HASH_MISMATCH)]
+    want = [] if mode == "NONE" else [(SLOTS[3], any_tree.layout.FailReason.VERIFY_REAL_KV_HASH_MISMATCH)]
     assert fired(w) == want
     # A byte past the read window changes nothing in any mode.
     w.reset_ring()
@@ -130,8 +130,8 @@ def test_real_kv_byte_flipped(any_layer, mode):
     assert fired(w) == want
 
 
-def test_wrong_token_with_check_on_fires_token(any_layer):
-    w = World(any_layer)
+def test_wrong_token_with_check_on_fires_token(any_tree):
+    w = World(any_tree)
     entries = w.chain_entries()
     entries[4] = (SLOTS[4], SLOTS[3], 4, 999)
     entries[2] = (SLOTS[2], SLOTS[1], 2, -1)          # expected token -1: unknown, never fires
@@ -142,8 +142,8 @@ def test_wrong_token_with_check_on_fires_token(any_layer):
     assert w.rows()[0]["exp_token"] == 999 and w.rows()[0]["token"] == TOKENS[4]
 
 
-def test_write_input_mismatches(any_layer):
-    w = World(any_layer)
+def test_write_input_mismatches(any_tree):
+    w = World(any_tree)
     fr = w.lay.FailReason
     w.write([12, 13], [7, 8], [5, 6], seed=SLOTS[4], expected=([7, 9], [4, 6]))
     assert fired(w) == [(12, fr.WRITE_POSITION_MISMATCH), (13, fr.WRITE_TOKEN_MISMATCH)]
@@ -151,8 +151,8 @@ def test_write_input_mismatches(any_layer):
     assert (first["aux"], first["exp_token"], first["pos"]) == (4, 7, 5)
 
 
-def test_write_chain_position_assert(any_layer):
-    w = World(any_layer)
+def test_write_chain_position_assert(any_tree):
+    w = World(any_tree)
     w.write([12, 13], [7, 8], [6, 7], seed=SLOTS[4])       # seed position 4 -> expected 5, got 6
     rows = w.rows()
     assert fired(w) == [(12, w.lay.FailReason.WRITE_POSITION_MISMATCH)]
@@ -164,9 +164,9 @@ def test_write_chain_position_assert(any_layer):
     assert fired(w) == []
 
 
-def test_out_of_range_slots_fire_and_never_raise(any_layer):
-    w = World(any_layer)
-    oor = any_layer.layout.FailReason.SLOT_OUT_OF_RANGE
+def test_out_of_range_slots_fire_and_never_raise(any_tree):
+    w = World(any_tree)
+    oor = any_tree.layout.FailReason.SLOT_OUT_OF_RANGE
     w.verify([(99, -1, 0, 5), (SLOTS[1], 123, 1, -1), (-4, -1, 0, -1)], check_token=True)
     rows = w.rows()
     assert fired(w) == [(99, oor), (SLOTS[1], oor), (-4, oor)]
@@ -187,8 +187,8 @@ def test_out_of_range_slots_fire_and_never_raise(any_layer):
 
 
 # -- sentinels ---------------------------------------------------------------------------------------------
-def test_verify_sentinels(any_layer):
-    w = World(any_layer)
+def test_verify_sentinels(any_tree):
+    w = World(any_tree)
     fr = w.lay.FailReason
     w.words[SLOTS[2], w.lay.CANARY_CHAIN_LINK_WORD] ^= 1
     counter = w.ctx.slot_run_counter.item()
@@ -196,12 +196,12 @@ def test_verify_sentinels(any_layer):
     w.verify([(0, -1, 123, 9), (SLOTS[2], 0, 2, -1), (SLOTS[3], -1, 3, -1)])
     rows = w.rows()
     assert fired(w) == [(SLOTS[3], fr.VERIFY_CHAIN_HASH_MISMATCH)]
-    assert rows[0]["aux"] == any_layer.layout.CANARY_CHAIN_HEAD - (1 << 64) * (any_layer.layout.CANARY_CHAIN_HEAD >> 63)
+    assert rows[0]["aux"] == any_tree.layout.CANARY_CHAIN_HEAD - (1 << 64) * (any_tree.layout.CANARY_CHAIN_HEAD >> 63)
     assert w.ctx.slot_run_counter.item() == counter + 3
 
 
-def test_verify_enable_and_num_valid_clamping(any_layer):
-    w = World(any_layer)
+def test_verify_enable_and_num_valid_clamping(any_tree):
+    w = World(any_tree)
     w.words[SLOTS[0], w.lay.CANARY_POSITION_WORD] = 50
     kernels, slots = w.ctx.kernel_run_counter.item(), w.ctx.slot_run_counter.item()
     w.verify(w.chain_entries(), enable=0)
@@ -215,8 +215,8 @@ def test_verify_enable_and_num_valid_clamping(any_layer):
     assert w.ctx.slot_run_counter.item() == slots + 5
 
 
-def test_write_sentinels(any_layer):
-    w = World(any_layer)
+def test_write_sentinels(any_tree):
+    w = World(any_tree)
     # out_cache_loc < 0 is skipped: not stored, not counted, the chain does not advance.
     slots_before = w.ctx.slot_run_counter.item()
     w.write([12, -1, 13], [1, 2, 3], [5, 6, 6], seed=SLOTS[4])
@@ -225,17 +225,17 @@ def test_write_sentinels(any_layer):
     assert fired(w) == []
 
 
-def test_ring_overflow_keeps_counting(any_layer):
-    w = World(any_layer, ring_capacity=2)
+def test_ring_overflow_keeps_counting(any_tree):
+    w = World(any_tree, ring_capacity=2)
     w.verify([(99, -1, 0, -1)] * 5)
     assert w.ctx.violation_write_index.item() == 5
     assert len(w.rows()) == 2
 
 
-def test_plan_sentinels_and_overflow(any_layer):
-    lay = any_layer.layout
-    alloc = any_layer.allocators
-    rt = scenarios.runtime_for(any_layer)
+def test_plan_sentinels_and_overflow(any_tree):
+    lay = any_tree.layout
+    alloc = any_tree.allocators
+    rt = scenarios.runtime_for(any_tree)
     r2t = torch.arange(1, 4 * 8 + 1, dtype=torch.int32).view(4, 8)
     extra = {f.name: torch.tensor([5, 6, 7]) for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"}
 

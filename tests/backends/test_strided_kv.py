@@ -17,7 +17,7 @@ import pytest
 import torch
 from support import scenarios
 from support.oracle import Oracle
-from support.write_shapes import write_shape_layer
+from support.write_shapes import write_shape_tree
 
 import kv_canary
 from kv_canary.engine.contract import KvLayout
@@ -105,15 +105,15 @@ def stored_index(name: str, blk: int, tok: int, head: int, i: int, es: int, head
     return blk, tok, head, i
 
 
-def layer_of(backend: str):
-    return write_shape_layer("per_request", 256) if backend == "emulated-per-request" else kv_canary.generated
+def tree_of(backend: str):
+    return write_shape_tree("per_request", 256) if backend == "emulated-per-request" else kv_canary.generated
 
 
 def source(tensor: torch.Tensor, layout: KvLayout | None, nbpt: int, read_bytes: int | None = None, *,
            backend: str = "torch"):
-    """A RealKvSource of the backend's layer (None layout: SGLang's packed rows)."""
+    """A RealKvSource of the backend's tree (None layout: SGLang's packed rows)."""
     fields = {} if layout is None else dataclasses.asdict(layout)
-    return scenarios.runtime_for(layer_of(backend)).allocators.RealKvSource(
+    return scenarios.runtime_for(tree_of(backend)).allocators.RealKvSource(
         tensor=tensor, page_size=BLOCK_SIZE, num_bytes_per_token=nbpt,
         read_bytes=nbpt if read_bytes is None else read_bytes, **fields)
 
@@ -125,8 +125,8 @@ def rows_of(logical: torch.Tensor) -> torch.Tensor:
 
 def fingerprints(src, mode, backend: str) -> list[int]:
     """The real_kv_hash a write of every slot stores (one request), through the public launch."""
-    layer = layer_of(backend)
-    rt = scenarios.runtime_for(layer)
+    tree = tree_of(backend)
+    rt = scenarios.runtime_for(tree)
     A = rt.allocators
     n = NUM_BLOCKS * BLOCK_SIZE
     ctx = A.allocate_context(num_slots=n, ring_capacity=4, device="cpu", real_kv_sources=(src,), real_kv_hash_mode=mode)
@@ -140,7 +140,7 @@ def fingerprints(src, mode, backend: str) -> list[int]:
                                   expected_input_tokens=None, expected_input_positions=None,
                                   backend=backend.split("-")[0])
     assert int(ctx.violation_write_index[0]) == 0
-    return ctx.canary_buf.view(torch.int64)[:, layer.layout.CANARY_KV_FINGERPRINT_WORD].tolist()
+    return ctx.canary_buf.view(torch.int64)[:, tree.layout.CANARY_KV_FINGERPRINT_WORD].tolist()
 
 
 def oracle_fingerprints(src, mode) -> list[int]:
@@ -216,8 +216,8 @@ def test_a_flipped_byte_in_any_head_or_chunk_changes_that_slot_only(name, backen
 def test_verify_reads_the_layout_as_the_write_stored_it(name, backend):
     """A verify of every slot after the write: silent; after one flipped element: that slot's
     VERIFY_REAL_KV_HASH_MISMATCH row (the verify kernel's own, per-warp, fingerprint path)."""
-    layer = layer_of(backend)
-    rt = scenarios.runtime_for(layer)
+    tree = tree_of(backend)
+    rt = scenarios.runtime_for(tree)
     A, n = rt.allocators, NUM_BLOCKS * BLOCK_SIZE
     k, v = make_kv(torch.float32, 2, seed=3)
     t, layout, _ = stored(name, k, v)

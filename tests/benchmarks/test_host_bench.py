@@ -43,10 +43,10 @@ def test_self_check_notices_a_launch_that_differs(monkeypatch):
     """A bare launch that binds other arguments than the launch path must fail the self-check."""
     bind = host_launch.bare
 
-    def off_by_one(layer, op, args, backend):
+    def off_by_one(tree, op, args, backend):
         if op == "write":
             args = dict(args, input_ids=args["input_ids"] + 1)
-        return bind(layer, op, args, backend)
+        return bind(tree, op, args, backend)
     monkeypatch.setattr(host_launch, "bare", off_by_one)
     with pytest.raises(AssertionError, match="write through the launch path and as bare launches differ"):
         host_launch.self_check(kv_canary.generated, "cpu", "emulated")

@@ -26,11 +26,11 @@ from kv_canary.codegen.load import load_schema, load_schema_text
 from kv_canary.codegen.render import render_all, split_header
 from support import scenarios
 from support.kernel_diff import compare
-from support.layers import DEFAULT_SCHEMA, default_schema_text, generate_layer, scratch_dir
+from support.trees import DEFAULT_SCHEMA, default_schema_text, generate_tree, scratch_dir
 
 import kv_canary
-from kv_canary.layer.emulation_build import INCLUDE_DIRS, SHIM_DIR
-from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
+from kv_canary.trees.emulation_build import INCLUDE_DIRS, SHIM_DIR
+from kv_canary.trees.sources import kernel_abi, read_source, tree_dir
 
 GXX = shutil.which("g++")
 needs_gxx = pytest.mark.skipif(GXX is None, reason="g++ not installed")
@@ -99,24 +99,24 @@ PROBE = dict(
 )
 
 
-def _layer(names: dict, stem: str):
+def _tree(names: dict, stem: str):
     path = scratch_dir("kv_canary_c_names_") / f"{stem}.yaml"
     path.write_text(named_schema_text(names), encoding="utf-8")
-    return generate_layer(path)
+    return generate_tree(path)
 
 
 @pytest.fixture(scope="module")
-def hostile_layer():
-    return _layer(HOSTILE, "hostile")
+def hostile_tree():
+    return _tree(HOSTILE, "hostile")
 
 
 @pytest.fixture(scope="module")
-def probe_layer():
-    return _layer(PROBE, "probe")
+def probe_tree():
+    return _tree(PROBE, "probe")
 
 
-def _c_sources(layer) -> dict[str, str]:
-    root = tree_dir(layer)
+def _c_sources(tree) -> dict[str, str]:
+    root = tree_dir(tree)
     return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8")
             for p in sorted(root.rglob("*")) if p.suffix in (".cu", ".cuh", ".cpp")}
 
@@ -129,9 +129,9 @@ def _identifiers(c_text: str) -> set[str]:
     return set(re.findall(r"\b[A-Za-z_]\w*\b", _NOT_CODE.sub(" ", c_text)))
 
 
-def _visible_macros(layer) -> set[str]:
+def _visible_macros(tree) -> set[str]:
     """Every macro defined at the end of the emulation library's translation unit."""
-    source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
+    source = tree_dir(tree) / kernel_abi(tree).EMULATION_SOURCE
     proc = subprocess.run([GXX, "-std=c++17", "-dM", "-E", *(f"-I{d}" for d in INCLUDE_DIRS), str(source)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -151,9 +151,9 @@ def test_an_entry_point_shared_by_two_kernels_is_refused():
 
 
 @needs_gxx
-def test_every_schema_name_reaches_c_behind_a_prefix_no_macro_uses(probe_layer):
+def test_every_schema_name_reaches_c_behind_a_prefix_no_macro_uses(probe_tree):
     prefixes = set()
-    for path, text in _c_sources(probe_layer).items():
+    for path, text in _c_sources(probe_tree).items():
         for ident in (i for i in _identifiers(split_header(text)[1]) if SENTINEL in i.lower()):
             prefix = ident[:ident.lower().index(SENTINEL)]
             assert prefix, f"{path}: the schema name {ident} reaches C without a prefix"
@@ -161,7 +161,7 @@ def test_every_schema_name_reaches_c_behind_a_prefix_no_macro_uses(probe_layer):
     # Every kind of name the probe declares shows up (so the probe covers what the templates emit).
     assert {"kvc_const_", "kvc_field_", "kvc_set_", "kvc_member_", "kvcanary_", "extra_input_",
             "verify_expected_", "slot_table_", "request_value_"} <= prefixes, prefixes
-    macros = _visible_macros(probe_layer)
+    macros = _visible_macros(probe_tree)
     assert len(macros) > 500 and {"ENOMEM", "PROT_READ", "CLOCK_MONOTONIC", "NULL"} <= macros  # the headers are seen
     clashes = sorted(m for m in macros for p in prefixes if m.startswith(p))
     assert not clashes, f"macros of the emulated build start with a schema-name prefix: {clashes}"
@@ -177,35 +177,35 @@ def test_the_shim_defines_no_macro_a_kernel_could_trip_on():
                                    "__launch_bounds__", "__shared__"}
 
 
-def test_entry_points_are_prefixed_and_listed_by_the_kernel_abi(hostile_layer):
-    abi = kernel_abi(hostile_layer)
+def test_entry_points_are_prefixed_and_listed_by_the_kernel_abi(hostile_tree):
+    abi = kernel_abi(hostile_tree)
     symbols = [symbol for k in abi.KERNELS.values() for symbol, _ in k.variants]
     assert symbols == ["kvcanary_kvc_emu_last_error", "kvcanary_kvc_i64", "kvcanary_kvc_i64_check_verify_expected_token",
                        "kvcanary_kvc", "kvcanary_kv", "kvcanary_" + LONG_KERNEL_NAME]
     assert all(s.startswith(abi.ENTRY_POINT_PREFIX) for s in symbols)
     for kernel in abi.KERNELS.values():
-        source = read_source(hostile_layer, kernel.source)
+        source = read_source(hostile_tree, kernel.source)
         for symbol, _ in kernel.variants:
             assert re.search(rf'extern "C" __global__ void __launch_bounds__\(\d+\) {symbol}\(', source), symbol
 
 
 @needs_gxx
-def test_a_schema_named_after_c_names_builds_and_runs_like_the_reference(hostile_layer):
-    kv_canary.runtime_for(hostile_layer).backend("emulated")  # g++ builds it (-Wall -Wextra -Werror)
+def test_a_schema_named_after_c_names_builds_and_runs_like_the_reference(hostile_tree):
+    kv_canary.runtime_for(hostile_tree).backend("emulated")   # g++ builds it (-Wall -Wextra -Werror)
     for kind, make in (("write", scenarios.make_write_case), ("verify", scenarios.make_verify_case),
                        ("plan", scenarios.make_plan_case), ("scatter", scenarios.make_scatter_case)):
         for seed in range(4):
-            compare(hostile_layer, kind, make(random.Random(seed), hostile_layer), "emulated", ordered=True)
+            compare(hostile_tree, kind, make(random.Random(seed), hostile_tree), "emulated", ordered=True)
 
 
-def test_a_schema_named_after_c_names_compiles_with_nvrtc(hostile_layer):
+def test_a_schema_named_after_c_names_compiles_with_nvrtc(hostile_tree):
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC bindings (cupy-cuda13x) not installed")
-    from kv_canary.layer import nvrtc
-    abi = kernel_abi(hostile_layer)
-    headers = {"kv_canary_layout.cuh": read_source(hostile_layer, abi.HEADER)}
+    from kv_canary.trees import nvrtc
+    abi = kernel_abi(hostile_tree)
+    headers = {"kv_canary_layout.cuh": read_source(hostile_tree, abi.HEADER)}
     for kernel in abi.KERNELS.values():
         # Through the project's compile cache (by content), as the runtime compiles.
-        cubin = nvrtc.cached_binary(read_source(hostile_layer, kernel.source), kernel.source, headers, arch=90).read_bytes()
+        cubin = nvrtc.cached_binary(read_source(hostile_tree, kernel.source), kernel.source, headers, arch=90).read_bytes()
         for symbol, _ in kernel.variants:
             assert symbol.encode() + b"\0" in cubin, symbol
 

@@ -141,7 +141,7 @@ def test_a_schema_that_is_a_symlink_loop_is_a_located_error(project, capsys, com
 
 
 def test_describe_reports_a_kernels_yaml_it_cannot_read(project, capsys, monkeypatch):
-    """Without --schema, describe printed the installed layer's layout when kernels.yaml was a link
+    """Without --schema, describe printed the installed tree's layout when kernels.yaml was a link
     that loops, as if there were none."""
     from kv_canary.codegen.cli import run
 

@@ -18,7 +18,7 @@ from kv_canary.codegen.load import load_schema, read_schema
 from kv_canary.codegen.render import COMMENT_STYLES, HEADER_MARKER, render_all, sha256_text, split_header
 from kv_canary.codegen.trees import provenance_for
 from kv_canary.codegen.writer import compare_tree, write_tree
-from support.layers import default_schema_text
+from support.trees import default_schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

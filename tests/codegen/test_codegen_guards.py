@@ -6,7 +6,7 @@
 - the write kernel's shared-memory bound in checks.py is the compiler's: the largest accepted
   thread count compiles, one warp more fails the kernel's static_assert;
 - splitmix64 refuses inputs it would silently hash wrong; generated files get ordinary modes;
-  the test layer's temporary trees are removed when the process exits.
+  tests/support/trees.py's temporary trees are removed when the process exits.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from kv_canary.codegen.load import load_schema, load_schema_text
 from kv_canary.codegen.model import STATIC_SHARED_MEMORY_BYTES, block_per_request_shared_memory
 from kv_canary.codegen.render import render_all, split_header
 from kv_canary.codegen.writer import write_tree
-from support.layers import DEFAULT_SCHEMA, default_schema_text
+from support.trees import DEFAULT_SCHEMA, default_schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -123,7 +123,7 @@ def _write_sources(schema) -> tuple[str, str, dict[str, str]]:
 
 def test_the_compiler_agrees_with_the_shared_memory_bound():
     pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC bindings (cupy-cuda13x) not installed")
-    from kv_canary.layer import nvrtc
+    from kv_canary.trees import nvrtc
     schema = load_schema_text(_wide_record_text(32, 96))  # the most threads checks.py accepts
     name, source, headers = _write_sources(schema)
     assert nvrtc.cached_binary(source, f"{name}.cu", headers, arch=90).read_bytes()[:4] == b"\x7fELF"  # cached by content
@@ -138,8 +138,8 @@ def test_the_compiler_agrees_with_the_shared_memory_bound():
 
 
 # -- splitmix64 takes Python ints (and numpy integer scalars), nothing it would hash wrong -------
-def test_splitmix64_accepts_ints_and_numpy_integer_scalars(default_layer):
-    sm, mix3 = default_layer.layout.splitmix64, default_layer.layout.splitmix64_mix3
+def test_splitmix64_accepts_ints_and_numpy_integer_scalars(default_tree):
+    sm, mix3 = default_tree.layout.splitmix64, default_tree.layout.splitmix64_mix3
     big = 0xFEDCBA9876543210
     assert sm(np.uint64(big)) == sm(big)
     assert sm(np.int64(-1)) == sm(-1) == sm((1 << 64) - 1)
@@ -150,9 +150,9 @@ def test_splitmix64_accepts_ints_and_numpy_integer_scalars(default_layer):
 
 @pytest.mark.parametrize("value", [torch.tensor(5), torch.tensor([1, 2]), np.array([5], dtype=np.uint64),
                                    np.array(5), 5.0, "5", True, None])
-def test_splitmix64_refuses_what_it_would_hash_wrong(default_layer, value):
+def test_splitmix64_refuses_what_it_would_hash_wrong(default_tree, value):
     import kv_canary
-    for fn in (default_layer.layout.splitmix64, kv_canary.splitmix64):
+    for fn in (default_tree.layout.splitmix64, kv_canary.splitmix64):
         with pytest.raises(TypeError, match=rf"^x must be a Python int or a numpy integer scalar, got "
                                             rf"{type(value).__name__}$"):
             fn(value)
@@ -188,11 +188,11 @@ def test_generated_files_get_the_mode_of_any_new_file(tmp_path, umask):
     assert stat.S_IMODE(victim.stat().st_mode) == 0o644  # ...but the mode is repaired
 
 
-# -- the test layer cleans up after itself -------------------------------------------------------
+# -- tests/support/trees.py cleans up after itself -------------------------------------------------------
 def test_temporary_generated_trees_are_removed_at_exit(tmp_path):
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from support import layers; "
-              "layer = layers.generate_layer(layers.EXAMPLE_SCHEMAS[0]); "
-              "print(layers._gen_root()); print(layers.scratch_dir('kv_canary_probe_'))")
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from support import trees; "
+              "tree = trees.generate_tree(trees.EXAMPLE_SCHEMAS[0]); "
+              "print(trees._gen_root()); print(trees.scratch_dir('kv_canary_probe_'))")
     proc = subprocess.run([sys.executable, "-c", script, str(ROOT / "tests")], cwd=tmp_path, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr

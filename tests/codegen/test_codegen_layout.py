@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from kv_canary.codegen.load import load_schema
 from kv_canary.codegen.render import render_all, split_header
-from support.layers import default_schema_text, load_vectors
+from support.trees import default_schema_text, load_vectors
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = load_vectors()
@@ -46,9 +46,9 @@ def hexdump_rows(md: str) -> list[tuple[int, bytes, str, str]]:
     return rows
 
 
-def test_mutated_schema_layer_reports_the_new_layout(epoch_schema_path):
-    from support.layers import generate_layer
-    layout = generate_layer(epoch_schema_path).layout
+def test_mutated_schema_tree_reports_the_new_layout(epoch_schema_path):
+    from support.trees import generate_tree
+    layout = generate_tree(epoch_schema_path).layout
     assert layout.CANARY_SLOT_STRIDE_BYTES == 64
     assert layout.CANARY_FIELDS_PER_SLOT == 5
     assert layout.CANARY_RECORD_BYTES == 40

@@ -13,9 +13,9 @@ from kv_canary.codegen.load import load_schema
 from kv_canary.codegen.operations import KERNEL_TEMPLATES
 from kv_canary.codegen.outputs import KERNEL_SOURCE_TEMPLATES
 from kv_canary.codegen.render import TEMPLATE_DIR, output_plan
-from support.layers import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS
+from support.trees import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS
 
-from kv_canary.layer.csrc import csrc_headers
+from kv_canary.trees.csrc import csrc_headers
 
 # Device code: a function body or a statement that branches or loops.
 DEVICE_CODE = re.compile(r"__device__ __forceinline__|^\s*(for|while|if|switch) \(|__shared__", re.M)
@@ -46,10 +46,10 @@ def test_cuda_and_emulation_templates_get_a_frozen_typed_context(schema_path):
         assert dataclasses.is_dataclass(ctx) and type(ctx).__dataclass_params__.frozen, template
 
 
-def test_generated_sources_include_only_existing_csrc_headers(any_layer):
-    from kv_canary.layer.sources import kernel_abi, read_source
-    abi = kernel_abi(any_layer)
+def test_generated_sources_include_only_existing_csrc_headers(any_tree):
+    from kv_canary.trees.sources import kernel_abi, read_source
+    abi = kernel_abi(any_tree)
     headers = csrc_headers()
     for relative in [abi.HEADER, *(k.source for k in abi.KERNELS.values())]:
-        for include in re.findall(r'#include "([^"]+)"', read_source(any_layer, relative)):
+        for include in re.findall(r'#include "([^"]+)"', read_source(any_tree, relative)):
             assert include == "kv_canary_layout.cuh" or include in headers, (relative, include)

@@ -12,7 +12,7 @@ import pytest
 from kv_canary.codegen.cli import main
 from kv_canary.codegen.diff import diff_schemas, format_markdown
 from kv_canary.codegen.load import load_schema_text
-from support.layers import sglang_schema_text
+from support.trees import sglang_schema_text
 
 ROOT = Path(__file__).resolve().parents[2]
 # SGLang's default ABI (stride 32, abi_version 1), whatever stride and abi_version the checked-in

@@ -9,7 +9,7 @@ import pytest
 from kv_canary.codegen.diagnostics import SchemaError
 from kv_canary.codegen.load import load_schema_text
 from kv_canary.codegen.render import render_all, split_header
-from support.layers import default_schema_text
+from support.trees import default_schema_text
 
 CONSTANT_ANCHOR = "  REQ_POOL_IDX_PADDING: {type: i64"
 ENUM_ANCHOR = "  RealKvHashMode: {NONE: 0, PARTIAL: 1, ALL: 2}\n"

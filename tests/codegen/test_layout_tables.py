@@ -1,4 +1,4 @@
-"""Tables the generated layer renders from the generator, so that the runtime keeps no copy of them:
+"""Tables the generated tree renders from the generator, so that the runtime keeps no copy of them:
 what each violation column carries, the "unknown" sentinel, the built-in fail reasons, the plan's
 stage arguments and the plan's binding."""
 from __future__ import annotations
@@ -13,10 +13,10 @@ from kv_canary.codegen.load import load_schema
 from kv_canary.codegen.model import BUILTIN_FAIL_REASONS
 from kv_canary.codegen.operations import OPERATIONS, UNKNOWN
 from support import scenarios
-from support.layers import generate_layer
+from support.trees import generate_tree
 
 from kv_canary.engine.violations import ViolationDecoder
-from kv_canary.layer.sources import kernel_abi
+from kv_canary.trees.sources import kernel_abi
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = [ROOT / "kernels.yaml", *sorted((ROOT / "kv_canary" / "schemas").glob("*.yaml"))]
@@ -24,12 +24,12 @@ SCHEMAS = [ROOT / "kernels.yaml", *sorted((ROOT / "kv_canary" / "schemas").glob(
 
 @pytest.fixture(scope="module", params=SCHEMAS, ids=lambda p: p.name)
 def generated(request):
-    return generate_layer(request.param), load_schema(request.param)
+    return generate_tree(request.param), load_schema(request.param)
 
 
-def test_the_layers_carries_are_the_schemas_violation_columns(generated):
-    layer, schema = generated
-    L = layer.layout
+def test_the_trees_carries_are_the_schemas_violation_columns(generated):
+    tree, schema = generated
+    L = tree.layout
     columns = {f.carries: f.index for f in schema.violation.fields}
     assert sorted(L.VIOLATION_CARRIES) == sorted(columns)
     assert {c: getattr(L, "VIOLATION_COL_" + c.upper()) for c in L.VIOLATION_CARRIES} == columns
@@ -42,17 +42,17 @@ def test_the_layers_carries_are_the_schemas_violation_columns(generated):
 
 
 def test_one_unknown_sentinel(generated):
-    layer, _ = generated
-    header = (Path(layer.__file__).parent / "cuda" / "kv_canary_layout.cuh").read_text(encoding="utf-8")
+    tree, _ = generated
+    header = (Path(tree.__file__).parent / "cuda" / "kv_canary_layout.cuh").read_text(encoding="utf-8")
     # docs/semantics.md §5: -1 = unknown (an expected token not checked, a prev or seed at the chain head).
-    assert layer.layout.UNKNOWN == kernel_abi(layer).UNKNOWN == UNKNOWN == -1
+    assert tree.layout.UNKNOWN == kernel_abi(tree).UNKNOWN == UNKNOWN == -1
     assert "constexpr kvc_i64 UNKNOWN = -1LL;" in header
     assert "INPUT_EXPECTED_UNKNOWN" not in header
 
 
-def test_builtin_fail_reasons_reach_the_layer(generated):
-    layer, _ = generated
-    L = layer.layout
+def test_builtin_fail_reasons_reach_the_tree(generated):
+    tree, _ = generated
+    L = tree.layout
     for name, kind, compares_token in BUILTIN_FAIL_REASONS:
         member = L.FailReason[name]
         assert L.FAIL_REASON_KINDS[member] == kind
@@ -64,8 +64,8 @@ def test_builtin_fail_reasons_reach_the_layer(generated):
 def test_the_plans_stages_fill_every_field_of_its_plans(generated):
     """PLAN.args (the stage values rendered from the operation table) hands each stage its own keywords, and the
     two stages together reach every field of both plan data classes."""
-    layer, schema = generated
-    abi = kernel_abi(layer)
+    tree, schema = generated
+    abi = kernel_abi(tree)
     fields = {cls: {name: object() for name, *_ in table}
               for cls, table in (("verify_plan_out", abi.VERIFY_PLAN_FIELDS), ("write_plan_out", abi.WRITE_PLAN_FIELDS))}
     plan = {k.name: object() for k in OPERATIONS["plan"].keywords}
@@ -85,11 +85,11 @@ def test_the_plans_stages_fill_every_field_of_its_plans(generated):
 def test_the_plan_binds_each_stage_as_the_stages_binding_binds_its_arguments(generated):
     """PLAN.bind (what the kernel backends launch a plan with) gives each stage's kernel the values
     its own binding gives over PLAN.args, with and without the optional tensors."""
-    layer, _ = generated
-    abi = kernel_abi(layer)
+    tree, _ = generated
+    abi = kernel_abi(tree)
     kernels = [abi.kernel_for_operation(stage) for stage in ("plan_offsets", "plan_entries")]
     for seed in range(8):
-        case = scenarios.make_plan_case(random.Random(seed), layer, n_reqs=3)
+        case = scenarios.make_plan_case(random.Random(seed), tree, n_reqs=3)
         scratch = torch.zeros(4, dtype=torch.int64)
         stages = abi.PLAN.args(case, scratch)
         assert abi.PLAN.bind(case, scratch) == tuple(k.bind(args) for k, args in zip(kernels, stages))

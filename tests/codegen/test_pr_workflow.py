@@ -18,7 +18,7 @@ import yaml
 from kv_canary.codegen import diff as diff_module
 from kv_canary.codegen.diff import KINDS, Change, DiffReport, diff_schemas, format_json
 from kv_canary.codegen.load import load_schema_text
-from support.layers import files_changed_by
+from support.trees import files_changed_by
 from test_diff import BASE, CASES, RENAME, edit
 
 from kv_canary.cli import main as kv_main
@@ -531,14 +531,14 @@ def test_the_documented_json_is_what_diff_prints(engine, capsys):
 
 
 def test_run_time_messages_about_an_engine_tree_name_its_command(engine):
-    """The layer records what regenerates it; the runtime's messages about its tree use that."""
+    """The tree records what regenerates it; the runtime's messages about its tree use that."""
     import kv_canary
-    from kv_canary.layer.sources import read_source
-    layer = kv_canary.load_generated(engine / "myengine" / "_canary")
-    assert layer.REGENERATE_COMMAND == "kv-canary generate"
+    from kv_canary.trees.sources import read_source
+    tree = kv_canary.load_generated(engine / "myengine" / "_canary")
+    assert tree.REGENERATE_COMMAND == "kv-canary generate"
     (engine / "myengine" / "_canary" / "cuda" / "canary_write.cu").unlink()
     with pytest.raises(ValueError, match=r"canary_write\.cu is missing .*; run `kv-canary generate`$"):
-        read_source(layer, "cuda/canary_write.cu")
+        read_source(tree, "cuda/canary_write.cu")
     assert kv_canary.generated.REGENERATE_COMMAND == "make generate"  # kv-canary's own checkout
 
 

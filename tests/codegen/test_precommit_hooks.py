@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.layers import files_changed_by
+from support.trees import files_changed_by
 from test_diff import RENAME
 
 from kv_canary.cli import main as kv_main

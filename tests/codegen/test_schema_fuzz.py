@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from kv_canary.codegen.load import load_schema_text
 from kv_canary.codegen.render import make_environment, render_all
-from support.layers import DEFAULT_SCHEMA
 from support.schema_fuzz import Stats, TreeChecker, build_and_run, check_case, mutated_schemas
+from support.trees import DEFAULT_SCHEMA
 
 EXAMPLES = int(os.environ.get("KV_CANARY_FUZZ_EXAMPLES", "30"))
 TREES = int(os.environ.get("KV_CANARY_FUZZ_TREES", "0"))
@@ -51,8 +51,8 @@ def test_every_mutated_schema_gives_diagnostics_or_a_tree(tmp_path):
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
 def test_the_tree_check_of_make_fuzz_passes_the_default_schema(tmp_path):
     """`make fuzz` writes, imports, builds and runs every new clean tree (schema_fuzz.build_and_run);
-    the small budget above builds none, so this keeps that path in step with the generated layer.
-    (The default schema's kernels compile with NVRTC in tests/layer/test_nvrtc_compile.py already.)"""
+    the small budget above builds none, so this keeps that path in step with the generated tree.
+    (The default schema's kernels compile with NVRTC in tests/trees/test_nvrtc_compile.py already.)"""
     text = DEFAULT_SCHEMA.read_text(encoding="utf-8")
     files = render_all(load_schema_text(text, "kernels.yaml"), text, make_environment())
     build_and_run(tmp_path / "tree", files, seeds=1, nvrtc_compile=False)

@@ -1,8 +1,8 @@
 """The schema is the only truth: every mutation either fails generation with a located error, or the
-generated layer runs the manager (a clean serving run and a detected fault) without the runtime
+generated tree runs the manager (a clean serving run and a detected fault) without the runtime
 assuming anything the schema does not state.
 
-Each mutation edits kernels.yaml's text; layers are generated into this session's scratch cache.
+Each mutation edits kernels.yaml's text; trees are generated into this session's scratch cache.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 from kv_canary.codegen.diagnostics import SchemaError
-from support.mutations import layer_of, reason_line, reorder_reasons, sub
+from support.mutations import reason_line, reorder_reasons, sub, tree_of
 from support.mutations import reasons as fail_reasons
 
 from kv_canary.demo import faults
@@ -126,30 +126,30 @@ REFUSED = {
 }
 
 
-def caller_tables(layer, num_slots: int) -> dict:
+def caller_tables(tree, num_slots: int) -> dict:
     """A fixed per-slot table for every caller_table field, per pool group (slot-dependent values)."""
     return {f.name: {g: torch.arange(num_slots, dtype=torch.int64) * 7 + 3 for g in ("full", "swa")}
-            for f in layer.layout.INPUT_FIELDS if f.source == "caller_table"}
+            for f in tree.layout.INPUT_FIELDS if f.source == "caller_table"}
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_mutation_the_runtime_cannot_serve_fails_generation_with_a_located_error(name):
     mutation, pattern = REFUSED[name]
     with pytest.raises(SchemaError) as info:
-        layer_of(mutation)
+        tree_of(mutation)
     assert re.search(r"^kernels\.yaml:\d+:\d+: error: .*" + pattern, str(info.value), re.M), str(info.value)
 
 
 @pytest.mark.parametrize("name", sorted(RUNNABLE))
 def test_mutated_schema_runs_the_manager_and_a_fault_scenario(name):
-    """A short serving run on the mutated layer: silent until a double free, which the launch the
+    """A short serving run on the mutated tree: silent until a double free, which the launch the
     scenario names by coordinates (tail, k, full) catches in the step of the damage."""
-    layer = layer_of(RUNNABLE[name])
-    L = layer.layout
+    tree = tree_of(RUNNABLE[name])
+    L = tree.layout
     sc = replace(next(s for s in faults.scenarios() if s.name == "double_free"), steps=16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        r = faults.run_scenario(sc, layer=layer, caller_tables=caller_tables(layer, sc.sim.num_slots))
+        r = faults.run_scenario(sc, tree=tree, caller_tables=caller_tables(tree, sc.sim.num_slots))
     assert r.damage_step is not None and r.first is not None and r.first.step == r.damage_step, r.why
     assert sum(n for step, n in r.per_step.items() if step < r.damage_step) == 0
     field_reasons = {f.fail_reason for f in L.INPUT_FIELDS if f.fail_reason}
@@ -167,10 +167,10 @@ def test_mutated_schema_runs_the_manager_and_a_fault_scenario(name):
 def test_caller_table_is_written_and_checked_per_slot():
     """A caller_table field stores table[slot] at write time and verifies it per slot: a table entry
     that changes under a live slot is reported with the field's own FailReason."""
-    layer = layer_of(input_caller_table)
-    L = layer.layout
-    tables = caller_tables(layer, SIM.num_slots)
-    manager = CanaryManager(layer=layer, mode="log", sweep_interval=0, caller_tables=tables)
+    tree = tree_of(input_caller_table)
+    L = tree.layout
+    tables = caller_tables(tree, SIM.num_slots)
+    manager = CanaryManager(tree=tree, mode="log", sweep_interval=0, caller_tables=tables)
     engine = Engine(SIM, canary=manager)
     for _ in range(6):
         engine.step()
@@ -188,11 +188,11 @@ def test_caller_table_is_written_and_checked_per_slot():
 
 
 def test_caller_tables_must_match_the_schema():
-    layer = layer_of(input_caller_table)
+    tree = tree_of(input_caller_table)
     with pytest.raises(ValueError, match=r"caller_tables must map exactly the schema's caller_table input fields "
                                          r"\(tenant\)"):
-        CanaryManager(layer=layer)
+        CanaryManager(tree=tree)
     bad = {"tenant": {"full": torch.zeros(3, dtype=torch.int64), "swa": torch.zeros(3, dtype=torch.int64)}}
     with pytest.raises(ValueError, match=r"caller_tables\['tenant'\]\['full'\] must be an int64 tensor of shape "
                                          rf"\({SIM.num_slots},\) on cpu, got a torch.int64 tensor of shape \(3,\)"):
-        Engine(SIM, canary=CanaryManager(layer=layer, caller_tables=bad))
+        Engine(SIM, canary=CanaryManager(tree=tree, caller_tables=bad))

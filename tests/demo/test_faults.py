@@ -39,9 +39,9 @@ def test_every_issue_scenario_has_a_detection_and_the_two_controls():
     assert {"late_write/bytes_past_16/control", "stale_transfer/default_schema"} <= controls
 
 
-def test_owner_epoch_layer_is_generated_at_run_time(tmp_path):
-    layer = faults.owner_epoch_layer(tmp_path)
-    names = {f.name: f.verify_expected for f in layer.layout.INPUT_FIELDS}
+def test_owner_epoch_tree_is_generated_at_run_time(tmp_path):
+    tree = faults.owner_epoch_tree(tmp_path)
+    names = {f.name: f.verify_expected for f in tree.layout.INPUT_FIELDS}
     assert names == {"request_id": "per_request", "epoch": "per_slot"}
     assert (tmp_path / next(p.name for p in tmp_path.iterdir()) / "__init__.py").is_file()
 
@@ -68,8 +68,8 @@ class _CorrectRestore(faults.StaleTransfer):
             del engine.restore
 
 
-def _run_with(sc, fault, layer=None, until_damage=False):
-    manager = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, **sc.manager)
+def _run_with(sc, fault, tree=None, until_damage=False):
+    manager = CanaryManager(tree=tree, mode="log", sweep_interval=faults.SWEEP, **sc.manager)
     engine = Engine(sc.sim, canary=manager, hooks=[fault])
     while engine.step_no < sc.steps and not (until_damage and fault.damage_step is not None):
         engine.step()
@@ -77,19 +77,19 @@ def _run_with(sc, fault, layer=None, until_damage=False):
     return engine, manager
 
 
-@pytest.mark.parametrize("layer_name", ["default", "owner_epoch"])
-def test_shared_prompt_transfer_leaves_the_default_record_byte_identical(layer_name):
+@pytest.mark.parametrize("tree_name", ["default", "owner_epoch"])
+def test_shared_prompt_transfer_leaves_the_default_record_byte_identical(tree_name):
     sc = SCENARIOS["stale_transfer/default_schema"]
-    layer = faults.owner_epoch_layer() if layer_name == "owner_epoch" else None
+    tree = faults.owner_epoch_tree() if tree_name == "owner_epoch" else None
     bad, good = faults.StaleTransfer(10, shared_prompt=True), _CorrectRestore(10, shared_prompt=True)
     # Compare right after the damage step (later steps reuse the pages and erase the difference).
-    (e1, m1), (e2, m2) = _run_with(sc, bad, layer, until_damage=True), _run_with(sc, good, layer, until_damage=True)
+    (e1, m1), (e2, m2) = _run_with(sc, bad, tree, until_damage=True), _run_with(sc, good, tree, until_damage=True)
     assert bad.damage_step == good.damage_step is not None and bad.transfer == good.transfer
     victim, source, k = bad.transfer
     assert victim != source and k >= 2
     s1, s2 = _canary_state(e1, m1), _canary_state(e2, m2)
     differs = sorted(name for name in s1 if not torch.equal(s1[name], s2[name]))
-    if layer_name == "default":
+    if tree_name == "default":
         # Records and K/V bytes are exactly what a correct restore leaves: nothing can be detected.
         assert differs == [] and m1.stats.total == 0
     else:
@@ -108,7 +108,7 @@ def test_stale_transfer_control_runs_with_every_default_check_on():
 def test_owner_epoch_catches_the_stale_transfer_by_owner_exactly():
     sc = SCENARIOS["stale_transfer/owner_epoch"]
     fault = sc.make_fault()
-    _, m = _run_with(sc, fault, faults.owner_epoch_layer())
+    _, m = _run_with(sc, fault, faults.owner_epoch_tree())
     assert m.check_verify_expected_token is True
     _, _, k = fault.transfer
     first = m.violations[0]

@@ -19,9 +19,9 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not inst
 SCENARIOS = {sc.name: sc for sc in faults.scenarios()}
 
 
-def _until_damage(sc, layer, backend=None):
+def _until_damage(sc, tree, backend=None):
     """The scenario's run up to and including its damage step, every check on."""
-    manager = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, backend=backend, **sc.manager)
+    manager = CanaryManager(tree=tree, mode="log", sweep_interval=faults.SWEEP, backend=backend, **sc.manager)
     fault = sc.make_fault()
     engine = Engine(sc.sim, canary=manager, hooks=[fault])
     while fault.damage_step is None and engine.step_no < sc.steps:
@@ -35,7 +35,7 @@ def _until_damage(sc, layer, backend=None):
                                            pytest.param("cross_tenant_prefix/isolation", "emulated", marks=needs_gxx)])
 def test_isolation_reports_exactly_the_reused_pages_where_the_default_record_is_blind(name, backend):
     sc = SCENARIOS[name]
-    engine, m, fault = _until_damage(sc, faults.example_layer("isolation"), backend)
+    engine, m, fault = _until_damage(sc, faults.example_tree("isolation"), backend)
     reader, pages = fault.reused
     ps = engine.cfg.page_size
     foreign = {p * ps + i for p in pages for i in range(ps)}
@@ -73,7 +73,7 @@ def test_init_from_isolation_gives_the_engine_a_package_that_catches_it(tmp_path
     from kv_canary.codegen.load import load_schema_text
 
     from kv_canary.cli import main as kv_main
-    from kv_canary.layer.loader import load_generated
+    from kv_canary.trees.loader import load_generated
 
     caught = {}
     for source in ("isolation", "default"):
@@ -85,8 +85,8 @@ def test_init_from_isolation_gives_the_engine_a_package_that_catches_it(tmp_path
         schema = load_schema_text((repo / "canary.yaml").read_text())
         fields = {f.name: f.source for f in schema.canary.fields if f.role == "input"}
         assert fields == ({"cache_namespace": "request_input"} if source == "isolation" else {})
-        layer = load_generated(repo / "myengine" / "_canary", f"isolation_test_{source}_canary")
-        _, m, fault = _until_damage(SCENARIOS["cross_tenant_prefix/isolation"], layer)
+        tree = load_generated(repo / "myengine" / "_canary", f"isolation_test_{source}_canary")
+        _, m, fault = _until_damage(SCENARIOS["cross_tenant_prefix/isolation"], tree)
         assert fault.reused is not None
         caught[source] = sorted({r for v in m.violations for r in v.reasons})
     capsys.readouterr()

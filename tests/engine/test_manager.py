@@ -37,9 +37,9 @@ def test_clean_run_has_no_violations(seed):
     assert m.kernel_runs >= STEPS * 2 * 16
 
 
-def test_clean_run_on_every_layer(any_layer):
-    # The namespaces of isolation.yaml's request_input field (never asked for by the other layers).
-    m = CanaryManager(layer=any_layer, mode="raise", sweep_interval=4, request_inputs=faults.SIM_REQUEST_INPUTS)
+def test_clean_run_on_every_tree(any_tree):
+    # The namespaces of isolation.yaml's request_input field (never asked for by the other trees).
+    m = CanaryManager(tree=any_tree, mode="raise", sweep_interval=4, request_inputs=faults.SIM_REQUEST_INPUTS)
     _run(m, SimConfig(seed=9, num_pages=40))
     assert m.stats.total == 0
 
@@ -145,11 +145,11 @@ def test_tables_follow_the_work_and_growth_changes_nothing(name):
     launches rebound) to what the longest context needs, never to the engine's max_ctx; the canary
     then sees exactly what one with tables sized to max_ctx sees."""
     sc = SCENARIOS[name]
-    layer = faults.owner_epoch_layer() if sc.layer == "owner_epoch" else None
+    tree = faults.owner_epoch_tree() if sc.tree == "owner_epoch" else None
     cfg = dataclasses.replace(sc.sim, max_ctx=512)   # a cache far longer than any request here
     runs = []
     for initial in (2, 512):
-        m = CanaryManager(layer=layer, mode="log", sweep_interval=faults.SWEEP, enable_write_input_assert=True,
+        m = CanaryManager(tree=tree, mode="log", sweep_interval=faults.SWEEP, enable_write_input_assert=True,
                           initial_context=initial, **sc.manager)
         e = Engine(cfg, canary=m, hooks=[sc.make_fault()])
         logging.getLogger("kv_canary").setLevel(logging.ERROR)

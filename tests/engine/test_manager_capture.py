@@ -66,17 +66,17 @@ class BindRecorder:
         return getattr(self.rt, name)
 
 
-@pytest.mark.parametrize("layer_name", ["default", "owner_epoch", "isolation"])
-def test_every_launch_is_bound_once_at_attach_over_manager_buffers(layer_name):
+@pytest.mark.parametrize("tree_name", ["default", "owner_epoch", "isolation"])
+def test_every_launch_is_bound_once_at_attach_over_manager_buffers(tree_name):
     """The manager binds its launches when it attaches and only runs them while serving: every
     tensor a launch reads keeps its address (what CUDA-graph replay needs), the engine's batch
     tensors among them never (they are staged into the manager's own buffers)."""
-    layer = faults.example_layer(layer_name)
-    # The default layer runs with the write input assert on: its expected inputs are fixed too.
-    m = CanaryManager(layer=layer, mode="raise", sweep_interval=3, enable_write_input_assert=layer is None,
+    tree = faults.example_tree(tree_name)
+    # The default tree runs with the write input assert on: its expected inputs are fixed too.
+    m = CanaryManager(tree=tree, mode="raise", sweep_interval=3, enable_write_input_assert=tree is None,
                       request_inputs=faults.SIM_REQUEST_INPUTS)
     rec = m.rt = BindRecorder(m.rt)
-    cfg = SimConfig(seed=5, num_pages=40, chunk_size=6, spec_draft_tokens=1, tenants=2 * (layer_name == "isolation"))
+    cfg = SimConfig(seed=5, num_pages=40, chunk_size=6, spec_draft_tokens=1, tenants=2 * (tree_name == "isolation"))
     engine = Engine(cfg, canary=m)
     bound_at_attach = len(rec.bound)
     engine.run(STEPS)
@@ -88,9 +88,9 @@ def test_every_launch_is_bound_once_at_attach_over_manager_buffers(layer_name):
     paths = {path for _, bound in rec.bound for path in bound}
     assert {"req_to_verify_expected_tokens_valid_lens", "flat_in", "offsets", "req_pool_indices",
             "plan.verify_slot_indices", "input_ids", "positions", "out_cache_loc"} <= paths
-    if layer_name == "owner_epoch":
+    if tree_name == "owner_epoch":
         assert {"extra_request_values.request_id", "extra_inputs.request_id", "extra_inputs.epoch"} <= paths
-    elif layer_name == "isolation":
+    elif tree_name == "isolation":
         assert {"extra_request_values.cache_namespace", "extra_inputs.cache_namespace"} <= paths
     else:
         assert {"expected_input_tokens", "expected_input_positions"} <= paths
@@ -175,18 +175,18 @@ DEVICES = [pytest.param("cpu", id="cpu-stand-in"),
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("layer_name", ["default", "owner_epoch", "isolation"])
-def test_a_captured_step_replays_like_an_eager_one(device, layer_name):
-    layer = faults.example_layer(layer_name)
+@pytest.mark.parametrize("tree_name", ["default", "owner_epoch", "isolation"])
+def test_a_captured_step_replays_like_an_eager_one(device, tree_name):
+    tree = faults.example_tree(tree_name)
     backend = "cuda" if device == "cuda" else None
     # Four long requests admitted together: after one prefill step every batch has the same shape
     # (padding rows keep it when requests finish), so one capture serves many replays.
     cfg = SimConfig(seed=3, num_pages=64, max_running=4, chunk_size=32, prompt_len=(6, 12), output_len=(24, 32),
-                    spec_draft_tokens=1, num_requests=4, tenants=2 * (layer_name == "isolation"))
+                    spec_draft_tokens=1, num_requests=4, tenants=2 * (tree_name == "isolation"))
 
     def manager():
-        return CanaryManager(layer=layer, mode="raise", sweep_interval=5, backend=backend,
-                             enable_write_input_assert=layer is None, request_inputs=faults.SIM_REQUEST_INPUTS)
+        return CanaryManager(tree=tree, mode="raise", sweep_interval=5, backend=backend,
+                             enable_write_input_assert=tree is None, request_inputs=faults.SIM_REQUEST_INPUTS)
     eager = Engine(cfg, canary=manager(), device=device)
     graphed_canary = GraphedCanary(manager(), _cuda_capture if device == "cuda" else _Replay, capture_at=2)
     graphed = Engine(cfg, canary=graphed_canary, device=device)

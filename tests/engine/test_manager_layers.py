@@ -20,14 +20,14 @@ class FlipInLayer:
     """After the forward of step `at`, flip one K byte of `layer` at a running request's first slot."""
 
     def __init__(self, layer: int, at: int = 6):
-        self.layer, self.at, self.slot = layer, at, None
+        self.kv_layer, self.at, self.slot = layer, at, None
 
     def during_forward(self, engine, batch) -> None:
         if engine.step_no != self.at:
             return
         req = next(r for r in engine.running if r.kv_len > 0)
         self.slot = engine.slot_of(req, 0)
-        engine.full.slot_view(engine.full.k[self.layer])[self.slot, 0] ^= 1
+        engine.full.slot_view(engine.full.k[self.kv_layer])[self.slot, 0] ^= 1
 
 
 def _run(manager, cfg=DEEP, hooks=(), steps=10):

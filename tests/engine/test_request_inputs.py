@@ -24,7 +24,7 @@ SIM = replace(faults.BASE, tenants=2)
 
 @pytest.fixture(scope="module")
 def isolation():
-    return faults.example_layer("isolation")
+    return faults.example_tree("isolation")
 
 
 # -- namespace_of / vllm_request_namespace ------------------------------------------------------------
@@ -87,12 +87,12 @@ def test_vllm_request_namespace_reads_adapter_salt_and_media_by_duck_typing():
 
 # -- the manager ------------------------------------------------------------------------------------
 def test_a_schema_with_a_request_input_field_needs_the_function_at_attach(isolation):
-    m = CanaryManager(layer=isolation, mode="log", sweep_interval=0)
+    m = CanaryManager(tree=isolation, mode="log", sweep_interval=0)
     with pytest.raises(ValueError, match=r"the schema's request_input field\(s\) cache_namespace need their "
                                          r"per-request values: pass request_inputs=fn\(request\)"):
         Engine(SIM, canary=m)
     with pytest.raises(ValueError, match=r"request_inputs must be a function request -> \{field: int\}, got 3"):
-        Engine(SIM, canary=CanaryManager(layer=isolation, request_inputs=3))
+        Engine(SIM, canary=CanaryManager(tree=isolation, request_inputs=3))
 
 
 @pytest.mark.parametrize("returned, message", [
@@ -107,7 +107,7 @@ def test_a_schema_with_a_request_input_field_needs_the_function_at_attach(isolat
     ({FIELD: -1}, r"\['cache_namespace'\] must not be -1 \(UNKNOWN: it would turn the check off\)"),
 ])
 def test_each_value_is_checked_before_any_launch(isolation, returned, message):
-    m = CanaryManager(layer=isolation, mode="log", sweep_interval=0, request_inputs=lambda r: returned)
+    m = CanaryManager(tree=isolation, mode="log", sweep_interval=0, request_inputs=lambda r: returned)
     engine = Engine(SIM, canary=m)
     with pytest.raises(ValueError, match=message):
         engine.step()
@@ -120,7 +120,7 @@ def test_the_function_is_asked_once_per_request_and_the_default_schema_never_ask
     def supply(request):
         asked.append(request.rid)
         return {FIELD: ri.vllm_request_namespace(request), "other": 5}  # extra keys are ignored
-    engine = Engine(SIM, canary=CanaryManager(layer=isolation, mode="log", request_inputs=supply))
+    engine = Engine(SIM, canary=CanaryManager(tree=isolation, mode="log", request_inputs=supply))
     engine.run(40)
     assert len(asked) == len(set(asked)) >= 5 and engine.canary.stats.total == 0
     asked.clear()
@@ -132,7 +132,7 @@ def test_a_new_engine_asks_again_for_rows_and_ids_it_reuses(isolation):
     """A manager attached to one engine after another (transformers: one per run) whose request ids
     start over: the values of the first engine's requests are not reused for the second's."""
     salt = {"now": "a"}
-    m = CanaryManager(layer=isolation, mode="log", request_inputs=lambda r: {FIELD: ri.namespace_of(salt["now"])})
+    m = CanaryManager(tree=isolation, mode="log", request_inputs=lambda r: {FIELD: ri.namespace_of(salt["now"])})
     Engine(SIM, canary=m).run(5)
     salt["now"] = "b"
     second = Engine(SIM, canary=m)
@@ -146,7 +146,7 @@ def test_a_new_engine_asks_again_for_rows_and_ids_it_reuses(isolation):
 
 def test_records_store_the_writers_namespace(isolation):
     """Every record a running request wrote holds its own namespace; the tenants' namespaces differ."""
-    m = CanaryManager(layer=isolation, mode="log", request_inputs=faults.SIM_REQUEST_INPUTS)
+    m = CanaryManager(tree=isolation, mode="log", request_inputs=faults.SIM_REQUEST_INPUTS)
     engine = Engine(SIM, canary=m)
     engine.run(20)
     word = next(f.word for f in isolation.layout.INPUT_FIELDS if f.name == FIELD)
@@ -162,7 +162,7 @@ def test_records_store_the_writers_namespace(isolation):
 
 def test_from_config_takes_request_inputs_as_an_engine_option(isolation):
     from kv_canary.engine.config import CanaryConfig
-    m = CanaryManager.from_config(CanaryConfig(mode="log"), layer=isolation, request_inputs=faults.SIM_REQUEST_INPUTS)
+    m = CanaryManager.from_config(CanaryConfig(mode="log"), tree=isolation, request_inputs=faults.SIM_REQUEST_INPUTS)
     engine = Engine(SIM, canary=m)
     engine.run(20)
     assert m.request_inputs is faults.SIM_REQUEST_INPUTS and m.kernel_runs > 0 and m.stats.total == 0

@@ -18,9 +18,9 @@ def _row(layout, **values):
     return row
 
 
-def test_sglang_log_line_exact(default_layer):
+def test_sglang_log_line_exact(default_tree):
     # The expected text is SGLang's own reporter test (verify path, three bits).
-    L = default_layer.layout
+    L = default_tree.layout
     bits = int(L.FailReason.VERIFY_CHAIN_HASH_MISMATCH | L.FailReason.VERIFY_POSITION_MISMATCH
                | L.FailReason.VERIFY_REAL_KV_HASH_MISMATCH)
     row = _row(L, launch_tag=int(L.CanaryLaunchTag.HEAD_K_FULL), slot=17, stored_position=42, stored_token=111,
@@ -32,8 +32,8 @@ def test_sglang_log_line_exact(default_layer):
         "expected_aux=0x2222222222222222")
 
 
-def test_negative_hashes_print_as_u64(default_layer):
-    L = default_layer.layout
+def test_negative_hashes_print_as_u64(default_tree):
+    L = default_tree.layout
     row = _row(L, launch_tag=int(L.CanaryLaunchTag.TAIL_V_SWA), stored_chain_hash=-1, expected_aux=-2,
                fail_reason=int(L.FailReason.SLOT_OUT_OF_RANGE), expected_token=-1)
     line = ViolationDecoder(L).decode_row(row).log_line()
@@ -42,8 +42,8 @@ def test_negative_hashes_print_as_u64(default_layer):
     assert "expected_token=-1" in line
 
 
-def test_decoder_reads_every_field(any_layer):
-    L = any_layer.layout
+def test_decoder_reads_every_field(any_tree):
+    L = any_tree.layout
     dec = ViolationDecoder(L)
     rng = random.Random(7)
     tags = [int(t) for t in L.CanaryLaunchTag]
@@ -61,17 +61,17 @@ def test_decoder_reads_every_field(any_layer):
         assert v.step == 3
 
 
-def test_unknown_tag_and_bits_are_named(default_layer):
-    L = default_layer.layout
+def test_unknown_tag_and_bits_are_named(default_tree):
+    L = default_tree.layout
     spare = 1 << 40
     v = ViolationDecoder(L).decode_row(_row(L, launch_tag=999, fail_reason=spare | 1))
     assert v.launch_tag == "unknown(999)"
     assert v.reasons[-1] == f"UNKNOWN_0x{spare:x}"
 
 
-def test_decode_rejects_wrong_width(default_layer):
+def test_decode_rejects_wrong_width(default_tree):
     with pytest.raises(ValueError, match="violation row must have"):
-        ViolationDecoder(default_layer.layout).decode_row([0, 1, 2])
+        ViolationDecoder(default_tree.layout).decode_row([0, 1, 2])
 
 
 def _v(slot, aux, reasons=("VERIFY_CHAIN_HASH_MISMATCH",), tag=2, step=5):
@@ -95,9 +95,9 @@ def test_group_cascades_keeps_launches_apart():
     assert [g.size for g in group_cascades(vs, lambda v: links.get(v.slot))] == [1, 1]
 
 
-def test_record_link_matches_chain_vector(default_layer):
+def test_record_link_matches_chain_vector(default_tree):
     # vectors.json chain_example: record 1 (token 22, position 1) has prev = link(record 0).
-    L = default_layer.layout
+    L = default_tree.layout
     words = [0] * L.CANARY_FIELDS_PER_SLOT
     words[L.CANARY_TOKEN_WORD], words[L.CANARY_POSITION_WORD] = 11, 0
     words[L.CANARY_CHAIN_LINK_WORD] = L.to_signed64(0xDE7FAE23A9A1B716)

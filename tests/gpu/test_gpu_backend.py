@@ -13,7 +13,7 @@ from support import scenarios
 from support.kernel_diff import compare, run_plan_stages
 
 import kv_canary
-from kv_canary.layer.sources import kernel_abi
+from kv_canary.trees.sources import kernel_abi
 
 
 def _gpu_available() -> bool:
@@ -32,25 +32,25 @@ pytestmark = pytest.mark.skipif(not _gpu_available() and not os.environ.get("KV_
 MULTIPLIER = float(os.environ.get("KV_CANARY_CASES", "1"))
 
 
-def cases_for(layer) -> int:
-    return max(1, int((300 if layer is kv_canary.generated else 60) * MULTIPLIER))
+def cases_for(tree) -> int:
+    return max(1, int((300 if tree is kv_canary.generated else 60) * MULTIPLIER))
 
 
-def each_case(layer, kind: str, make, *, ordered: bool) -> None:
-    for seed in range(cases_for(layer)):
-        case = make(random.Random(seed), layer)
+def each_case(tree, kind: str, make, *, ordered: bool) -> None:
+    for seed in range(cases_for(tree)):
+        case = make(random.Random(seed), tree)
         try:
-            compare(layer, kind, case, "cuda", ordered=ordered)
+            compare(tree, kind, case, "cuda", ordered=ordered)
         except AssertionError as exc:
-            raise AssertionError(f"{kind} case seed={seed} ({layer.__name__}): {exc}") from None
+            raise AssertionError(f"{kind} case seed={seed} ({tree.__name__}): {exc}") from None
 
 
-def parallel_safe_write_case(rng: random.Random, layer, *, crowded: bool = False, **shape) -> dict:
+def parallel_safe_write_case(rng: random.Random, tree, *, crowded: bool = False, **shape) -> dict:
     """A write case without cross-request overlap (overlap=False), and without the one overlap it
     still allows: slot 0 written by two requests. Requests run in parallel on a GPU, so which of
     two requests writes a shared slot last is not defined there; later claims become -1 (skipped).
     `crowded`: each request's slots repeat many times (scenarios.crowd_slots)."""
-    case = scenarios.make_write_case(rng, layer, overlap=False, **shape)
+    case = scenarios.make_write_case(rng, tree, overlap=False, **shape)
     if crowded:
         scenarios.crowd_slots(rng, case)
     locs = case["out_cache_loc"]
@@ -64,23 +64,23 @@ def parallel_safe_write_case(rng: random.Random, layer, *, crowded: bool = False
 
 
 # Requests run in parallel on a GPU: ring rows in any order, and no overlapping slots/seeds.
-def test_write_matches_reference(any_layer):
-    each_case(any_layer, "write", parallel_safe_write_case, ordered=False)
+def test_write_matches_reference(any_tree):
+    each_case(any_tree, "write", parallel_safe_write_case, ordered=False)
 
 
 @pytest.mark.parametrize("shape,threads", [("default", 0), ("block_per_request", 32), ("per_request", 128)])
 def test_long_write_requests_match_reference(shape, threads):
     """Requests of up to 700 entries: several chunks of the block_per_request walk (kernels.yaml's
     block, and one-warp blocks), and SGLang's per_request shape from the same template."""
-    from support.write_shapes import write_shape_layer
-    layer = kv_canary.generated if shape == "default" else write_shape_layer(shape, threads)
+    from support.write_shapes import write_shape_tree
+    tree = kv_canary.generated if shape == "default" else write_shape_tree(shape, threads)
     for seed in range(max(1, int(40 * MULTIPLIER))):
         rng = random.Random(seed)
-        case = parallel_safe_write_case(rng, layer, n_reqs=rng.randint(1, 6), max_extend=700)
+        case = parallel_safe_write_case(rng, tree, n_reqs=rng.randint(1, 6), max_extend=700)
         try:
-            compare(layer, "write", case, "cuda", ordered=False)
+            compare(tree, "write", case, "cuda", ordered=False)
         except AssertionError as exc:
-            raise AssertionError(f"write case seed={seed} ({layer.__name__}): {exc}") from None
+            raise AssertionError(f"write case seed={seed} ({tree.__name__}): {exc}") from None
 
 
 @pytest.mark.parametrize("shape,threads", [("default", 0), ("block_per_request", 32)])
@@ -88,52 +88,52 @@ def test_duplicate_slots_in_one_request_end_with_the_later_entry(shape, threads)
     """Requests whose slots repeat many times, inside one chunk (across lanes and warps) and across
     chunks: the block's stores of a chunk run in parallel, so only the later of two entries with one
     slot may store; the buffer must be the reference's on every run, not on most."""
-    from support.write_shapes import write_shape_layer
-    layer = kv_canary.generated if shape == "default" else write_shape_layer(shape, threads)
+    from support.write_shapes import write_shape_tree
+    tree = kv_canary.generated if shape == "default" else write_shape_tree(shape, threads)
     for seed in range(max(1, int(40 * MULTIPLIER))):
         rng = random.Random(seed)
-        case = parallel_safe_write_case(rng, layer, crowded=True, n_reqs=rng.randint(1, 4), max_extend=700)
+        case = parallel_safe_write_case(rng, tree, crowded=True, n_reqs=rng.randint(1, 4), max_extend=700)
         try:
-            compare(layer, "write", case, "cuda", ordered=False)
+            compare(tree, "write", case, "cuda", ordered=False)
         except AssertionError as exc:
-            raise AssertionError(f"crowded write case seed={seed} ({layer.__name__}): {exc}") from None
+            raise AssertionError(f"crowded write case seed={seed} ({tree.__name__}): {exc}") from None
 
 
-def test_verify_matches_reference(any_layer):
-    each_case(any_layer, "verify", scenarios.make_verify_case, ordered=False)
+def test_verify_matches_reference(any_tree):
+    each_case(any_tree, "verify", scenarios.make_verify_case, ordered=False)
 
 
-def test_plan_matches_reference(any_layer):
+def test_plan_matches_reference(any_tree):
     tally = scenarios.PlanCaseTally()
-    each_case(any_layer, "plan", tally.make, ordered=True)
-    tally.report(f"cuda vs reference ({any_layer.__name__})")
+    each_case(any_tree, "plan", tally.make, ordered=True)
+    tally.report(f"cuda vs reference ({any_tree.__name__})")
 
 
-def test_scatter_matches_reference(any_layer):
-    each_case(any_layer, "scatter", scenarios.make_scatter_case, ordered=True)
+def test_scatter_matches_reference(any_tree):
+    each_case(any_tree, "scatter", scenarios.make_scatter_case, ordered=True)
 
 
-def test_plan_stages_match_reference(any_layer):
+def test_plan_stages_match_reference(any_tree):
     """launch_plan_offsets_kernel then launch_plan_entries_kernel on CUDA tensors: the plans and the
     scratch the reference's stages produce, and the plans of one launch_canary_plan_kernels call."""
-    for seed in range(max(1, cases_for(any_layer) // 3)):
+    for seed in range(max(1, cases_for(any_tree) // 3)):
         rng = random.Random(seed)
-        case = scenarios.make_plan_case(rng, any_layer)
+        case = scenarios.make_plan_case(rng, any_tree)
         scratch = scenarios.make_plan_scratch(rng, case)
         ref_scratch, got_scratch = scratch.clone(), scratch.to("cuda")
-        ref = run_plan_stages(any_layer, scenarios.clone_case(case), ref_scratch, "torch")
+        ref = run_plan_stages(any_tree, scenarios.clone_case(case), ref_scratch, "torch")
         whole_case = scenarios.clone_case(case)
-        scenarios.runtime_for(any_layer).launch_canary_plan_kernels(**whole_case, backend="torch")
-        got = run_plan_stages(any_layer, scenarios.case_to(scenarios.clone_case(case), "cuda"), got_scratch, "cuda")
+        scenarios.runtime_for(any_tree).launch_canary_plan_kernels(**whole_case, backend="torch")
+        got = run_plan_stages(any_tree, scenarios.case_to(scenarios.clone_case(case), "cuda"), got_scratch, "cuda")
         try:
             scenarios.compare_state(scenarios.case_to(got, "cpu"), ref)
             scenarios.compare_state({"scratch": got_scratch.cpu()}, {"scratch": ref_scratch})
             scenarios.compare_state(ref, whole_case)
         except AssertionError as exc:
-            raise AssertionError(f"plan stages seed={seed} ({any_layer.__name__}): {exc}") from None
+            raise AssertionError(f"plan stages seed={seed} ({any_tree.__name__}): {exc}") from None
 
 
-def test_default_backend_for_cuda_tensors_is_cuda(default_layer):
+def test_default_backend_for_cuda_tensors_is_cuda(default_tree):
     from kv_canary.launch.runtime import choose_backend
     assert choose_backend(None, torch.device("cuda", 0)) in ("cuda", os.environ.get("KV_CANARY_BACKEND"))
 
@@ -142,23 +142,23 @@ def test_default_backend_for_cuda_tensors_is_cuda(default_layer):
 class Step:
     """Device buffers of one forward step (fixed shapes, refilled in place between replays)."""
 
-    def __init__(self, layer, device, *, bs=4, max_ctx=48, num_slots=512, tokens=12):
-        alloc = layer.allocators
-        self.layer, self.bs, self.tokens = layer, bs, tokens
+    def __init__(self, tree, device, *, bs=4, max_ctx=48, num_slots=512, tokens=12):
+        alloc = tree.allocators
+        self.tree, self.bs, self.tokens = tree, bs, tokens
         src = alloc.RealKvSource(tensor=torch.randint(0, 256, (num_slots, 64), dtype=torch.uint8, device=device),
                                  page_size=1, num_bytes_per_token=64, read_bytes=32)
         self.ctx = alloc.allocate_context(num_slots=num_slots, ring_capacity=1024, device=device,
                                           real_kv_sources=(src,),
-                                          real_kv_hash_mode=layer.layout.RealKvHashMode.ALL)
+                                          real_kv_hash_mode=tree.layout.RealKvHashMode.ALL)
         self.vplan = alloc.VerifyPlan.allocate(verify_capacity=bs * max_ctx, device=device)
         self.wplan = alloc.WritePlan.allocate(write_req_capacity=bs, device=device)
         self.req_to_token = torch.zeros((bs + 1, max_ctx), dtype=torch.int32, device=device)
         z = lambda n: torch.zeros(n, dtype=torch.int64, device=device)  # noqa: E731
         self.req_pool_indices, self.prefix_lens, self.extend_seq_lens = z(bs), z(bs), z(bs)
         self.input_ids, self.positions, self.out_cache_loc = z(tokens), z(tokens), z(tokens)
-        self.extra = {f.name: z(tokens) for f in layer.layout.INPUT_FIELDS}
-        self.request_values = {f.name: z(bs) for f in layer.layout.INPUT_FIELDS if f.verify_expected == "per_request"}
-        self.slot_tables = {f.name: z(num_slots) for f in layer.layout.INPUT_FIELDS if f.verify_expected == "per_slot"}
+        self.extra = {f.name: z(tokens) for f in tree.layout.INPUT_FIELDS}
+        self.request_values = {f.name: z(bs) for f in tree.layout.INPUT_FIELDS if f.verify_expected == "per_request"}
+        self.slot_tables = {f.name: z(num_slots) for f in tree.layout.INPUT_FIELDS if f.verify_expected == "per_slot"}
 
     def refill(self, rng: random.Random) -> None:
         """A new batch in the same buffers: prefixes already written, extends appended now."""
@@ -196,17 +196,17 @@ class Step:
     def cpu_copy(self) -> "Step":
         """The same step on CPU copies of every buffer (for the reference)."""
         other = Step.__new__(Step)
-        other.__dict__.update(scenarios.case_to({k: v for k, v in self.__dict__.items() if k != "layer"}, "cpu"))
-        other.layer = self.layer
+        other.__dict__.update(scenarios.case_to({k: v for k, v in self.__dict__.items() if k != "tree"}, "cpu"))
+        other.tree = self.tree
         return other
 
     def state(self) -> dict:
         return {"ctx": self.ctx, "vplan": self.vplan, "wplan": self.wplan}
 
 
-def test_cuda_graph_capture_and_replay(any_layer):
-    rt = scenarios.runtime_for(any_layer)
-    step = Step(any_layer, "cuda")
+def test_cuda_graph_capture_and_replay(any_tree):
+    rt = scenarios.runtime_for(any_tree)
+    step = Step(any_tree, "cuda")
     rng = random.Random(7)
     step.refill(rng)
     side = torch.cuda.Stream()
@@ -227,9 +227,9 @@ def test_cuda_graph_capture_and_replay(any_layer):
     assert int(step.ctx.kernel_run_counter[0]) > 0
 
 
-def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_layer):
-    rt = scenarios.runtime_for(default_layer)
-    step = Step(default_layer, "cuda")
+def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_tree):
+    rt = scenarios.runtime_for(default_tree)
+    step = Step(default_tree, "cuda")
     rng = random.Random(11)
     step.refill(rng)
     step.run(rt, backend="cuda")  # warm-up (module load reads the ABI identity back: a sync)
@@ -252,16 +252,16 @@ def test_launches_are_zero_copy_sync_free_and_on_the_current_stream(default_laye
     scenarios.compare_state(expected.state(), scenarios.case_to(step.state(), "cpu"), ring_as_multiset=True)
 
 
-def test_loaded_modules_carry_the_layers_identity(default_layer):
-    from kv_canary.layer.identity import AbiMismatchError, check_identity
-    mods = scenarios.runtime_for(default_layer).backend("cuda").warm_up("cuda")
-    assert set(mods.binaries) == set(kernel_abi(default_layer).KERNELS)
+def test_loaded_modules_carry_the_trees_identity(default_tree):
+    from kv_canary.trees.identity import AbiMismatchError, check_identity
+    mods = scenarios.runtime_for(default_tree).backend("cuda").warm_up("cuda")
+    assert set(mods.binaries) == set(kernel_abi(default_tree).KERNELS)
     import cupy
     import numpy as np
     for path in mods.binaries.values():
         module = cupy.RawModule(path=str(path))
         fp = int(cupy.ndarray((1,), dtype=np.uint64, memptr=module.get_global("kv_canary_layout_fingerprint")).get()[0])
-        assert fp == int(default_layer.layout.LAYOUT_FINGERPRINT, 16)
+        assert fp == int(default_tree.layout.LAYOUT_FINGERPRINT, 16)
         with pytest.raises(AbiMismatchError):
-            check_identity(default_layer, module_abi_version=default_layer.layout.ABI_VERSION + 1,
+            check_identity(default_tree, module_abi_version=default_tree.layout.ABI_VERSION + 1,
                            module_fingerprint=fp, module_desc=str(path))

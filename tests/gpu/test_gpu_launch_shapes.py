@@ -7,7 +7,7 @@ import dataclasses
 import kv_canary
 from kv_canary.backends.cuda import persistent_grid
 from kv_canary.backends.kernels import blocks_for
-from kv_canary.layer.sources import kernel_abi
+from kv_canary.trees.sources import kernel_abi
 
 
 def test_launch_grids_follow_the_schema_and_the_occupancy():

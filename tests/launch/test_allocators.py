@@ -10,16 +10,16 @@ import torch
 import kv_canary
 
 
-def alloc_of(layer):
-    return layer.allocators
+def alloc_of(tree):
+    return tree.allocators
 
 
 def nbytes(obj) -> int:
     return sum(getattr(obj, f.name).nbytes for f in dataclasses.fields(obj))
 
 
-def test_canary_buffer_and_ring(any_layer):
-    lay, alloc = any_layer.layout, alloc_of(any_layer)
+def test_canary_buffer_and_ring(any_tree):
+    lay, alloc = any_tree.layout, alloc_of(any_tree)
     buf = alloc.allocate_canary_buf(10, device="cpu")
     assert buf.shape == (10, lay.CANARY_SLOT_STRIDE_BYTES) and buf.dtype == torch.uint8 and not buf.any()
     assert lay.CANARY_SLOT_STRIDE_BYTES >= lay.CANARY_FIELDS_PER_SLOT * 8
@@ -34,8 +34,8 @@ def test_canary_buffer_and_ring(any_layer):
     assert flag.dtype == torch.int32 and flag.item() == 1
 
 
-def test_verify_plan(any_layer):
-    lay, alloc = any_layer.layout, alloc_of(any_layer)
+def test_verify_plan(any_tree):
+    lay, alloc = any_tree.layout, alloc_of(any_tree)
     plan = alloc.VerifyPlan.allocate(verify_capacity=5, device="cpu")
     per_request = [f.name for f in lay.INPUT_FIELDS if f.verify_expected == "per_request"]
     arrays = ["verify_slot_indices", "verify_expected_tokens", "verify_expected_positions", "verify_prev_slot_indices",
@@ -51,8 +51,8 @@ def test_verify_plan(any_layer):
     assert alloc.VerifyPlan.allocation_bytes(5) == nbytes(plan) == 5 * 8 * len(arrays) + 8
 
 
-def test_write_plan(any_layer):
-    alloc = alloc_of(any_layer)
+def test_write_plan(any_tree):
+    alloc = alloc_of(any_tree)
     plan = alloc.WritePlan.allocate(write_req_capacity=3, device="cpu")
     assert plan.write_offsets.shape == (4,) and plan.write_offsets.dtype == torch.int64
     assert plan.write_seed_slot_indices.shape == (3,) and plan.write_seed_slot_indices.dtype == torch.int64
@@ -61,8 +61,8 @@ def test_write_plan(any_layer):
     assert alloc.WritePlan.allocation_bytes(3) == nbytes(plan) == 4 * 8 + 3 * 8 + 4
 
 
-def test_context_uses_keywords_and_shares_nothing(any_layer):
-    lay, alloc = any_layer.layout, alloc_of(any_layer)
+def test_context_uses_keywords_and_shares_nothing(any_tree):
+    lay, alloc = any_tree.layout, alloc_of(any_tree)
     a = alloc.allocate_context(num_slots=4, ring_capacity=2, device="cpu", slot_stride_bytes=lay.CANARY_SLOT_STRIDE_BYTES + 8)
     b = alloc.allocate_context(num_slots=4, ring_capacity=2, device="cpu")
     assert a.canary_buf.shape[1] == lay.CANARY_SLOT_STRIDE_BYTES + 8
@@ -97,18 +97,18 @@ def test_bad_allocator_arguments_are_named():
                                num_bytes_per_token=32, read_bytes=16)
 
 
-def test_allocators_is_a_module_of_the_layer(any_layer):
-    """`from <layer>.allocators import allocate_context` (docs/schema-change.md §7): a module whose
-    names are the runtime's allocators for that layer, the same whichever way they are reached."""
+def test_allocators_is_a_module_of_the_tree(any_tree):
+    """`from <tree>.allocators import allocate_context` (docs/schema-change.md §7): a module whose
+    names are the runtime's allocators for that tree, the same whichever way they are reached."""
     import importlib
     import types
 
-    module = importlib.import_module(f"{any_layer.__name__}.allocators")
-    assert isinstance(module, types.ModuleType) and any_layer.allocators is module
-    runtime = kv_canary.runtime_for(any_layer).allocators
+    module = importlib.import_module(f"{any_tree.__name__}.allocators")
+    assert isinstance(module, types.ModuleType) and any_tree.allocators is module
+    runtime = kv_canary.runtime_for(any_tree).allocators
     assert sorted(module.__all__) == sorted(runtime.__all__)
     scope: dict = {}
-    exec(f"from {any_layer.__name__}.allocators import *", scope)
+    exec(f"from {any_tree.__name__}.allocators import *", scope)
     for name in runtime.__all__:
         assert scope[name] is getattr(runtime, name) is getattr(module, name)
     ctx = module.allocate_context(num_slots=8, ring_capacity=4, device="cpu")

@@ -10,8 +10,8 @@ import types
 import pytest
 import torch
 from support import scenarios
-from support.layers import EXAMPLE_SCHEMAS, ROOT, generate_layer
 from support.oracle import Oracle
+from support.trees import EXAMPLE_SCHEMAS, ROOT, generate_tree
 
 import kv_canary
 import kv_canary.backends as backends
@@ -39,13 +39,13 @@ MAKE = {"write": scenarios.make_write_case, "verify": scenarios.make_verify_case
 OWNER_EPOCH = ROOT / "kv_canary" / "schemas" / "owner_epoch.yaml"
 
 
-def api_of(layer):
-    return importlib.import_module(layer.__name__ + ".api")
+def api_of(tree):
+    return importlib.import_module(tree.__name__ + ".api")
 
 
-def declared_keywords(layer) -> set:
+def declared_keywords(tree) -> set:
     """The field keywords this schema's launches must take, from its layout's input fields."""
-    fields = layer.layout.INPUT_FIELDS
+    fields = tree.layout.INPUT_FIELDS
     out = set()
     if fields:
         out.add("extra_inputs")
@@ -72,10 +72,10 @@ def test_sglang_names_are_exported():
 
 
 # -- signatures (docs/semantics.md §8: field keywords only where the schema declares fields) -----------------
-def test_signatures_follow_the_schema(any_layer):
-    api = api_of(any_layer)
-    declared = declared_keywords(any_layer)
-    assert any_layer.api is api and kv_canary.runtime_for(any_layer).api is api
+def test_signatures_follow_the_schema(any_tree):
+    api = api_of(any_tree)
+    declared = declared_keywords(any_tree)
+    assert any_tree.api is api and kv_canary.runtime_for(any_tree).api is api
     for name, sglang in SGLANG_PARAMS.items():
         extra = (FIELD_KEYWORD[name],) if FIELD_KEYWORD.get(name) in declared else ()
         for variant, tail in ((name, ("backend",)), (name + "_torch_reference", ())):
@@ -88,27 +88,27 @@ def test_signatures_follow_the_schema(any_layer):
                 assert params["backend"].default is None
 
 
-def test_default_schema_signatures_have_no_field_keywords(default_layer):
-    assert declared_keywords(default_layer) == set()
+def test_default_schema_signatures_have_no_field_keywords(default_tree):
+    assert declared_keywords(default_tree) == set()
     for name in [*SGLANG_PARAMS, *(n + "_torch_reference" for n in SGLANG_PARAMS)]:
         params = inspect.signature(getattr(kv_canary, name)).parameters
         assert not [p for p in params if p.startswith("extra_")], (name, list(params))
 
 
 def test_owner_epoch_signatures_have_every_field_keyword():
-    api = api_of(generate_layer(OWNER_EPOCH))
+    api = api_of(generate_tree(OWNER_EPOCH))
     assert "extra_inputs" in inspect.signature(api.launch_canary_write_kernel).parameters
     assert "extra_request_values" in inspect.signature(api.launch_canary_plan_kernels).parameters
     assert "extra_slot_tables" in inspect.signature(api.launch_canary_verify_kernel).parameters
     assert "extra_" not in str(inspect.signature(api.scatter_req_token_ids))
-    case = scenarios.make_write_case(random.Random(6), generate_layer(OWNER_EPOCH))
+    case = scenarios.make_write_case(random.Random(6), generate_tree(OWNER_EPOCH))
     case.pop("extra_inputs")
     with pytest.raises(TypeError, match="extra_inputs"):
         api.launch_canary_write_kernel(**case)
 
 
-def test_reference_variants_reject_backend(default_layer):
-    case = scenarios.make_verify_case(random.Random(4), default_layer)
+def test_reference_variants_reject_backend(default_tree):
+    case = scenarios.make_verify_case(random.Random(4), default_tree)
     with pytest.raises(TypeError) as err:
         func = kv_canary.launch_canary_verify_kernel_torch_reference
         func(**for_api(func, case), backend="emulated")
@@ -130,7 +130,7 @@ class _Recorder:
 @pytest.fixture
 def dispatched(monkeypatch):
     calls: list = []
-    monkeypatch.setattr(runtime_module, "get_backend", lambda name, layer: _Recorder(name, calls))
+    monkeypatch.setattr(runtime_module, "get_backend", lambda name, tree: _Recorder(name, calls))
     monkeypatch.setattr(kv_canary.runtime_for(kv_canary.generated), "chosen", {})  # the choices made before
     monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)
     cases = {kind: MAKE[kind](random.Random(10 + i), kv_canary.generated, n_reqs=3) for i, kind in enumerate(KIND)}
@@ -191,7 +191,7 @@ def test_validation_runs_before_any_backend():
 def test_unavailable_backends_give_a_clear_error(monkeypatch):
     fake = types.ModuleType("kv_canary.backends.fake")
 
-    def create(layer):
+    def create(tree):
         raise backends.BackendUnavailable("no accelerator here")
 
     fake.create = create
@@ -205,22 +205,22 @@ def test_unavailable_backends_give_a_clear_error(monkeypatch):
     assert backends.get_backend("torch", kv_canary.generated) is backends.get_backend("torch", kv_canary.generated)
 
 
-# -- another schema's layer -----------------------------------------------------------------------------
+# -- another schema's tree -----------------------------------------------------------------------------
 @pytest.mark.parametrize("schema", EXAMPLE_SCHEMAS, ids=lambda p: p.stem)
 def test_runtime_for_another_schema(schema):
     """Its generated API and its Runtime both end in the state the scalar oracle derives."""
-    layer = generate_layer(schema)
-    rt = scenarios.runtime_for(layer)
-    assert rt.runtime is kv_canary.runtime_for(layer) and rt.layer is layer
-    api = api_of(layer)
+    tree = generate_tree(schema)
+    rt = scenarios.runtime_for(tree)
+    assert rt.runtime is kv_canary.runtime_for(tree) and rt.tree is tree
+    api = api_of(tree)
     for kind in KIND:
         for seed in range(3):
-            case = MAKE[kind](random.Random(100 + seed), layer, n_reqs=4)
+            case = MAKE[kind](random.Random(100 + seed), tree, n_reqs=4)
             via_api, via_rt, expected = (scenarios.clone_case(case) for _ in range(3))
             func = getattr(api, KIND[kind])
             func(**for_api(func, via_api))
             getattr(rt, KIND[kind])(**via_rt)
-            getattr(Oracle(layer), kind)(**expected)
+            getattr(Oracle(tree), kind)(**expected)
             scenarios.compare_state(via_api, expected)
             scenarios.compare_state(via_rt, expected)
             if kind in ("write", "verify"):  # the launch really ran: the counter moved
@@ -229,8 +229,8 @@ def test_runtime_for_another_schema(schema):
             elif kind == "plan":
                 assert int(via_api["write_plan_out"].write_num_valid_reqs[0]) == 4
     # The Runtime (what the manager calls) validates field mappings itself.
-    if layer.layout.INPUT_FIELDS:
-        case = scenarios.make_write_case(random.Random(6), layer)
+    if tree.layout.INPUT_FIELDS:
+        case = scenarios.make_write_case(random.Random(6), tree)
         case.pop("extra_inputs")
         with pytest.raises(ValueError, match="extra_inputs must have exactly the keys"):
             rt.launch_canary_write_kernel(**case)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from support import scenarios
-from support.layers import default_schema_text, generate_layer, scratch_dir
+from support.trees import default_schema_text, generate_tree, scratch_dir
 
 PARTIAL = 64
 BACKENDS = ("torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.which("g++") is None,
@@ -22,13 +22,13 @@ BACKENDS = ("torch", pytest.param("emulated", marks=pytest.mark.skipif(shutil.wh
 
 
 @functools.cache
-def wide_partial_layer():
+def wide_partial_tree():
     old = "REAL_KV_PARTIAL_READ_BYTES: {type: i32, value: 16,"
     text = default_schema_text()
     assert text.count(old) == 1, "kernels.yaml must declare REAL_KV_PARTIAL_READ_BYTES = 16 once"
     path = scratch_dir("kv_canary_partial_") / "partial64.yaml"
     path.write_text(text.replace(old, f"REAL_KV_PARTIAL_READ_BYTES: {{type: i32, value: {PARTIAL},"), encoding="utf-8")
-    return generate_layer(path)
+    return generate_tree(path)
 
 
 def write(rt, ctx, n: int, backend: str) -> None:
@@ -49,9 +49,9 @@ def refusal(i: int, n: int) -> str:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_source_with_fewer_bytes_per_slot_than_partial_reads_is_refused(backend):
-    layer = wide_partial_layer()
-    rt, A = scenarios.runtime_for(layer), scenarios.runtime_for(layer).allocators
-    mode = layer.layout.RealKvHashMode
+    tree = wide_partial_tree()
+    rt, A = scenarios.runtime_for(tree), scenarios.runtime_for(tree).allocators
+    mode = tree.layout.RealKvHashMode
     ok = A.RealKvSource(tensor=torch.zeros((8, 64), dtype=torch.uint8), page_size=1, num_bytes_per_token=64, read_bytes=64)
     short = A.RealKvSource(tensor=torch.zeros((8, 16), dtype=torch.uint8), page_size=1, num_bytes_per_token=16,
                            read_bytes=16)
@@ -76,9 +76,9 @@ def test_a_source_with_fewer_bytes_per_slot_than_partial_reads_is_refused(backen
 def test_a_source_at_the_partial_limit_reads_exactly_its_slot(backend):
     """num_bytes_per_token == REAL_KV_PARTIAL_READ_BYTES: PARTIAL reads every byte of the slot, up to
     the tensor's last byte, and fingerprints like ALL with read_bytes = 64."""
-    layer = wide_partial_layer()
-    rt = scenarios.runtime_for(layer)
-    A, mode = rt.allocators, layer.layout.RealKvHashMode
+    tree = wide_partial_tree()
+    rt = scenarios.runtime_for(tree)
+    A, mode = rt.allocators, tree.layout.RealKvHashMode
     data = torch.randint(0, 256, (8, PARTIAL), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     src = A.RealKvSource(tensor=data, page_size=1, num_bytes_per_token=PARTIAL, read_bytes=16)
     words = []
@@ -86,5 +86,5 @@ def test_a_source_at_the_partial_limit_reads_exactly_its_slot(backend):
                  (mode.ALL, src)):
         ctx = A.allocate_context(num_slots=8, ring_capacity=4, device="cpu", real_kv_sources=(s,), real_kv_hash_mode=m)
         write(rt, ctx, 8, backend)
-        words.append(ctx.canary_buf.view(torch.int64)[:, layer.layout.CANARY_KV_FINGERPRINT_WORD].tolist())
+        words.append(ctx.canary_buf.view(torch.int64)[:, tree.layout.CANARY_KV_FINGERPRINT_WORD].tolist())
     assert words[0] == words[1] != words[2]

@@ -21,8 +21,8 @@ from support import launch_kwargs, scenarios
 from support.launch_kwargs import verify_kwargs, write_kwargs
 
 import kv_canary
-from kv_canary.layer.emulation_build import sanitize_enabled
-from kv_canary.layer.sources import kernel_abi
+from kv_canary.trees.emulation_build import sanitize_enabled
+from kv_canary.trees.sources import kernel_abi
 
 P = "kv-canary: "
 _NEEDS_GXX = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not installed")
@@ -279,10 +279,10 @@ def test_emulated_verify_rows_come_in_entry_order(ring_capacity):
     """Out-of-range entries (rows from the first half of an entry's check) mixed with mismatching ones
     (rows from the second half, after the warp's cooperative real-KV loads), over more entries than
     the emulated grid has threads: the ring equals the reference's row for row, also when it overflows."""
-    layer = kv_canary.generated
+    tree = kv_canary.generated
     rng = random.Random(7)
     num_slots = 40
-    sources = scenarios.make_sources(rng, layer, num_slots, count=2)
+    sources = scenarios.make_sources(rng, tree, num_slots, count=2)
     ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=ring_capacity, device="cpu",
                                      real_kv_sources=sources, real_kv_hash_mode=kv_canary.RealKvHashMode.ALL)
     n = 300
@@ -334,9 +334,9 @@ def test_extreme_token_offsets_read_nothing_and_wrap_like_the_reference(offset):
 @needs_gxx
 def test_a_seed_at_the_largest_position_wraps_the_position_assert():
     """prev_pos + 1 for a stored INT64_MAX: the expected position wraps to INT64_MIN (a row), no UB."""
-    layer = kv_canary.generated
+    tree = kv_canary.generated
     ctx = kv_canary.allocate_context(num_slots=8, ring_capacity=8, device="cpu")
-    ctx.canary_buf.view(torch.int64)[3, layer.layout.CANARY_POSITION_WORD] = INT64_MAX
+    ctx.canary_buf.view(torch.int64)[3, tree.layout.CANARY_POSITION_WORD] = INT64_MAX
     plan = kv_canary.WritePlan.allocate(write_req_capacity=1, device="cpu")
     plan.write_offsets.copy_(torch.tensor([0, 2]))
     plan.write_seed_slot_indices.fill_(3)
@@ -347,7 +347,7 @@ def test_a_seed_at_the_largest_position_wraps_the_position_assert():
     _same_on_emulated("write", case)
     kv_canary.launch_canary_write_kernel(**case, backend="torch")
     rows = case["context"].violation_ring[: int(case["context"].violation_write_index[0])]
-    assert rows[:, layer.layout.VIOLATION_COL_EXPECTED_AUX].tolist() == [INT64_MIN + 1]  # entry 2: 7 != MIN + 1
+    assert rows[:, tree.layout.VIOLATION_COL_EXPECTED_AUX].tolist() == [INT64_MIN + 1]   # entry 2: 7 != MIN + 1
 
 
 @needs_gxx

@@ -17,8 +17,8 @@ import pytest
 import torch
 from support import budget, scenarios
 from support.kernel_diff import run_plan_stages
-from support.layers import EXAMPLE_SCHEMAS, generate_layer, load_vectors
 from support.oracle import Canary, Oracle
+from support.trees import EXAMPLE_SCHEMAS, generate_tree, load_vectors
 
 import kv_canary
 import kv_canary.launch.runtime as runtime_module
@@ -50,8 +50,8 @@ def _kernels_only(backend, operation: str, **args) -> None:
     backend.prepare(operations.BY_NAME[operation], args).run()
 
 
-def cases_for(layer) -> int:
-    return budget.cases(30 if layer is kv_canary.generated else 10)
+def cases_for(tree) -> int:
+    return budget.cases(30 if tree is kv_canary.generated else 10)
 
 
 # -- names and signatures -----------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_every_name_is_importable_from_kv_canary():
             getattr(kv_canary.generated.api, name + "_torch_reference")
 
 
-def test_launch_signatures_are_sglangs(default_layer):
+def test_launch_signatures_are_sglangs(default_tree):
     for name, sglang in SGLANG_PARAMS.items():
         params = inspect.signature(getattr(kv_canary, name)).parameters
         assert tuple(params) == sglang + ("backend",), name
@@ -82,7 +82,7 @@ def test_launch_signatures_are_sglangs(default_layer):
 def test_entries_stage_takes_the_schemas_field_keywords():
     """A schema that verifies per-request fields (docs/semantics.md §8) hands their values and output
     arrays to the entries stage; the offsets stage never sees them."""
-    api = generate_layer(OWNER_EPOCH).api
+    api = generate_tree(OWNER_EPOCH).api
     params = tuple(inspect.signature(api.launch_plan_entries_kernel).parameters)
     assert params == SGLANG_PARAMS["launch_plan_entries_kernel"] + (
         "extra_request_values", "out_extra_verify_expected", "backend")
@@ -93,8 +93,8 @@ def test_entries_stage_takes_the_schemas_field_keywords():
 # -- zero_for_testing_ --------------------------------------------------------------------------------
 @pytest.mark.parametrize("schema", [None, OWNER_EPOCH], ids=["default", "owner_epoch"])
 def test_zero_for_testing_resets_every_plan_tensor_in_place(schema):
-    layer = kv_canary.generated if schema is None else generate_layer(schema)
-    alloc = layer.allocators
+    tree = kv_canary.generated if schema is None else generate_tree(schema)
+    alloc = tree.allocators
     vplan = alloc.VerifyPlan.allocate(verify_capacity=5, device="cpu")
     tensors = {name: getattr(vplan, name) for name in (*vplan.ARRAY_FIELDS, "verify_num_valid", "enable")}
     for t in tensors.values():
@@ -117,67 +117,67 @@ def test_zero_for_testing_resets_every_plan_tensor_in_place(schema):
 
 
 # -- the plan's two stages ----------------------------------------------------------------------------
-def _oracle_stages(layer, case: dict, scratch: torch.Tensor) -> None:
-    offsets, entries = scenarios.plan_stages(layer, case, scratch)
-    Oracle(layer).plan_offsets(**offsets)
-    Oracle(layer).plan_entries(**entries)
+def _oracle_stages(tree, case: dict, scratch: torch.Tensor) -> None:
+    offsets, entries = scenarios.plan_stages(tree, case, scratch)
+    Oracle(tree).plan_offsets(**offsets)
+    Oracle(tree).plan_entries(**entries)
 
 
-def test_torch_stages_match_the_oracle(any_layer):
+def test_torch_stages_match_the_oracle(any_tree):
     """The reference's stages against the oracle's, scratch included (its entries past bs + 1 untouched)."""
-    for seed in range(cases_for(any_layer)):
+    for seed in range(cases_for(any_tree)):
         rng = random.Random(seed)
-        case = scenarios.make_plan_case(rng, any_layer)
+        case = scenarios.make_plan_case(rng, any_tree)
         scratch = scenarios.make_plan_scratch(rng, case)
         got, want = scenarios.clone_case(case), scenarios.clone_case(case)
         got_scratch, want_scratch = scratch.clone(), scratch.clone()
-        run_plan_stages(any_layer, got, got_scratch, "torch")
-        _oracle_stages(any_layer, want, want_scratch)
+        run_plan_stages(any_tree, got, got_scratch, "torch")
+        _oracle_stages(any_tree, want, want_scratch)
         try:
             scenarios.compare_state(got, want)
             scenarios.compare_state({"scratch": got_scratch}, {"scratch": want_scratch})
         except AssertionError as exc:
-            raise AssertionError(f"plan stages seed={seed} ({any_layer.__name__}): {exc}") from None
+            raise AssertionError(f"plan stages seed={seed} ({any_tree.__name__}): {exc}") from None
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
-def test_offsets_then_entries_equals_one_plan_call(any_layer, backend):
+def test_offsets_then_entries_equals_one_plan_call(any_tree, backend):
     """On each host backend, the two stages leave the plans exactly as launch_canary_plan_kernels does
     (itself checked against the oracle elsewhere), and the emulated kernels fill the same scratch as
     the reference."""
-    rt = scenarios.runtime_for(any_layer)
-    for seed in range(cases_for(any_layer)):
+    rt = scenarios.runtime_for(any_tree)
+    for seed in range(cases_for(any_tree)):
         rng = random.Random(seed)
-        case = scenarios.make_plan_case(rng, any_layer)
+        case = scenarios.make_plan_case(rng, any_tree)
         scratch = scenarios.make_plan_scratch(rng, case)
         whole, staged, ref = (scenarios.clone_case(case) for _ in range(3))
         rt.launch_canary_plan_kernels(**whole, backend=backend)
         staged_scratch, ref_scratch = scratch.clone(), scratch.clone()
-        run_plan_stages(any_layer, staged, staged_scratch, backend)
-        run_plan_stages(any_layer, ref, ref_scratch, "torch")
+        run_plan_stages(any_tree, staged, staged_scratch, backend)
+        run_plan_stages(any_tree, ref, ref_scratch, "torch")
         try:
             scenarios.compare_state(staged, whole)
             scenarios.compare_state({"scratch": staged_scratch}, {"scratch": ref_scratch})
         except AssertionError as exc:
-            raise AssertionError(f"plan stages seed={seed} on {backend} ({any_layer.__name__}): {exc}") from None
+            raise AssertionError(f"plan stages seed={seed} on {backend} ({any_tree.__name__}): {exc}") from None
 
 
-def _small_case(layer, seed: int = 3) -> tuple[dict, torch.Tensor]:
+def _small_case(tree, seed: int = 3) -> tuple[dict, torch.Tensor]:
     """A 4-request plan case whose plan does not overflow and has verify entries."""
     rng = random.Random(seed)
     while True:
-        case = scenarios.make_plan_case(rng, layer, n_reqs=4)
+        case = scenarios.make_plan_case(rng, tree, n_reqs=4)
         scratch = scenarios.make_plan_scratch(rng, case)
         probe = scenarios.clone_case(case)
-        scenarios.runtime_for(layer).launch_plan_offsets_kernel(**scenarios.plan_stages(layer, probe, scratch.clone())[0])
+        scenarios.runtime_for(tree).launch_plan_offsets_kernel(**scenarios.plan_stages(tree, probe, scratch.clone())[0])
         if int(probe["verify_plan_out"].enable[0]) == 1 and int(probe["verify_plan_out"].verify_num_valid[0]) > 1:
             return case, scratch
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
-def test_entries_stage_of_a_disabled_plan_writes_nothing(default_layer, backend):
-    case, scratch = _small_case(default_layer)
-    _, entries = scenarios.plan_stages(default_layer, case, scratch)
+def test_entries_stage_of_a_disabled_plan_writes_nothing(default_tree, backend):
+    case, scratch = _small_case(default_tree)
+    _, entries = scenarios.plan_stages(default_tree, case, scratch)
     entries["verify_enable"].fill_(0)
     entries["verify_offsets_scratch"].fill_(-7)   # never read: any values pass
     before = scenarios.clone_case(case)
@@ -186,9 +186,9 @@ def test_entries_stage_of_a_disabled_plan_writes_nothing(default_layer, backend)
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
-def test_entries_stage_rejects_a_scratch_the_offsets_stage_did_not_fill(default_layer, backend):
-    case, scratch = _small_case(default_layer)
-    offsets, entries = scenarios.plan_stages(default_layer, case, scratch)
+def test_entries_stage_rejects_a_scratch_the_offsets_stage_did_not_fill(default_tree, backend):
+    case, scratch = _small_case(default_tree)
+    offsets, entries = scenarios.plan_stages(default_tree, case, scratch)
     kv_canary.launch_plan_offsets_kernel(**offsets, backend="torch")
     filled = scratch.clone()
     scratch[1] += 1
@@ -210,24 +210,24 @@ def test_entries_stage_rejects_a_scratch_the_offsets_stage_did_not_fill(default_
 
 
 @needs_gxx
-def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_layer):
+def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_tree):
     """What the cuda backend does (it cannot read the scratch to check it): the kernel, without the
     host checks, writes at most min(scratch[bs], capacity) entries and reads nothing out of bounds
     (a scratch claiming entries for an empty batch included)."""
-    rt = scenarios.runtime_for(default_layer)
+    rt = scenarios.runtime_for(default_tree)
     emulated = rt.backend("emulated")
-    case, scratch = _small_case(default_layer)
+    case, scratch = _small_case(default_tree)
     empty = scenarios.clone_case(case)
     for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens"):
         empty[name] = empty[name][:0]
-    _, entries = scenarios.plan_stages(default_layer, empty, torch.tensor([5], dtype=torch.int64))
+    _, entries = scenarios.plan_stages(default_tree, empty, torch.tensor([5], dtype=torch.int64))
     entries["verify_enable"].fill_(1)
     before = scenarios.clone_case(entries)
     _kernels_only(emulated, "plan_entries", **operations.BY_NAME["plan_entries"].validate(rt.validators, entries))
     scenarios.compare_state(entries, before)
     cap = int(case["verify_capacity"])
     for seed, claimed in enumerate((2, cap + 7)):
-        _, entries = scenarios.plan_stages(default_layer, scenarios.clone_case(case), scratch.clone())
+        _, entries = scenarios.plan_stages(default_tree, scenarios.clone_case(case), scratch.clone())
         bs = int(case["req_pool_indices"].shape[0])
         entries["verify_offsets_scratch"][: bs + 1] = torch.tensor([0, 9, -4, 1 << 40, 3][:bs] + [claimed])
         entries["verify_enable"].fill_(1)
@@ -239,7 +239,7 @@ def test_entries_kernel_takes_any_scratch_without_leaving_its_tensors(default_la
 
 
 @pytest.mark.parametrize("backend", HOST_BACKENDS)
-def test_stages_raise_the_plans_swa_error(default_layer, backend):
+def test_stages_raise_the_plans_swa_error(default_tree, backend):
     """The offsets stage translates the write seeds, the entries stage the slots then predecessors:
     an index outside the LUT raises the §7 text from the stage that reads it, before it writes."""
     lut = torch.arange(10, dtype=torch.int64)
@@ -250,7 +250,7 @@ def test_stages_raise_the_plans_swa_error(default_layer, backend):
                 extend_seq_lens=torch.tensor([0, 1]), req_to_token=r2t, swa_window_size=2,
                 full_to_swa_index_mapping=lut, verify_capacity=8, req_to_verify_expected_tokens=None,
                 req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0)
-    offsets, entries = scenarios.plan_stages(default_layer, case, torch.zeros(3, dtype=torch.int64))
+    offsets, entries = scenarios.plan_stages(default_tree, case, torch.zeros(3, dtype=torch.int64))
     # Row 2's seed (position 2) is slot 11; its window [1, 3) reads slots 12, 11, predecessors 4, 12.
     before = scenarios.clone_case(offsets)
     with pytest.raises(ValueError, match=r"^kv-canary: SWA slot 11 is outside full_to_swa_index_mapping length 10$"):
@@ -265,9 +265,9 @@ def test_stages_raise_the_plans_swa_error(default_layer, backend):
     scenarios.compare_state(entries, before)
 
 
-def test_stage_arguments_are_validated_by_name(default_layer):
-    case, scratch = _small_case(default_layer)
-    offsets, entries = scenarios.plan_stages(default_layer, case, scratch)
+def test_stage_arguments_are_validated_by_name(default_tree):
+    case, scratch = _small_case(default_tree)
+    offsets, entries = scenarios.plan_stages(default_tree, case, scratch)
     bs = int(case["req_pool_indices"].shape[0])
     short = dict(offsets, out_verify_offsets_scratch=torch.zeros(bs, dtype=torch.int64))
     with pytest.raises(ValueError, match=rf"^kv-canary: out_verify_offsets_scratch must hold at least bs \+ 1 = "
@@ -311,10 +311,10 @@ def test_scatter_launcher_name_is_scatter_req_token_ids(backend):
 
 
 # -- compute_slot_hash ----------------------------------------------------------------------------------
-def _chain_buffer(records: list[tuple[int, int, int]], layer=kv_canary.generated) -> torch.Tensor:
+def _chain_buffer(records: list[tuple[int, int, int]], tree=kv_canary.generated) -> torch.Tensor:
     """A canary buffer with records (token, position, prev_hash as int64) at slots 1, 2, ..."""
-    lay = layer.layout
-    buf = layer.allocators.allocate_canary_buf(len(records) + 1, device="cpu")
+    lay = tree.layout
+    buf = tree.allocators.allocate_canary_buf(len(records) + 1, device="cpu")
     words = buf.view(torch.int64)
     for slot, (token, position, prev) in enumerate(records, start=1):
         words[slot, lay.CANARY_TOKEN_WORD] = token
@@ -337,13 +337,13 @@ def test_compute_slot_hash_reproduces_the_golden_chain():
     assert kv_canary.compute_slot_hash(buf.view(torch.int64), source_slot_idx=1) == int(neg["link"], 16)
 
 
-def test_compute_slot_hash_matches_the_oracle(any_layer):
+def test_compute_slot_hash_matches_the_oracle(any_tree):
     """Random records, through the schema's own chain fold (extra chained fields included)."""
-    api = any_layer.api
-    oracle = Oracle(any_layer)
+    api = any_tree.api
+    oracle = Oracle(any_tree)
     rng = random.Random(5)
     for n in (1, 3, 17):
-        buf = any_layer.allocators.allocate_canary_buf(n, device="cpu")
+        buf = any_tree.allocators.allocate_canary_buf(n, device="cpu")
         buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(n)))
         words = buf.view(torch.int64)
         canary = Canary(buf)
@@ -352,7 +352,7 @@ def test_compute_slot_hash_matches_the_oracle(any_layer):
             want = oracle.slot_hash(canary, s)
             assert api.compute_slot_hash(words, s) == want == api.compute_slot_hash(buf, s), (n, s)
         # A strided int64 view (only the record's words of each slot) reads the same records.
-        record = words[:, : any_layer.layout.CANARY_FIELDS_PER_SLOT]
+        record = words[:, : any_tree.layout.CANARY_FIELDS_PER_SLOT]
         assert [api.compute_slot_hash(record, s) for s in range(n)] == [oracle.slot_hash(canary, s) for s in range(n)]
 
 
@@ -378,7 +378,7 @@ def test_compute_slot_hash_rejects_bad_input_by_name():
 def _no_cpu_backend(self, name):
     if name == "cpu":
         raise ValueError("kv-canary: backend 'cpu' is not available: no compiler here")
-    return runtime_module.get_backend(name, self.layer)
+    return runtime_module.get_backend(name, self.tree)
 
 
 def test_use_torch_reference_composes_with_backend_and_the_environment(monkeypatch):
@@ -421,7 +421,7 @@ class _Recorder:
 @pytest.mark.parametrize("backend", [None, "torch", "emulated"])
 def test_use_torch_reference_answers_what_the_launches_do(monkeypatch, env, backend):
     calls: list = []
-    monkeypatch.setattr(runtime_module, "get_backend", lambda name, layer: _Recorder(name, calls))
+    monkeypatch.setattr(runtime_module, "get_backend", lambda name, tree: _Recorder(name, calls))
     monkeypatch.setattr(kv_canary.runtime_for(kv_canary.generated), "chosen", {})  # the choices made before
     if env is None:
         monkeypatch.delenv(runtime_module.ENV_BACKEND, raising=False)

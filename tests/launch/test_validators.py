@@ -9,7 +9,7 @@ import pytest
 import torch
 from support import scenarios
 from support.launch_kwargs import plan_kwargs, verify_kwargs, write_kwargs
-from support.layers import default_schema_text, generate_layer
+from support.trees import default_schema_text, generate_tree
 
 import kv_canary
 
@@ -167,7 +167,7 @@ def test_extra_keywords_rejected_for_default_schema():
 
 # -- a mutated schema: stride 64 plus an input field ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def epoch_layer(tmp_path_factory):
+def epoch_tree(tmp_path_factory):
     text = default_schema_text(stride=64)
     text = text.replace("      - {name: real_kv_hash, role: kv_fingerprint}\n",
                         "      - {name: real_kv_hash, role: kv_fingerprint}\n"
@@ -175,17 +175,17 @@ def epoch_layer(tmp_path_factory):
     text = text.replace("    SLOT_OUT_OF_RANGE: 64\n", "    SLOT_OUT_OF_RANGE: 64\n    VERIFY_EPOCH_MISMATCH: {value: 128, kind: verify}\n")
     path = tmp_path_factory.mktemp("schema") / "epoch64.yaml"
     path.write_text(text)
-    return generate_layer(path)
+    return generate_tree(path)
 
 
-def test_mutated_schema_messages_and_extra_keywords(epoch_layer):
-    val = epoch_layer.validators
-    alloc = epoch_layer.allocators
+def test_mutated_schema_messages_and_extra_keywords(epoch_tree):
+    val = epoch_tree.validators
+    alloc = epoch_tree.allocators
     assert val.message("canary_stride", n=4) == P + "canary_buf slot stride must hold at least 5 int64 fields, got 4"
     with raises(ValueError, P + "canary_buf slot stride must hold at least 5 int64 fields, got 4"):
         alloc.allocate_canary_buf(4, device="cpu", slot_stride_bytes=32)
     assert alloc.allocate_canary_buf(4, device="cpu").shape == (4, 64)
-    rt = scenarios.runtime_for(epoch_layer)
+    rt = scenarios.runtime_for(epoch_tree)
     ctx = alloc.allocate_context(num_slots=8, ring_capacity=4, device="cpu")
     wplan = alloc.WritePlan.allocate(write_req_capacity=1, device="cpu")
     t = torch.zeros(2, dtype=torch.int64)

@@ -23,15 +23,15 @@ LAUNCH = {"write": "launch_canary_write_kernel", "verify": "launch_canary_verify
           "plan": "launch_canary_plan_kernels", "scatter": "scatter_req_token_ids"}
 
 
-def run(layer, kind: str, case: dict, backend: str) -> dict:
-    getattr(scenarios.runtime_for(layer), LAUNCH[kind])(**case, backend=backend)
+def run(tree, kind: str, case: dict, backend: str) -> dict:
+    getattr(scenarios.runtime_for(tree), LAUNCH[kind])(**case, backend=backend)
     return case
 
 
-def run_plan_stages(layer, case: dict, scratch, backend: str) -> dict:
+def run_plan_stages(tree, case: dict, scratch, backend: str) -> dict:
     """launch_plan_offsets_kernel then launch_plan_entries_kernel on a plan case, with `scratch`."""
-    rt = scenarios.runtime_for(layer)
-    offsets, entries = scenarios.plan_stages(layer, case, scratch)
+    rt = scenarios.runtime_for(tree)
+    offsets, entries = scenarios.plan_stages(tree, case, scratch)
     rt.launch_plan_offsets_kernel(**offsets, backend=backend)
     rt.launch_plan_entries_kernel(**entries, backend=backend)
     return case
@@ -57,13 +57,13 @@ def _entries(case: dict) -> int:
     return int(case["plan"].verify_slot_indices.shape[0])
 
 
-def compare(layer, kind: str, case: dict, backend: str, *, ordered: bool) -> None:
+def compare(tree, kind: str, case: dict, backend: str, *, ordered: bool) -> None:
     """Run `case` on the reference and on `backend` and assert the same end state."""
-    ref = run(layer, kind, scenarios.clone_case(case), "torch")
+    ref = run(tree, kind, scenarios.clone_case(case), "torch")
     got_case = scenarios.clone_case(case)
     if backend == "cuda":
         got_case = scenarios.case_to(got_case, "cuda")
-    got = scenarios.case_to(run(layer, kind, got_case, backend), "cpu")
+    got = scenarios.case_to(run(tree, kind, got_case, backend), "cpu")
     if "context" not in case or ordered:
         scenarios.compare_state(ref, got)
         return
@@ -75,7 +75,7 @@ def compare(layer, kind: str, case: dict, backend: str, *, ordered: bool) -> Non
     if end <= cap or start >= cap:   # every new row stored (or none): same multiset
         scenarios.compare_state(ref, got, ring_as_multiset=True)
         return
-    full = run(layer, kind, _with_big_ring(case), "torch")["context"].violation_ring
+    full = run(tree, kind, _with_big_ring(case), "torch")["context"].violation_ring
     new_ref = Counter(map(tuple, full[max(start, 0):end].tolist()))
     new_got = Counter(map(tuple, got_ctx.violation_ring[max(start, 0):cap].tolist()))
     assert not new_got - new_ref, f"rows stored that the reference never produces: {new_got - new_ref}"

@@ -1,4 +1,4 @@
-"""Small valid keyword sets of the default layer's launches on the CPU, for tests that change one
+"""Small valid keyword sets of the default tree's launches on the CPU, for tests that change one
 argument and expect that argument's error (tests/launch/test_validators.py, tests/launch/test_runtime_hardening.py)."""
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Schema mutations: edits of kernels.yaml's text that the mutation tests generate layers from."""
+"""Schema mutations: edits of kernels.yaml's text that the mutation tests generate trees from."""
 from __future__ import annotations
 
 import re
 
-from support.layers import default_schema_text, generate_layer, scratch_dir
+from support.trees import default_schema_text, generate_tree, scratch_dir
 
 # A FailReason member: `NAME: 4` (a built-in reason: the generator knows its kind) or
 # `NAME: {value: 4, kind: verify}` (a reason of the schema's own).
@@ -46,11 +46,11 @@ def reorder_reasons(text):
     return sub(REASON_BLOCK, lambda m: block, text, count=1, case="reorder_reasons")
 
 
-def layer_of(mutation) -> object:
+def tree_of(mutation) -> object:
     path = scratch_dir("kv_canary_mutation_") / "kernels.yaml"
     try:
         text = mutation(default_schema_text())
     except EditDrift as exc:
         raise EditDrift(f"{getattr(mutation, '__name__', mutation)}: {exc}") from None
     path.write_text(text, encoding="utf-8")
-    return generate_layer(path)
+    return generate_tree(path)

@@ -1,7 +1,7 @@
 """Independent scalar oracle of the kernels (docs/semantics.md §2-§8): write, verify, plan and its two
 stages (SGLang's launch_plan_offsets_kernel / launch_plan_entries_kernel), scatter, in plain Python ints.
 
-It reads only numbers from the generated layer (word indices, fold order, bits, columns,
+It reads only numbers from the generated tree (word indices, fold order, bits, columns,
 constants), never its logic: hashing, record access and every kernel are written out here as
 scalar loops over bytes. It mutates the tensors of a case exactly like a backend would, so the
 same `compare_state` applies. Slow by design; it is the check of the vectorised reference.
@@ -87,10 +87,10 @@ class Ring:
 
 
 class Oracle:
-    """Scalar kernels for one generated layer."""
+    """Scalar kernels for one generated tree."""
 
-    def __init__(self, layer):
-        lay = layer.layout
+    def __init__(self, tree):
+        lay = tree.layout
         self.lay = lay
         self.token, self.position = lay.CANARY_TOKEN_WORD, lay.CANARY_POSITION_WORD
         self.link_word, self.kv_word = lay.CANARY_CHAIN_LINK_WORD, lay.CANARY_KV_FINGERPRINT_WORD

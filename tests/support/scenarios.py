@@ -1,7 +1,7 @@
 """Random but valid launch cases for differential tests (any backend against any other).
 
-`make_*_case(rng, layer, ...)` return a dict of keyword arguments ready for the launch functions of
-`kv_canary.runtime_for(layer)` (every key is a launch keyword). `clone_case` deep-copies a case so
+`make_*_case(rng, tree, ...)` return a dict of keyword arguments ready for the launch functions of
+`kv_canary.runtime_for(tree)` (every key is a launch keyword). `clone_case` deep-copies a case so
 two backends get identical inputs; `case_to(case, device)` moves one; `compare_state(a, b, ...)`
 asserts that two cases ended in the same state. `rng` is a `random.Random`.
 
@@ -30,9 +30,9 @@ SOURCE_DTYPES = (torch.uint8, torch.int32, torch.bfloat16, torch.float16, torch.
 PARTIAL_SLOT_CAP = 1024
 
 
-def _mods(layer):
-    return (layer.layout, layer.allocators,
-            importlib.import_module(layer.__name__ + ".reference"))
+def _mods(tree):
+    return (tree.layout, tree.allocators,
+            importlib.import_module(tree.__name__ + ".reference"))
 
 
 def _i64(values) -> torch.Tensor:
@@ -51,16 +51,16 @@ def _rand_i64(rng: random.Random) -> int:
 
 
 # -- real-KV sources ------------------------------------------------------------------------------------
-def make_sources(rng: random.Random, layer, num_slots: int, *, count: int | None = None, short: bool = False,
+def make_sources(rng: random.Random, tree, num_slots: int, *, count: int | None = None, short: bool = False,
                  layouts: bool = False) -> tuple:
     """0-4 sources with random dtypes, ranks, page sizes and padded rows; `short` drops the last rows;
     `layouts`: about half of them keep their slots' bytes another way (layout_source). A slot holds
     at least REAL_KV_PARTIAL_READ_BYTES (what PARTIAL reads) where that is at most PARTIAL_SLOT_CAP."""
-    _, alloc, _ = _mods(layer)
-    align = layer.layout.REAL_KV_LOAD_ALIGN_BYTES
-    partial = layer.layout.REAL_KV_PARTIAL_READ_BYTES
+    _, alloc, _ = _mods(tree)
+    align = tree.layout.REAL_KV_LOAD_ALIGN_BYTES
+    partial = tree.layout.REAL_KV_PARTIAL_READ_BYTES
     partial = partial if partial <= PARTIAL_SLOT_CAP else align
-    count = rng.randint(0, layer.layout.MAX_REAL_KV_SOURCES) if count is None else count
+    count = rng.randint(0, tree.layout.MAX_REAL_KV_SOURCES) if count is None else count
     out = []
     for _ in range(count):
         page = rng.choice(PAGE_SIZES)
@@ -166,13 +166,13 @@ def flip_source_byte(rng: random.Random, sources: tuple, slot: int) -> bool:
 
 
 # -- contexts -------------------------------------------------------------------------------------------
-def make_context(rng: random.Random, layer, num_slots: int, *, sources=None, mode=None, short_sources=False,
+def make_context(rng: random.Random, tree, num_slots: int, *, sources=None, mode=None, short_sources=False,
                  layouts=False):
-    lay, alloc, _ = _mods(layer)
+    lay, alloc, _ = _mods(tree)
     stride = lay.CANARY_SLOT_STRIDE_BYTES + lay.CANARY_WORD_BYTES * rng.choice((0, 0, 0, 1, 3))
     ring_cap = rng.choice((0, 1, 3, 8, 64, 256))
     if sources is None:
-        sources = make_sources(rng, layer, num_slots, short=short_sources, layouts=layouts)
+        sources = make_sources(rng, tree, num_slots, short=short_sources, layouts=layouts)
     mode = rng.choice(list(lay.RealKvHashMode)) if mode is None else mode
     if mode == lay.RealKvHashMode.PARTIAL and any(s.num_bytes_per_token < lay.REAL_KV_PARTIAL_READ_BYTES
                                                   for s in sources):
@@ -195,10 +195,10 @@ def make_context(rng: random.Random, layer, num_slots: int, *, sources=None, mod
     return ctx
 
 
-def _extra_token_values(rng, layer, n: int, owners: list[int], owner_ids: list[int]) -> dict:
+def _extra_token_values(rng, tree, n: int, owners: list[int], owner_ids: list[int]) -> dict:
     """Per-token values of every input field: a per-request id for some, random values for others."""
     out = {}
-    for f in layer.layout.INPUT_FIELDS:
+    for f in tree.layout.INPUT_FIELDS:
         if rng.random() < 0.5:
             out[f.name] = _i64(owner_ids[o] for o in owners)
         else:
@@ -206,14 +206,14 @@ def _extra_token_values(rng, layer, n: int, owners: list[int], owner_ids: list[i
     return out
 
 
-def populate(layer, context, chains: list[list[int]], *, rng: random.Random, values: dict | None = None) -> dict:
+def populate(tree, context, chains: list[list[int]], *, rng: random.Random, values: dict | None = None) -> dict:
     """Write each chain (slots at positions 0..len-1 from HEAD) through the reference; returns what was written."""
-    lay, alloc, ref = _mods(layer)
+    lay, alloc, ref = _mods(tree)
     total = sum(len(c) for c in chains)
     tokens = _noise(rng, 0, 50_000, total)
     owners = [i for i, c in enumerate(chains) for _ in c]
     owner_ids = values["owner_ids"] if values else [rng.randrange(1, 1 << 20) for _ in chains]
-    extra = _extra_token_values(rng, layer, total, owners, owner_ids)
+    extra = _extra_token_values(rng, tree, total, owners, owner_ids)
     plan = alloc.WritePlan.allocate(write_req_capacity=max(len(chains), 1), device="cpu")
     offs = [0]
     for c in chains:
@@ -235,10 +235,10 @@ def populate(layer, context, chains: list[list[int]], *, rng: random.Random, val
     return {"tokens": tokens, "owners": owners, "owner_ids": owner_ids, "extra": extra}
 
 
-def corrupt(rng: random.Random, layer, context, slots: list[int]) -> None:
+def corrupt(rng: random.Random, tree, context, slots: list[int]) -> None:
     """One random corruption among slots: a flipped bit in any field, swapped records, a shifted position
     or a flipped real-KV byte."""
-    lay = layer.layout
+    lay = tree.layout
     if not slots:
         return
     words = context.canary_buf.view(torch.int64)
@@ -265,9 +265,9 @@ def _layout_requests(rng: random.Random, n_reqs: int, *, max_prefix=64, max_exte
 
 
 # -- write ----------------------------------------------------------------------------------------------
-def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, overlap: bool = False,
+def make_write_case(rng: random.Random, tree, *, n_reqs: int | None = None, overlap: bool = False,
                     max_prefix: int = 64, max_extend: int = 32, layouts: bool = False) -> dict:
-    lay, alloc, _ = _mods(layer)
+    lay, alloc, _ = _mods(tree)
     n_reqs = rng.randint(0, 16) if n_reqs is None else n_reqs
     prefixes, extends = _layout_requests(rng, n_reqs, max_prefix=max_prefix, max_extend=max_extend)
     need = sum(prefixes) + sum(extends)
@@ -278,10 +278,10 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
         prefix_slots.append(perm[at:at + p])
         extend_slots.append(perm[at + p:at + p + e])
         at += p + e
-    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
-    written = populate(layer, ctx, prefix_slots, rng=rng)
+    ctx = make_context(rng, tree, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
+    written = populate(tree, ctx, prefix_slots, rng=rng)
     if rng.random() < 0.3:
-        corrupt(rng, layer, ctx, [s for c in prefix_slots for s in c])
+        corrupt(rng, tree, ctx, [s for c in prefix_slots for s in c])
 
     cap = n_reqs + rng.choice((0, 0, 1, 3)) or 1
     plan = alloc.WritePlan.allocate(write_req_capacity=cap, device="cpu")
@@ -322,7 +322,7 @@ def make_write_case(rng: random.Random, layer, *, n_reqs: int | None = None, ove
             if earlier:
                 plan.write_seed_slot_indices[r] = rng.choice(earlier)
     owners = [r for r, e in enumerate(extends) for _ in range(e)]
-    extra = _extra_token_values(rng, layer, total, owners, written["owner_ids"])
+    extra = _extra_token_values(rng, tree, total, owners, written["owner_ids"])
     assert_inputs = rng.random() < 0.5
     exp_tok = exp_pos = None
     if assert_inputs:
@@ -357,9 +357,9 @@ def crowd_slots(rng: random.Random, case: dict, *, distinct: int = 3) -> dict:
 
 
 # -- verify ---------------------------------------------------------------------------------------------
-def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_prefix: int = 64,
+def make_verify_case(rng: random.Random, tree, *, n_reqs: int | None = None, max_prefix: int = 64,
                      layouts: bool = False) -> dict:
-    lay, alloc, _ = _mods(layer)
+    lay, alloc, _ = _mods(tree)
     n_reqs = rng.randint(0, 16) if n_reqs is None else n_reqs
     prefixes = [rng.choice((0, rng.randint(0, max_prefix), rng.randint(0, 8))) for _ in range(n_reqs)]
     need = sum(prefixes)
@@ -369,11 +369,11 @@ def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, ma
     for p in prefixes:
         chains.append(perm[at:at + p])
         at += p
-    ctx = make_context(rng, layer, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
-    written = populate(layer, ctx, chains, rng=rng)
+    ctx = make_context(rng, tree, num_slots, short_sources=rng.random() < 0.05, layouts=layouts)
+    written = populate(tree, ctx, chains, rng=rng)
     all_slots = [s for c in chains for s in c]
     for _ in range(rng.choice((0, 0, 1, 2, 4))):
-        corrupt(rng, layer, ctx, all_slots)
+        corrupt(rng, tree, ctx, all_slots)
 
     entries = []   # (slot, prev, position, expected token, owner)
     k = 0
@@ -423,9 +423,9 @@ def make_verify_case(rng: random.Random, layer, *, n_reqs: int | None = None, ma
 
 
 # -- plan -----------------------------------------------------------------------------------------------
-def make_plan_case(rng: random.Random, layer, *, n_reqs: int | None = None, max_prefix: int = 64,
+def make_plan_case(rng: random.Random, tree, *, n_reqs: int | None = None, max_prefix: int = 64,
                    max_extend: int = 32) -> dict:
-    lay, alloc, _ = _mods(layer)
+    lay, alloc, _ = _mods(tree)
     bs = rng.randint(0, 16) if n_reqs is None else n_reqs
     prefixes, extends = _layout_requests(rng, bs, max_prefix=max_prefix, max_extend=max_extend)
     req_rows = bs + 1 + rng.randint(0, 4)
@@ -485,8 +485,8 @@ class PlanCaseTally:
     def __init__(self):
         self.cases = self.lut_without_window = 0
 
-    def make(self, rng: random.Random, layer, **kw) -> dict:
-        case = make_plan_case(rng, layer, **kw)
+    def make(self, rng: random.Random, tree, **kw) -> dict:
+        case = make_plan_case(rng, tree, **kw)
         self.cases += 1
         self.lut_without_window += lut_without_window(case)
         return case
@@ -499,15 +499,15 @@ class PlanCaseTally:
                                              f"have a LUT and no window")
 
 
-def plan_stages(layer, case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
-    """A plan case of `layer` as SGLang's launch_canary_plan_kernels hands it to its two stages: the
+def plan_stages(tree, case: dict, scratch: torch.Tensor) -> tuple[dict, dict]:
+    """A plan case of `tree` as SGLang's launch_canary_plan_kernels hands it to its two stages: the
     keywords of launch_plan_offsets_kernel and of launch_plan_entries_kernel, over the case's own plan
     arrays and `scratch` (the verify offsets, at least bs + 1 int64). The mapping is the kernel
-    backends' own (the layer's kernel_abi.PLAN.args); the per-request field keywords only where
+    backends' own (the tree's kernel_abi.PLAN.args); the per-request field keywords only where
     the schema has such fields, as in the public stage signatures (docs/semantics.md §8)."""
-    from kv_canary.layer.sources import kernel_abi
+    from kv_canary.trees.sources import kernel_abi
     extra = case.get("extra_request_values") or {}
-    offsets, entries = kernel_abi(layer).PLAN.args(dict(case, extra_request_values=extra), scratch)
+    offsets, entries = kernel_abi(tree).PLAN.args(dict(case, extra_request_values=extra), scratch)
     if not extra:
         del entries["extra_request_values"], entries["out_extra_verify_expected"]
     return offsets, entries
@@ -520,7 +520,7 @@ def make_plan_scratch(rng: random.Random, case: dict) -> torch.Tensor:
 
 
 # -- scatter --------------------------------------------------------------------------------------------
-def make_scatter_case(rng: random.Random, layer, *, n_reqs: int | None = None) -> dict:
+def make_scatter_case(rng: random.Random, tree, *, n_reqs: int | None = None) -> dict:
     bs = rng.randint(0, 16) if n_reqs is None else n_reqs
     lens = [rng.randint(0, 40) for _ in range(bs)]
     rows_n = bs + 1 + rng.randint(0, 3)
@@ -612,29 +612,29 @@ def _sorted_rows(ring: torch.Tensor) -> torch.Tensor:
 
 
 class CaseLaunches:
-    """A layer's runtime, plus its public launches by name taking a case of this module (keywords of
+    """A tree's runtime, plus its public launches by name taking a case of this module (keywords of
     every schema: an input-field mapping the schema does not declare may be given empty, as the
     operation's own keywords allow) and `backend=`. Each runs the launch's operation object
     (kv_canary/launch/operations.py) as the generated api does; `<name>_torch_reference` pins torch.
     Anything else is the runtime's (backend, bind, allocators, validators)."""
 
-    def __init__(self, layer, runtime=None):
-        self.layer = layer
-        self.runtime = kv_canary.runtime_for(layer) if runtime is None else runtime
+    def __init__(self, tree, runtime=None):
+        self.tree = tree
+        self.runtime = kv_canary.runtime_for(tree) if runtime is None else runtime
 
     def __getattr__(self, name: str):
         from kv_canary.launch import operations
 
         base, pinned = (name[: -len("_torch_reference")], "torch") if name.endswith("_torch_reference") else (name, None)
-        if base not in self.layer.api.LAUNCHES:
+        if base not in self.tree.api.LAUNCHES:
             return getattr(self.runtime, name)
-        operation, runtime = operations.BY_NAME[self.layer.api.LAUNCHES[base]], self.runtime
+        operation, runtime = operations.BY_NAME[self.tree.api.LAUNCHES[base]], self.runtime
 
         def launch(backend=None, **case) -> None:
             operation.launch(runtime, pinned or backend, case)
         return launch
 
 
-def runtime_for(layer) -> CaseLaunches:
-    """`layer`'s runtime with its launches by name over cases (CaseLaunches)."""
-    return CaseLaunches(layer)
+def runtime_for(tree) -> CaseLaunches:
+    """`tree`'s runtime with its launches by name over cases (CaseLaunches)."""
+    return CaseLaunches(tree)

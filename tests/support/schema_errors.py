@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from support.layers import DEFAULT_SCHEMA
 from support.mutations import edit
+from support.trees import DEFAULT_SCHEMA
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ CASES = (
     Case("constant_python_builtin", "A constant named like a Python builtin would shadow it in the generated layout module.",
          [("constants:\n", "constants:\n  isinstance: {type: i32, value: 1, doc: \"a builtin's name\"}\n")],
          ("11:3: error: constant 'isinstance' would shadow the Python builtin isinstance in the generated layout module; rename it",)),
-    Case("module_name_constant", "A constant named like a module of the generated package (`layer.api`) would hide that module.",
+    Case("module_name_constant", "A constant named like a module of the generated package (`tree.api`) would hide that module.",
          [("constants:\n", "constants:\n  api: {type: i32, value: 1}\n")],
          ("11:3: error: constant name 'api' is reserved by the generated code",)),
     Case("forged_diagnostic_line", "A key whose newline would forge a diagnostic line of its own: echoed escaped.",

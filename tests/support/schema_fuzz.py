@@ -417,33 +417,33 @@ def build_and_run(out: Path, files, seeds: int, *, nvrtc_compile: bool = True) -
     from kv_canary.codegen.writer import write_tree
 
     import kv_canary
-    from kv_canary.layer import nvrtc
-    from kv_canary.layer.sources import kernel_abi, read_source
+    from kv_canary.trees import nvrtc
+    from kv_canary.trees.sources import kernel_abi, read_source
     from support import kernel_diff, scenarios
 
     write_tree(out, files)
-    layer = kv_canary.load_generated(out, f"kv_canary_fuzz_{out.name}_{id(files):x}")
+    tree = kv_canary.load_generated(out, f"kv_canary_fuzz_{out.name}_{id(files):x}")
     for module in sorted(p.stem for p in out.glob("*.py") if p.stem != "__init__"):  # every generated module
-        importlib.import_module(f"{layer.__name__}.{module}")
-    scenarios.runtime_for(layer).backend("emulated")  # g++ builds the emulation library
-    abi = kernel_abi(layer)
+        importlib.import_module(f"{tree.__name__}.{module}")
+    scenarios.runtime_for(tree).backend("emulated")   # g++ builds the emulation library
+    abi = kernel_abi(tree)
     try:
         importlib.import_module("cupy_backends.cuda.libs.nvrtc")
     except ImportError:
         nvrtc_compile = False
     if nvrtc_compile:
-        headers = {"kv_canary_layout.cuh": read_source(layer, abi.HEADER)}
+        headers = {"kv_canary_layout.cuh": read_source(tree, abi.HEADER)}
         for kernel in abi.KERNELS.values():
-            nvrtc.compile_source(read_source(layer, kernel.source), kernel.source, headers, arch=90)
+            nvrtc.compile_source(read_source(tree, kernel.source), kernel.source, headers, arch=90)
     for kind, make, ordered in KINDS:
         for seed in range(seeds):
-            case = getattr(scenarios, make)(random.Random(seed), layer)
-            kernel_diff.compare(layer, kind, case, "emulated", ordered=ordered)
-    check_partial_limit(layer, seeds)
-    check_refusals(layer)
+            case = getattr(scenarios, make)(random.Random(seed), tree)
+            kernel_diff.compare(tree, kind, case, "emulated", ordered=ordered)
+    check_partial_limit(tree, seeds)
+    check_refusals(tree)
 
 
-def check_partial_limit(layer, seeds: int) -> None:
+def check_partial_limit(tree, seeds: int) -> None:
     """PARTIAL at the tree's REAL_KV_PARTIAL_READ_BYTES: sources of exactly that many bytes per slot
     (the last slot's read ends at its tensor's last byte) run alike on the reference and the emulated
     kernels; a source with 16 fewer is refused before any launch, on both (issue 32)."""
@@ -454,11 +454,11 @@ def check_partial_limit(layer, seeds: int) -> None:
 
     from support import kernel_diff, scenarios
 
-    lay = layer.layout
+    lay = tree.layout
     partial, align, mode = lay.REAL_KV_PARTIAL_READ_BYTES, lay.REAL_KV_LOAD_ALIGN_BYTES, lay.RealKvHashMode.PARTIAL
-    alloc = scenarios.runtime_for(layer).allocators
+    alloc = scenarios.runtime_for(tree).allocators
     for seed in range(seeds):
-        case = scenarios.make_write_case(random.Random(seed), layer)
+        case = scenarios.make_write_case(random.Random(seed), tree)
         slots = int(case["context"].canary_buf.shape[0])
 
         def source(nbpt: int, page: int = 1):
@@ -467,7 +467,7 @@ def check_partial_limit(layer, seeds: int) -> None:
             return alloc.RealKvSource(tensor=data, page_size=page, num_bytes_per_token=nbpt, read_bytes=align)
         if partial <= scenarios.PARTIAL_SLOT_CAP:
             at_limit = (source(partial), source(partial, page=4))
-            kernel_diff.compare(layer, "write", dict(case, context=dataclasses.replace(
+            kernel_diff.compare(tree, "write", dict(case, context=dataclasses.replace(
                 case["context"], real_kv_sources=at_limit, real_kv_hash_mode=mode)), "emulated", ordered=True)
         if partial > align:
             short = dict(case, context=dataclasses.replace(case["context"], real_kv_sources=(source(partial - align),),
@@ -475,19 +475,19 @@ def check_partial_limit(layer, seeds: int) -> None:
             refusal = lay.MESSAGE_PREFIX + lay.MESSAGES["real_kv_partial"].format(i=0, n=partial - align)
             for backend in ("torch", "emulated", "cpu"):
                 with pytest.raises(ValueError) as exc:
-                    scenarios.runtime_for(layer).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
+                    scenarios.runtime_for(tree).launch_canary_write_kernel(**scenarios.clone_case(short), backend=backend)
                 assert str(exc.value) == refusal
 
 
-def check_refusals(layer) -> None:
-    """What every layer refuses, whatever its schema (issue 32): a size helper given a size its
+def check_refusals(tree) -> None:
+    """What every tree refuses, whatever its schema (issue 32): a size helper given a size its
     allocator refuses, and a launch whose outputs share memory (the ring moved into the canary
     records after its context was built), on both host backends, before anything is written."""
     import torch
 
     from support import scenarios
 
-    alloc, prefix = layer.allocators, layer.layout.MESSAGE_PREFIX
+    alloc, prefix = tree.allocators, tree.layout.MESSAGE_PREFIX
     for helper in (alloc.canary_buf_bytes, alloc.violation_ring_bytes):
         for bad, exc in ((-1, ValueError), ("8", TypeError), (None, TypeError), (2**70, ValueError)):
             try:
@@ -496,9 +496,9 @@ def check_refusals(layer) -> None:
                 assert str(e).startswith(prefix), (helper.__name__, bad, e)
             else:
                 raise AssertionError(f"{helper.__name__}({bad!r}) was accepted")
-    runtime = scenarios.runtime_for(layer)
+    runtime = scenarios.runtime_for(tree)
     for backend in ("torch", "emulated", "cpu"):
-        case = scenarios.make_write_case(random.Random(0), layer, n_reqs=1)
+        case = scenarios.make_write_case(random.Random(0), tree, n_reqs=1)
         ctx = case["context"]
         row = ctx.violation_ring.shape[1]
         ctx.violation_ring.set_(ctx.canary_buf.untyped_storage(), 0, (1, row), (row, 1))

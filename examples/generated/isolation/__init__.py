@@ -3,15 +3,15 @@
 # schema-sha256: d7487ad5f2a56021ed0f7dc1ae7a4ca155838bbe161cbd377efd721cabf1bb69
 # generator-sha256: not-recorded
 # generation-id: fd01e80b5ddf2608
-# body-sha256: 792a64bf07a832a80fb572641afc031e18a7b803223836c5884a6dd8f5b920dc
-"""The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
+# body-sha256: 7d67675c24689906e44430f8789b7d7811d861bd70f9141c3bc1e546d4c6f01a
+"""A generated tree of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
 with `kv_canary.load_generated(path)` or imported as a package of its own (`import myengine._canary`);
 either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
-first launch. The layer imports nothing from kv_canary before that: the layout
+first launch. The tree imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
-`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this layer, also
+`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this tree, also
 `from <package>.allocators import ...`) load on first access; `validators` is the runtime's.
 """
 # This file holds the tree's generation identity (the header's schema and generator hashes, and
@@ -23,11 +23,11 @@ GENERATION_ID = "fd01e80b5ddf2608"
 REGENERATE_COMMAND = 'make generate'
 # The sha256 of every other file of the tree (its text, header included). Each generated module checks
 # its own on import (_check_generated_file) and the runtime checks each CUDA/C++ source before it
-# compiles it (kv_canary.layer.sources), so a tree that an interrupted or concurrent generator run
+# compiles it (kv_canary.trees.sources), so a tree that an interrupted or concurrent generator run
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "393876e87722ac9dbc1d4ac42e15fb12f0807a86342355577592735768f8f49f",
-    "allocators.py": "828c7cb668c412416b5a23567818cfd59eb1d502d20d0dbc5d73eb155aa806ac",
+    "allocators.py": "69e516020a318c16f05f82193c77770387af273fd275d2757d47dbbf75d55437",
     "api.py": "582eed2c00b05287453d1d25be6e1cc60218732211292bb0cdd281a8aefba81e",
     "cpu/kv_canary_cpu.cpp": "cb21122891fda2db09ed2d8d09a02474794f0d60cf8a8e493c9d5a3b020f41b5",
     "cuda/canary_plan_entries.cu": "abfaa2d5b8738d47107c31c2658ab87f8847fcc6b081e0f7779e6ed29f572676",
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_scatter_req_token_ids.cu": "002f97b4983d6bfee5c8372e4eec7d15bd404422d9334481ce804265a412667c",
     "cuda/canary_verify.cu": "bb28b4724f450074e6eef46c30a3dd9ea2b9f4f110e15a109c7cfd27f8e90207",
     "cuda/canary_write.cu": "d57f72a5e89bd8049e5cba68199308103a6226d702c738eba959a7100d4873c9",
-    "cuda/kv_canary_layout.cuh": "3975387f59067c1e0dd24881c00d9337d731f3234faeb14944c3e6b10a0c73b4",
+    "cuda/kv_canary_layout.cuh": "2b75307e0015a53fe74eeda9f6a029d6077c9282446d5e6635d4a0b4b71a1332",
     "emulation/kv_canary_launchers.cpp": "4a35adee7c1289e0995326aa4003726f50de191b147e8c36f18a61b5b2c38e60",
     "kernel_abi.py": "50195fdf09e049c80165520fee9f0ed003a368ee7399b0741274a6f6eaef48ba",
     "layout.py": "28fa0503cd6edacb496076fde2bb3beff8a242d2ceaa8f83207312748987c89d",
@@ -69,7 +69,7 @@ _runtime_instance = None
 
 
 def _runtime():
-    """The runtime that validates and dispatches this layer's launches (created on first use)."""
+    """The runtime that validates and dispatches this tree's launches (created on first use)."""
     global _runtime_instance
     if _runtime_instance is None:
         import sys
@@ -77,7 +77,7 @@ def _runtime():
         try:
             import kv_canary
         except ImportError as exc:
-            raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
+            raise ImportError(f"kv-canary: the generated tree {__name__} launches through the kv-canary "
                               f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
         _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
     return _runtime_instance

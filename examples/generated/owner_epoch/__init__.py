@@ -3,15 +3,15 @@
 # schema-sha256: 4eff884a3f96ed65a4305ac7356318191a7d8834f3f866c35a70629766a9771b
 # generator-sha256: not-recorded
 # generation-id: 961462d924ecf170
-# body-sha256: f5a0ca5a7275cccc16bef97093a0d4a9f6a0bbe9685f43e352cd102fc7041a3c
-"""The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
+# body-sha256: 37fa6aa2cb10745dd66b48446a097dcce008dfec266c4557815fb377ef1e3c2b
+"""A generated tree of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
 with `kv_canary.load_generated(path)` or imported as a package of its own (`import myengine._canary`);
 either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
-first launch. The layer imports nothing from kv_canary before that: the layout
+first launch. The tree imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
-`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this layer, also
+`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this tree, also
 `from <package>.allocators import ...`) load on first access; `validators` is the runtime's.
 """
 # This file holds the tree's generation identity (the header's schema and generator hashes, and
@@ -23,11 +23,11 @@ GENERATION_ID = "961462d924ecf170"
 REGENERATE_COMMAND = 'make generate'
 # The sha256 of every other file of the tree (its text, header included). Each generated module checks
 # its own on import (_check_generated_file) and the runtime checks each CUDA/C++ source before it
-# compiles it (kv_canary.layer.sources), so a tree that an interrupted or concurrent generator run
+# compiles it (kv_canary.trees.sources), so a tree that an interrupted or concurrent generator run
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "9609cd38c559adad48fe3975ff7bc9ac2194cb8efca7a822ef6cc2436db834b8",
-    "allocators.py": "76975e7de71a9dd5c5f8de1fc4dd64ecee45bf2ea7cf57a2c44d83385ce683a8",
+    "allocators.py": "6b904b36ed83468ba5c873e3548e0f47e6b5a1bd1296f5000a662f0ab39d5262",
     "api.py": "68f0102ebebe3e10db2ba4354f9591f2e2082b82997f70892f07744998d5943a",
     "cpu/kv_canary_cpu.cpp": "31187e09ca091c641ab32d0fee53ad48c0d08004b0ac758e5909ce4f4970f460",
     "cuda/canary_plan_entries.cu": "36888ce6dcd5f10e2ec5534ba2b708a02b542bcd95a8363d5fce86d7c33a7fe3",
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_scatter_req_token_ids.cu": "9ba6bf132368fb186b9f6b3073f6713a449c2b121579ac8f846f0b8dacf6eef1",
     "cuda/canary_verify.cu": "5853ad78516bb7cc3ae3639345de5d66ddfeccdef2e7a6509c39ebcac6494837",
     "cuda/canary_write.cu": "39ffc700091141fbc70fe56618cd2b595f0ca612fd9f702c8888876985b5a9a9",
-    "cuda/kv_canary_layout.cuh": "3981d037d6eb5733a884283446fd493ce794d5aa6c6cd262a10760ff1930c53c",
+    "cuda/kv_canary_layout.cuh": "16a790c9d31c6acf77a6469978fd095a12685d3d7295ee1b274bf8feac720f6b",
     "emulation/kv_canary_launchers.cpp": "ac25237df2472fe696f2c50d54c479c5b265c3d438ef52caa11e0c47e1b0db85",
     "kernel_abi.py": "1ee68c84b1bdf84539522edc676287208ed666055b0e043ed4534f3fd77c88d3",
     "layout.py": "f82e318f4b850e8d6e857f3f2dcdce14987334bda29707c332ffcb70d92463ff",
@@ -69,7 +69,7 @@ _runtime_instance = None
 
 
 def _runtime():
-    """The runtime that validates and dispatches this layer's launches (created on first use)."""
+    """The runtime that validates and dispatches this tree's launches (created on first use)."""
     global _runtime_instance
     if _runtime_instance is None:
         import sys
@@ -77,7 +77,7 @@ def _runtime():
         try:
             import kv_canary
         except ImportError as exc:
-            raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
+            raise ImportError(f"kv-canary: the generated tree {__name__} launches through the kv-canary "
                               f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
         _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
     return _runtime_instance

@@ -3,15 +3,15 @@
 # schema-sha256: 8da5eeda1cee034fdd890f35115c30e220697fe3a43ca0ae154d1ce16b4d9d5f
 # generator-sha256: not-recorded
 # generation-id: 596aecf436368199
-# body-sha256: 0fb7a0f42b21a61ac35d11a88085a6814e1fbecd0c819fcd0ebb5eda123c067d
-"""The generated Python layer of kv-canary: layout tables, torch reference, kernel ABI and launch API.
+# body-sha256: a6cf5750179dce95e58c00820dc6d7dcdb84ddf46eed299d26acd4f4f2148e08
+"""A generated tree of kv-canary: layout tables, torch reference, kernel ABI and launch API.
 
 Import it as `kv_canary.generated`; a tree generated elsewhere (e.g. from another schema) is loaded
 with `kv_canary.load_generated(path)` or imported as a package of its own (`import myengine._canary`);
 either way it takes its runtime (validation, backends, allocators) from kv_canary.runtime_for on its
-first launch. The layer imports nothing from kv_canary before that: the layout
+first launch. The tree imports nothing from kv_canary before that: the layout
 tables need neither kv_canary nor torch. Only the torch-free layout loads eagerly;
-`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this layer, also
+`api`, `reference`, `kernel_abi` and `allocators` (the runtime's allocators for this tree, also
 `from <package>.allocators import ...`) load on first access; `validators` is the runtime's.
 """
 # This file holds the tree's generation identity (the header's schema and generator hashes, and
@@ -23,11 +23,11 @@ GENERATION_ID = "596aecf436368199"
 REGENERATE_COMMAND = 'make generate'
 # The sha256 of every other file of the tree (its text, header included). Each generated module checks
 # its own on import (_check_generated_file) and the runtime checks each CUDA/C++ source before it
-# compiles it (kv_canary.layer.sources), so a tree that an interrupted or concurrent generator run
+# compiles it (kv_canary.trees.sources), so a tree that an interrupted or concurrent generator run
 # left part old, part new (or a hand edit) does not load. Defined before any module is imported.
 FILE_SHA256 = {
     "LAYOUT.md": "fd485bb711cab440d4e72d4d93d3b08ccbf30926159ec6337f9f9f3908fce023",
-    "allocators.py": "97b7fe74bd665ea71c6b37b83fd4d9489957ce6e462b3c289de46436955a24d0",
+    "allocators.py": "366e2e5ed764d4b7e938a5f1411bc5b991cc6ff54c666c47416bb3aa0999d2af",
     "api.py": "3ed3e7af7609f72aa07d38ee8ec88a2fd67ea7b27a9e865fc58d7470fb010da7",
     "cpu/kv_canary_cpu.cpp": "a44de8377e188af71eabf6dfb9851e96ec48100d648f50d2bd147440bedbbcaa",
     "cuda/canary_plan_entries.cu": "e917e969d36d8720c420fb289d00a063a9f526585af95af0f56e48a3d733b4c1",
@@ -35,7 +35,7 @@ FILE_SHA256 = {
     "cuda/canary_scatter_req_token_ids.cu": "b9a119f3c4a27203b87ab4565ab470e6dd03f6da2e56070fb68a4bb790822f46",
     "cuda/canary_verify.cu": "300c280b803f0add4e242ca1216a7b32f76afd5baee8d7a4e1a25a0bba7c9b6a",
     "cuda/canary_write.cu": "b9c52246e473b8d6e48dc28d986be4a76f80661e40c67804f6f743166238ac8a",
-    "cuda/kv_canary_layout.cuh": "083d65d32c77cc5913fa10ffe031a149aa88a0d73737c1c03578c4d987e7a4f7",
+    "cuda/kv_canary_layout.cuh": "6a97921f951ea7a539809edd00d5e1e4969251c0523dff11d37af6067fa9fa66",
     "emulation/kv_canary_launchers.cpp": "c3d17ddcf6513731554a4bd30a188d195c44238a395d6e0559ce51104d323ef7",
     "kernel_abi.py": "012745c073f57ebb021ee80b1df750570695dec33b2304ee1a282743ba13c9c6",
     "layout.py": "4ce1ef18a37e3170ed686afc358258655441a81f699b800fda58c1816c168939",
@@ -69,7 +69,7 @@ _runtime_instance = None
 
 
 def _runtime():
-    """The runtime that validates and dispatches this layer's launches (created on first use)."""
+    """The runtime that validates and dispatches this tree's launches (created on first use)."""
     global _runtime_instance
     if _runtime_instance is None:
         import sys
@@ -77,7 +77,7 @@ def _runtime():
         try:
             import kv_canary
         except ImportError as exc:
-            raise ImportError(f"kv-canary: the generated layer {__name__} launches through the kv-canary "
+            raise ImportError(f"kv-canary: the generated tree {__name__} launches through the kv-canary "
                               f"runtime, which is not installed (pip install kv-canary): {exc}") from exc
         _runtime_instance = kv_canary.runtime_for(sys.modules[__name__])
     return _runtime_instance

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...layer.loader import default_layer
+from ...trees.loader import default_tree
 
 # Real-KV rows are read with aligned vector loads (RealKvSource checks it): bytes per token follow.
-_ALIGN = default_layer().layout.REAL_KV_LOAD_ALIGN_BYTES
+_ALIGN = default_tree().layout.REAL_KV_LOAD_ALIGN_BYTES
 
 
 @dataclass(frozen=True)

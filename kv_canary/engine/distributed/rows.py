@@ -1,7 +1,7 @@
 """What one rank puts into a fleet exchange (its row), and what the reduced rows say. A row has a
 decision part (what the rank saw since its previous exchange: new rows, new rows per fail reason, a
 failed health check and its stalled tags) and a stats part (its cumulative counters, every N
-steps); its columns come from the layer's layout tables, never from names. Every value is >= 0.
+steps); its columns come from the tree's layout tables, never from names. Every value is >= 0.
 """
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ class FleetStats:
 
 
 class FleetRows:
-    """The column layout of a rank's row for one generated layer (`layout`)."""
+    """The column layout of a rank's row for one generated tree (`layout`)."""
 
     def __init__(self, layout):
         self.tags = tuple(t.name for t in layout.CanaryLaunchTag)

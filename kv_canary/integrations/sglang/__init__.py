@@ -4,7 +4,7 @@ kernels.
 SGLang (0.5.23) loads every entry point of the group `sglang.srt.plugins` in each of its processes
 (`sglang.srt.plugins.load_plugins()`); kv-canary's is `load` below. It does nothing unless
 `KV_CANARY_SGLANG=1` is set, so installing kv-canary never changes an SGLang server by itself. When
-set, it checks the SGLang version and the generated layer, replaces SGLang's four canary launchers
+set, it checks the SGLang version and the generated tree, replaces SGLang's four canary launchers
 (and its `use_torch_reference`, so that SGLang's CUDA-graph guard asks the launchers that run)
 through SGLang's `HookRegistry` (`HookType.REPLACE`), and logs one line. With
 `KV_CANARY_SGLANG_METRICS_PORT` set, each canary manager's counters are served for Prometheus on
@@ -46,7 +46,7 @@ def load() -> None:
     from . import compat, hooks
 
     version = compat.check_sglang_version()
-    layout = compat.check_layer()
+    layout = compat.check_tree()
     port = compat.metrics_port(os.environ[ENV_METRICS_PORT]) if os.environ.get(ENV_METRICS_PORT) else None
     if port is not None:
         try:             # prometheus_client missing: refuse now, before any launcher is replaced

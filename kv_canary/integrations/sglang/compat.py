@@ -1,4 +1,4 @@
-"""What the plugin refuses: an SGLang it was not tested against, a layer whose bytes are not SGLang's."""
+"""What the plugin refuses: an SGLang it was not tested against, a tree whose bytes are not SGLang's."""
 from __future__ import annotations
 
 # The SGLang releases whose canary runtime the plugin was checked against (tests/integrations/sglang).
@@ -23,13 +23,13 @@ def check_sglang_version(found: str | None = None) -> str:
 
 
 def layout_differences(layout, sglang_consts, sglang_tags) -> list[str]:
-    """Where `layout` (a generated layer's layout tables) is not byte-compatible with SGLang's records."""
+    """Where `layout` (a generated tree's layout tables) is not byte-compatible with SGLang's records."""
     diffs = []
     ours = lambda name: getattr(layout, name, None)  # noqa: E731  (another schema may lack a name)
 
     def same(what, ours, theirs):
         if ours != theirs:
-            diffs.append(f"{what}: layer {ours!r}, SGLang {theirs!r}")
+            diffs.append(f"{what}: tree {ours!r}, SGLang {theirs!r}")
     same("record bytes (CANARY_RECORD_BYTES)", ours("CANARY_RECORD_BYTES"), sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
     same("slot stride (slot_stride_bytes)", ours("CANARY_SLOT_STRIDE_BYTES"), sglang_consts.CANARY_FIELDS_PER_SLOT * 8)
     for role, theirs in (("TOKEN", "TOKEN"), ("POSITION", "POSITION"), ("CHAIN_LINK", "PREV_HASH"),
@@ -74,8 +74,8 @@ def data_class_differences(ours, theirs) -> list[str]:
     return diffs
 
 
-def check_layer(layout=None):
-    """The layer whose launchers replace SGLang's (the default, kv_canary.generated) must write SGLang's bytes."""
+def check_tree(layout=None):
+    """The tree whose launchers replace SGLang's (the default, kv_canary.generated) must write SGLang's bytes."""
     from sglang.kernels.ops.kv_canary import consts
     from sglang.kernels.ops.kv_canary.verify import CanaryLaunchTag
 
@@ -89,7 +89,7 @@ def check_layer(layout=None):
                   for name, module in _DATA_CLASSES.items()}
         diffs += data_class_differences({name: getattr(kv_canary, name) for name in _DATA_CLASSES}, theirs)
     if diffs:
-        raise ValueError("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte canary "
+        raise ValueError("kv-canary: the generated tree is not byte-compatible with SGLang's 32-byte canary "
                          "records, so SGLang's runtime cannot run on it: " + "; ".join(diffs)
                          + ". Restore SGLang's layout in kernels.yaml (then make generate) or unset KV_CANARY_SGLANG")
     return layout

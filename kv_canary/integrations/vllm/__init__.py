@@ -13,7 +13,7 @@ plugin, add `"kv_connector_module_path": "kv_canary.integrations.vllm.connector"
 of MultiConnector's connectors, beside a connector that moves KV. The scheduler side ships each
 step's request knowledge to the worker (StepMeta); the worker runs a CanaryManager: HEAD before the
 forward, TAIL after it, the sweep over the prefix cache's blocks, the drain. The options are
-`kv_connector_extra_config`'s keys (options.Options); `layer` and `request_inputs` run a schema of
+`kv_connector_extra_config`'s keys (options.Options); `tree` and `request_inputs` run a schema of
 your own (a package `kv-canary generate` made) and fill its per-request input fields (inputs.py). Refused at start-up, with the reason: a vLLM
 outside TESTED_VERSIONS, asynchronous scheduling, speculative decoding, tensor or pipeline
 parallelism, more than one KV cache group (hybrid models), sliding-window or MLA attention, a

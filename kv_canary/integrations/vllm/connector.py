@@ -65,7 +65,7 @@ class KvCanaryConnector(KVConnectorBase_V1, SupportsHMA):
                              + " (or set kv_connector_extra_config {'mode': 'none'})")
         # The schema (the user's generated package or the default) and what fills its request_input
         # fields: refused here, in both roles, when the connector cannot fill it.
-        self.schema = resolve(self.options.layer, self.options.request_inputs)
+        self.schema = resolve(self.options.tree, self.options.request_inputs)
         group = kv_cache_config.kv_cache_groups[0]
         block_size = int(group.kv_cache_spec.block_size)
         if role == KVConnectorRole.SCHEDULER:
@@ -187,4 +187,4 @@ class KvCanaryConnector(KVConnectorBase_V1, SupportsHMA):
 
 
 def _schema(manager) -> str:
-    return getattr(manager.layer, "__name__", "kv_canary.generated")
+    return getattr(manager.tree, "__name__", "kv_canary.generated")

@@ -1,8 +1,8 @@
-"""The connector's schema: which generated layer it runs (`layer`) and where the values of the layer's
+"""The connector's schema: which generated tree it runs (`tree`) and where the values of the tree's
 `request_input` fields come from (`request_inputs`), both from kv_connector_extra_config, checked at
 start-up in both of the connector's roles (a schema it cannot fill is refused there, naming the field).
 
-- `layer`: the generated package `kv-canary init` + `kv-canary generate` made in the engine's
+- `tree`: the generated package `kv-canary init` + `kv-canary generate` made in the engine's
   repository, by its import name (`"myengine._canary"`: importable in vLLM's processes) or by its
   directory; absent: kv-canary's own default tree.
 - `request_inputs`: `"vllm_namespace"` (the schema's `cache_namespace` field, isolation.yaml's: the
@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any, Optional
 
 from ...engine.request_inputs import NAMESPACE_FIELD, namespace_inputs, vllm_request_namespace
-from ...layer.loader import default_layer, load_generated
+from ...trees.loader import default_tree, load_generated
 
 WHERE = "kv_connector_extra_config"
 VLLM_NAMESPACE = "vllm_namespace"
@@ -33,36 +33,36 @@ SERVED = ("request_id", "allocation_epoch")
 
 @dataclass(frozen=True)
 class Schema:
-    """What the connector runs: the layer, its request_input fields and the function that fills them."""
-    layer: ModuleType
-    fields: tuple                          # the layer's request_input field names, in schema order
+    """What the connector runs: the tree, its request_input fields and the function that fills them."""
+    tree: ModuleType
+    fields: tuple                          # the tree's request_input field names, in schema order
     request_inputs: Optional[Callable]     # None when `fields` is empty
 
     @property
     def name(self) -> str:
-        return getattr(self.layer, "__name__", "kv_canary.generated")
+        return getattr(self.tree, "__name__", "kv_canary.generated")
 
 
-def load_layer(spec: Optional[str]) -> ModuleType:
-    """The generated layer named by `layer` (an import name or a directory); the default one for None."""
+def load_tree(spec: Optional[str]) -> ModuleType:
+    """The generated tree named by `tree` (an import name or a directory); the default one for None."""
     if spec is None:
-        return default_layer()
+        return default_tree()
     if not isinstance(spec, str) or not spec:
-        raise ValueError(f"kv-canary: {WHERE}['layer'] must name a generated package (its import name, e.g. "
+        raise ValueError(f"kv-canary: {WHERE}['tree'] must name a generated package (its import name, e.g. "
                          f"'myengine._canary', or its directory), got {spec!r}")
     try:
         if "/" in spec or Path(spec).is_dir():
-            layer = load_generated(spec)
+            tree = load_generated(spec)
         else:
-            layer = importlib.import_module(spec)
+            tree = importlib.import_module(spec)
     except Exception as e:
-        raise ValueError(f"kv-canary: {WHERE}['layer'] = {spec!r} cannot be loaded ({type(e).__name__}: {e}); "
+        raise ValueError(f"kv-canary: {WHERE}['tree'] = {spec!r} cannot be loaded ({type(e).__name__}: {e}); "
                          f"expected the package `kv-canary generate` wrote (its directory, or its import name "
                          f"with its repository on the engine processes' sys.path / PYTHONPATH)") from e
-    if not hasattr(getattr(layer, "layout", None), "INPUT_FIELDS") or not hasattr(layer, "GENERATION_ID"):
-        raise ValueError(f"kv-canary: {WHERE}['layer'] = {spec!r} is not a generated kv-canary package (no layout "
+    if not hasattr(getattr(tree, "layout", None), "INPUT_FIELDS") or not hasattr(tree, "GENERATION_ID"):
+        raise ValueError(f"kv-canary: {WHERE}['tree'] = {spec!r} is not a generated kv-canary package (no layout "
                          f"tables, no GENERATION_ID): expected the package `kv-canary generate` wrote")
-    return layer
+    return tree
 
 
 def load_function(spec: Optional[str]) -> Optional[Callable]:
@@ -87,13 +87,13 @@ def load_function(spec: Optional[str]) -> Optional[Callable]:
     return fn
 
 
-def resolve(layer_spec: Optional[str], inputs_spec: Optional[str]) -> Schema:
+def resolve(tree_spec: Optional[str], inputs_spec: Optional[str]) -> Schema:
     """The connector's schema, or a ValueError naming each input field it cannot fill (all at once)."""
-    layer = load_layer(layer_spec)
+    tree = load_tree(tree_spec)
     fn = load_function(inputs_spec)
-    where = f"{WHERE}['layer'] = {layer_spec!r}" if layer_spec is not None else "kv-canary's default schema"
+    where = f"{WHERE}['tree'] = {tree_spec!r}" if tree_spec is not None else "kv-canary's default schema"
     problems, fields = [], []
-    for f in layer.layout.INPUT_FIELDS:
+    for f in tree.layout.INPUT_FIELDS:
         if f.source == "request_input":
             fields.append(f.name)
             if fn is None:
@@ -107,4 +107,4 @@ def resolve(layer_spec: Optional[str], inputs_spec: Optional[str]) -> Schema:
                             f"(it serves {', '.join(SERVED)} and request_input)")
     if problems:
         raise ValueError(f"kv-canary: cannot fill the schema of {where}: " + "; ".join(problems))
-    return Schema(layer, tuple(fields), fn if fields else None)
+    return Schema(tree, tuple(fields), fn if fields else None)

@@ -1,6 +1,7 @@
 """The connector's options: `kv_connector_extra_config` of the KVTransferConfig, checked at start-up."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -20,12 +21,18 @@ class Options:
     metrics_port: Optional[int] = None  # serve Prometheus /metrics on 127.0.0.1:PORT from the worker (0: any free port)
     max_requests: Optional[int] = None  # requests holding KV at once (default: twice max_num_seqs)
     allow_untested_vllm: bool = False   # run on a vLLM outside TESTED_VERSIONS (at your own risk)
-    layer: Optional[str] = None         # the generated package to run (import name or directory; inputs.py)
+    tree: Optional[str] = None          # the generated package to run (import name or directory; inputs.py)
     request_inputs: Optional[str] = None  # "vllm_namespace" or "module:function": request_input values (inputs.py)
 
     @classmethod
     def parse(cls, extra: Optional[dict]) -> "Options":
         extra = dict(extra or {})
+        if "layer" in extra:  # the key `tree` under its former name, kept for existing configs
+            if "tree" in extra:
+                raise ValueError("kv-canary: kv_connector_extra_config has both 'tree' and 'layer', its former name; keep 'tree' (the generated package to run)")
+            warnings.warn("kv-canary: kv_connector_extra_config['layer'] is the former name of ['tree'] (the generated "  # former name
+                          "package to run); rename the key to 'tree'", DeprecationWarning, stacklevel=2)
+            extra["tree"] = extra.pop("layer")  # former name
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(extra) - known)
         if unknown:

@@ -34,7 +34,7 @@ class WorkerCanary:
     def __init__(self, options: Options, *, block_size: int, max_running: int, max_ctx: int, layer_names: list,
                  schema: Optional[Schema] = None):
         self.options = options
-        self.schema = schema if schema is not None else resolve(options.layer, options.request_inputs)
+        self.schema = schema if schema is not None else resolve(options.tree, options.request_inputs)
         self.block_size = block_size
         self.max_running = max_running
         self.max_ctx = max_ctx
@@ -102,7 +102,7 @@ class WorkerCanary:
                                  input_fields=self.schema.fields)
         # The request_input values came from the scheduler side with the request's admission.
         reads = (lambda request: request.inputs) if self.schema.fields else None
-        self.manager = CanaryManager(layer=self.schema.layer, request_inputs=reads, **self.options.manager_options())
+        self.manager = CanaryManager(tree=self.schema.tree, request_inputs=reads, **self.options.manager_options())
         with warnings.catch_warnings():
             warnings.simplefilter("always", CanaryCoverageWarning)
             self.manager.attach(self.engine)

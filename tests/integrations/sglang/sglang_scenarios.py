@@ -559,17 +559,17 @@ def break_write() -> None:
     hooks.REPLACEMENTS["write"] = broken
 
 
-def layer_checks() -> dict:
-    """The plugin's layer check on the default layer and on every example schema's layer."""
-    from kv_canary import generate_layer
+def tree_checks() -> dict:
+    """The plugin's tree check on the default tree and on every example schema's tree."""
+    from kv_canary import generate_tree
     from kv_canary.integrations.sglang import compat
-    from kv_canary.layer import schemas as layers
+    from kv_canary.trees import schemas as trees
 
     out = {}
-    schemas = sorted(layers.SCHEMAS_DIR.glob("*.yaml"))
-    for name, layer in [("default", None)] + [(p.stem, generate_layer(p)) for p in schemas]:
+    schemas = sorted(trees.SCHEMAS_DIR.glob("*.yaml"))
+    for name, tree in [("default", None)] + [(p.stem, generate_tree(p)) for p in schemas]:
         try:
-            compat.check_layer(None if layer is None else layer.layout)
+            compat.check_tree(None if tree is None else tree.layout)
             out[name] = "accepted"
         except ValueError as exc:
             out[name] = str(exc)
@@ -655,7 +655,7 @@ def main(argv=None) -> int:
     BROKEN["on"] = True
     out["broken"] = {name: run_scenario(name, scrape_metrics=False) for name in filter(None, args.broken.split(","))}
     if args.provider == "plugin":
-        out["layer_checks"] = layer_checks()
+        out["tree_checks"] = tree_checks()
     Path(args.out).write_text(json.dumps(out))
     return 0
 

@@ -261,13 +261,13 @@ def test_the_plugin_writes_every_violation_as_a_json_line(runs, scenario):
         assert lines and {"verify_real_kv_hash"} <= {r for o in lines for r in o["fail_reasons"]}
 
 
-def test_the_plugin_refuses_a_layer_that_is_not_sglangs_bytes(runs):
-    checks = runs["plugin"]["layer_checks"]
+def test_the_plugin_refuses_a_tree_that_is_not_sglangs_bytes(runs):
+    checks = runs["plugin"]["tree_checks"]
     assert checks["default"] == "accepted"
     for name in ("wide_stride", "owner_epoch"):
-        assert checks[name].startswith("kv-canary: the generated layer is not byte-compatible with SGLang's 32-byte "
+        assert checks[name].startswith("kv-canary: the generated tree is not byte-compatible with SGLang's 32-byte "
                                        "canary records, so SGLang's runtime cannot run on it: record bytes"), name
-    assert "input fields (docs/semantics.md §8): layer ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
+    assert "input fields (docs/semantics.md §8): tree ('request_id', 'epoch'), SGLang ()" in checks["owner_epoch"]
 
 
 def test_the_plugin_refuses_sglang_data_classes_without_kv_canarys_fields():

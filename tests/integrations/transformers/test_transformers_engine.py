@@ -156,8 +156,8 @@ def test_a_persistent_manager_is_guarded_across_sessions_and_detach_removes_ever
 
 
 def _isolation_manager(**kwargs):
-    from kv_canary.demo.faults import example_layer
-    return CanaryManager(layer=example_layer("isolation"), mode="log", backend="torch", **kwargs)
+    from kv_canary.demo.faults import example_tree
+    return CanaryManager(tree=example_tree("isolation"), mode="log", backend="torch", **kwargs)
 
 
 def test_a_schema_with_a_request_input_field_is_refused_at_attach_without_its_function():

@@ -1,5 +1,5 @@
 """Prefix-cache isolation inside real vLLM (kv_canary/schemas/isolation.yaml through the connector's
-`layer` and `request_inputs` options): vLLM's own prefix-cache keying (kv_cache_utils.
+`tree` and `request_inputs` options): vLLM's own prefix-cache keying (kv_cache_utils.
 generate_block_hash_extra_keys) is made to drop the LoRA and cache-salt keys, so a request of another
 tenant (cache_salt) or LoRA adapter (tiny local PEFT adapters) reuses the first request's cached prompt
 blocks. The isolation schema reports exactly those blocks at the reader's first verify with
@@ -18,7 +18,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed in this venv: `make te
 from kv_canary.demo import vllm as dv  # noqa: E402
 from kv_canary.engine.request_inputs import vllm_request_namespace  # noqa: E402
 from kv_canary.integrations.vllm import inputs  # noqa: E402
-from kv_canary.layer.schemas import example_schema, generate_layer  # noqa: E402
+from kv_canary.trees.schemas import example_schema, generate_tree  # noqa: E402
 
 BACKENDS = ["torch", "cpu", "emulated"]
 REASON = "VERIFY_NAMESPACE_MISMATCH"
@@ -55,7 +55,7 @@ def test_cross_namespace_prefix_hit_is_caught_by_isolation_and_invisible_to_the_
     assert fault.hit == (2 * dv.BLOCK if sc.keying == "dropped" or sc.same else 0)
     # Log mode changes no output token.
     assert r.tokens == unguarded(sc)
-    if not (sc.leaks and sc.layer == "isolation"):
+    if not (sc.leaks and sc.tree == "isolation"):
         assert res.violations == 0
         return
     # Only the namespace check fires, at the reader's first forward, on exactly the blocks it reused, at
@@ -74,7 +74,7 @@ def test_cross_namespace_prefix_hit_is_caught_by_isolation_and_invisible_to_the_
 def test_a_cross_adapter_hit_changes_the_readers_output(unguarded):
     """Why it matters: with the adapter key dropped, the second adapter's request attends to the first
     adapter's K/V, and its output differs from the correctly keyed run's (the default record sees nothing)."""
-    by = {sc.keying: sc for sc in dv.isolation_scenarios(("adapter",)) if not sc.same and sc.layer == "default"}
+    by = {sc.keying: sc for sc in dv.isolation_scenarios(("adapter",)) if not sc.same and sc.tree == "default"}
     dropped, correct = unguarded(by["dropped"]), unguarded(by["correct"])
     assert dropped[0] == correct[0] and dropped[1] != correct[1]
 
@@ -82,7 +82,7 @@ def test_a_cross_adapter_hit_changes_the_readers_output(unguarded):
 def test_a_users_request_inputs_function_runs_on_the_scheduler_side():
     import tenant_inputs
 
-    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.leaks and s.layer == "isolation")
+    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.leaks and s.tree == "isolation")
     class Seen:
         inputs: dict = {}
 
@@ -104,7 +104,7 @@ def test_a_users_request_inputs_function_runs_on_the_scheduler_side():
 
 
 def test_a_request_inputs_bug_turns_the_canary_off_without_stopping_vllm(kv_log_lines, unguarded):
-    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.keying == "correct" and s.layer == "isolation")
+    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.keying == "correct" and s.tree == "isolation")
     for mode in ("log", "raise"):
         r = dv.run(dv.isolation_options("isolation", mode=mode, backend="torch", request_inputs="tenant_inputs:broken"),
                    sc.workload)
@@ -134,15 +134,15 @@ def _variant(tmp_path, name: str, old: str, new: str):
     assert old in text
     path = tmp_path / f"{name}.yaml"
     path.write_text(text.replace(old, new))
-    return generate_layer(path, tmp_path / "layers")
+    return generate_tree(path, tmp_path / "trees")
 
 
 def test_a_schema_it_cannot_fill_is_refused_at_start_up_naming_the_field(tmp_path):
-    iso = dv.isolation_layer_dir()
+    iso = dv.isolation_tree_dir()
     # Through vLLM: the connector refuses at construction, so LLM(...) fails with its text.
     with pytest.raises(Exception, match="request_input field 'cache_namespace' has no function: set "
                                         "kv_connector_extra_config\\['request_inputs'\\]"):
-        dv.run({"mode": "log", "layer": iso}, dv.isolation_workload("tenant"))
+        dv.run({"mode": "log", "tree": iso}, dv.isolation_workload("tenant"))
     with pytest.raises(ValueError, match="request_input field 'cache_namespace' has no function"):
         inputs.resolve(iso, None)
     renamed = _variant(tmp_path, "renamed", "cache_namespace", "tenant_ns")
@@ -160,10 +160,10 @@ def test_a_schema_it_cannot_fill_is_refused_at_start_up_naming_the_field(tmp_pat
                                                                                          "'module:function'")):
         with pytest.raises(ValueError, match=f"\\['request_inputs'\\] .*{want}"):
             inputs.load_function(spec)
-    with pytest.raises(ValueError, match="\\['layer'\\] = 'json' is not a generated kv-canary package"):
-        inputs.load_layer("json")
-    with pytest.raises(ValueError, match="\\['layer'\\] = 'no_such_pkg._canary' cannot be loaded"):
-        inputs.load_layer("no_such_pkg._canary")
+    with pytest.raises(ValueError, match="\\['tree'\\] = 'json' is not a generated kv-canary package"):
+        inputs.load_tree("json")
+    with pytest.raises(ValueError, match="\\['tree'\\] = 'no_such_pkg._canary' cannot be loaded"):
+        inputs.load_tree("no_such_pkg._canary")
     # The default schema has no request_input field: a function given for it is not called.
     default = inputs.resolve(None, "vllm_namespace")
     assert default.fields == () and default.request_inputs is None
@@ -178,9 +178,9 @@ def test_init_from_isolation_then_generate_gives_the_connector_a_package_that_ca
     on sys.path) catches the cross-tenant reuse; the same flow from the default schema provably does not."""
     from kv_canary.cli import main as kv_main
 
-    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.leaks and s.layer == "isolation")
+    sc = next(s for s in dv.isolation_scenarios(("tenant",)) if s.leaks and s.tree == "isolation")
     caught = {}
-    # One process imports both repositories' packages: each its own name (kv-canary's runtime is per layer).
+    # One process imports both repositories' packages: each its own name (kv-canary's runtime is per tree).
     for source, pkg in (("isolation", "myengine"), ("default", "plainengine")):
         repo = tmp_path / source
         (repo / pkg).mkdir(parents=True)
@@ -191,10 +191,10 @@ def test_init_from_isolation_then_generate_gives_the_connector_a_package_that_ca
         monkeypatch.syspath_prepend(str(repo))
         fault = dv.SharedPrefixRead()
         with dv.extra_keys_dropped():
-            r = dv.run({"mode": "log", "backend": "torch", "layer": f"{pkg}._canary",
+            r = dv.run({"mode": "log", "backend": "torch", "tree": f"{pkg}._canary",
                         "request_inputs": "vllm_namespace"}, sc.workload, hooks=[fault])
-        layer = r.canary.manager.layer
-        assert layer.__name__ == f"{pkg}._canary" and layer.__file__.startswith(str(repo))
+        tree = r.canary.manager.tree
+        assert tree.__name__ == f"{pkg}._canary" and tree.__file__.startswith(str(repo))
         assert fault.hit == 2 * dv.BLOCK and r.failures == 0
         caught[source] = sorted({x for v in r.violations for x in v.reasons})
     capsys.readouterr()

@@ -105,6 +105,6 @@ constexpr kvc_i64 UNKNOWN = -1LL;
 
 // ABI identity of every module built from this header: the runtime reads these (RawModule
 // get_global on a GPU, exported functions in emulation) and refuses a module whose values differ
-// from the Python layer's.
+// from the Python package's.
 extern "C" __device__ const int kv_canary_abi_version = kvc::ABI_VERSION;
 extern "C" __device__ const kvc_u64 kv_canary_layout_fingerprint = kvc::LAYOUT_FINGERPRINT;

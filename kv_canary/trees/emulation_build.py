@@ -1,4 +1,4 @@
-"""Build the emulation library of a generated layer with g++, cached by content.
+"""Build the emulation library of a generated tree with g++, cached by content.
 
 The library is one translation unit: the generated launchers file includes the shim and every
 generated .cu, which include the hand-written device headers (kv_canary/csrc/). Its cache key covers
@@ -6,7 +6,7 @@ the compiler, the flags and the text of every input, those headers too, so an
 edited template or schema always rebuilds, and an unchanged tree is built once per machine.
 
 With KV_CANARY_EMULATION_SANITIZE=1 (what `make sanitize` sets) the library is built with
-AddressSanitizer and UndefinedBehaviorSanitizer as its own cache entry (kv_canary/layer/sanitize.py).
+AddressSanitizer and UndefinedBehaviorSanitizer as its own cache entry (kv_canary/trees/sanitize.py).
 """
 from __future__ import annotations
 
@@ -42,23 +42,23 @@ def compiler() -> tuple[str, str]:
     return path, version
 
 
-def library_inputs(layer) -> list[tuple[str, str]]:
+def library_inputs(tree) -> list[tuple[str, str]]:
     """(name, text) of every file the library is built from, in a fixed order."""
-    abi = kernel_abi(layer)
+    abi = kernel_abi(tree)
     names = [abi.EMULATION_SOURCE, abi.HEADER] + [k.source for k in abi.KERNELS.values()]
     return ([("cuda_host_shim.h", SHIM_HEADER.read_text(encoding="utf-8"))] + list(csrc_headers().items())
-            + [(name, read_source(layer, name)) for name in names])
+            + [(name, read_source(tree, name)) for name in names])
 
 
-def build_library(layer) -> Path:
-    """Path of the layer's emulation library, compiling it on a cache miss."""
+def build_library(tree) -> Path:
+    """Path of the tree's emulation library, compiling it on a cache miss."""
     gxx, version = compiler()
     flags, sanitized = build_flags(CXX_FLAGS, library="emulation", error=EmulationBuildError)
-    inputs = library_inputs(layer)
+    inputs = library_inputs(tree)
     key = content_key("kv-canary-emulation-1", version, " ".join(flags),
                       *(part for name, text in inputs for part in (name, text)))
     out = cache_dir("emulation") / f"kv_canary_emu_{'asan_ubsan_' if sanitized else ''}{key[:32]}.so"
-    source = tree_dir(layer) / kernel_abi(layer).EMULATION_SOURCE
+    source = tree_dir(tree) / kernel_abi(tree).EMULATION_SOURCE
 
     def compile_to(tmp: Path) -> None:
         cmd = [gxx, *flags, *(f"-I{d}" for d in INCLUDE_DIRS), str(source), "-o", str(tmp)]

@@ -1,7 +1,7 @@
 // Self-test for cuda_host_shim.h: CUDA-style kernels compiled by g++ and run on
 // CPU fibers.  Prints "PASS <name>" / "FAIL <name>: ..." lines and "ALL OK";
 // exits 0 only if every check passed.  Built and run by
-// tests/layer/test_emulation_shim.py.
+// tests/trees/test_emulation_shim.py.
 #include "cuda_host_shim.h"
 
 #include <chrono>

@@ -1,4 +1,4 @@
-"""Generated layers of other schemas: render a schema into a cached tree and import it. The cache key
+"""Generated trees of other schemas: render a schema into a cached tree and import it. The cache key
 is the schema's text and the generator's own hash; a tree is written to a temporary directory and
 renamed into place, so concurrent processes never import half a tree.
 """
@@ -25,9 +25,9 @@ def example_schema(name: str) -> Path:
     return path
 
 
-def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> ModuleType:
+def generate_tree(schema: Path | str, cache_dir: Path | str | None = None) -> ModuleType:
     """Generate `schema` (a kernels.yaml-format file) into a cached tree (default under
-    `<kv-canary cache>/layers`) and import it; a bad schema raises SchemaError (every diagnostic)."""
+    `<kv-canary cache>/trees`) and import it; a bad schema raises SchemaError (every diagnostic)."""
     register_codegen()
     from ..codegen.load import load_schema_bytes
     from ..codegen.render import generator_sha256, render_all
@@ -35,8 +35,8 @@ def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> M
 
     schema = Path(schema)
     raw = schema.read_bytes()
-    key = cache.content_key("kv-canary-layer-1", raw, generator_sha256())[:16]
-    root = Path(cache_dir) if cache_dir is not None else cache.cache_dir("layers")
+    key = cache.content_key("kv-canary-tree-1", raw, generator_sha256())[:16]
+    root = Path(cache_dir) if cache_dir is not None else cache.cache_dir("trees")
     stem = "".join(c if c.isalnum() else "_" for c in schema.stem)[:40]
     out = root / f"{stem}_{key}"
     if not (out / "__init__.py").is_file():
@@ -52,4 +52,4 @@ def generate_layer(schema: Path | str, cache_dir: Path | str | None = None) -> M
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return load_generated(out, f"kv_canary_layer_{stem}_{key}")
+    return load_generated(out, f"kv_canary_tree_{stem}_{key}")

@@ -4,12 +4,12 @@ from __future__ import annotations
 import types
 
 import kv_canary
-from kv_canary.layer.memo import PerLayer
+from kv_canary.trees.memo import PerTree
 
 
 def test_one_object_per_package_and_a_new_one_for_a_reimported_package():
     made = []
-    memo = PerLayer(lambda layer: made.append(layer) or object())
+    memo = PerTree(lambda tree: made.append(tree) or object())
     first, again = types.ModuleType("some.tree"), types.ModuleType("some.tree")
     a = memo.get(first)
     assert memo.get(first) is a and made == [first]
@@ -19,4 +19,4 @@ def test_one_object_per_package_and_a_new_one_for_a_reimported_package():
 
 def test_runtime_for_is_the_same_runtime_for_the_same_package():
     rt = kv_canary.runtime_for(kv_canary.generated)
-    assert rt is kv_canary.runtime_for(kv_canary.generated) and rt.layer is kv_canary.generated
+    assert rt is kv_canary.runtime_for(kv_canary.generated) and rt.tree is kv_canary.generated

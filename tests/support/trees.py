@@ -1,4 +1,4 @@
-"""Schemas, generated layers and the golden vectors the tests share (the fixtures over them are in
+"""Schemas, generated trees and the golden vectors the tests share (the fixtures over them are in
 tests/conftest.py)."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from kv_canary.layer import schemas as layers
+from kv_canary.trees import schemas as trees
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_SCHEMA = ROOT / "kernels.yaml"
-EXAMPLE_SCHEMAS = sorted(layers.SCHEMAS_DIR.glob("*.yaml"))
+EXAMPLE_SCHEMAS = sorted(trees.SCHEMAS_DIR.glob("*.yaml"))
 # The golden vectors of docs/semantics.md §10 live in the repository (tests/spec/vectors.json);
 # KV_CANARY_SPEC_DIR points the tests at another copy (e.g. a newer contract's).
 SPEC_DIR = Path(os.environ.get("KV_CANARY_SPEC_DIR", ROOT / "tests" / "spec"))
@@ -65,9 +65,9 @@ def load_vectors() -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def generate_layer(schema_path: Path):
+def generate_tree(schema_path: Path):
     """Generate `schema_path` into this test session's scratch cache (never checked in) and import it."""
-    return layers.generate_layer(schema_path, _gen_root())
+    return trees.generate_tree(schema_path, _gen_root())
 
 
 def files_changed_by(old: str, new: str) -> int:

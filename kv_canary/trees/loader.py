@@ -48,10 +48,10 @@ def register_codegen() -> None:
             _import_package(path, module_name)
 
 
-def regenerate_command(layer) -> str:
-    """What regenerates a generated layer's tree, for messages about it (the layer records it:
+def regenerate_command(tree) -> str:
+    """What regenerates a generated tree, for messages about it (the tree records it:
     `make generate` in kv-canary's checkout, `kv-canary generate` in an engine's repository)."""
-    return getattr(layer, "REGENERATE_COMMAND", None) or "make generate"
+    return getattr(tree, "REGENERATE_COMMAND", None) or "make generate"
 
 
 def load_generated(path: Path | str, module_name: str | None = None) -> ModuleType:
@@ -70,6 +70,6 @@ def load_generated(path: Path | str, module_name: str | None = None) -> ModuleTy
 DEFAULT_MODULE = "kv_canary.generated"
 
 
-def default_layer() -> ModuleType:
-    """The default generated layer, `kv_canary.generated` (kernels.yaml's tree)."""
+def default_tree() -> ModuleType:
+    """The default generated tree, `kv_canary.generated` (kernels.yaml's tree)."""
     return sys.modules.get(DEFAULT_MODULE) or load_generated(default_generated_dir(), DEFAULT_MODULE)

@@ -1,4 +1,4 @@
-"""Build the native cpu library of a generated layer with the system compiler, cached by content.
+"""Build the native cpu library of a generated tree with the system compiler, cached by content.
 
 One translation unit: the generated cpu/kv_canary_cpu.cpp includes kv_canary/csrc/kvc_cpu.h, which
 includes the tree's layout header (cuda/, on the include path) and the hand-written device headers.
@@ -9,7 +9,7 @@ or schema rebuilds and an unchanged tree is built once per machine.
 
 $CXX names the compiler (default g++). With KV_CANARY_EMULATION_SANITIZE=1 (`make sanitize`) the
 library is built with AddressSanitizer and UndefinedBehaviorSanitizer, as the emulation library is
-(kv_canary/layer/sanitize.py), as its own cache entry.
+(kv_canary/trees/sanitize.py), as its own cache entry.
 """
 from __future__ import annotations
 
@@ -65,29 +65,29 @@ def host_cpu() -> str:
     return "; ".join(f"{k}: {seen[k]}" for k in sorted(seen))
 
 
-def library_inputs(layer) -> list[tuple[str, str]]:
+def library_inputs(tree) -> list[tuple[str, str]]:
     """(name, text) of every file the library is built from, in a fixed order."""
-    abi = kernel_abi(layer)
-    return list(csrc_headers().items()) + [(name, read_source(layer, name)) for name in (abi.CPU_SOURCE, abi.HEADER)]
+    abi = kernel_abi(tree)
+    return list(csrc_headers().items()) + [(name, read_source(tree, name)) for name in (abi.CPU_SOURCE, abi.HEADER)]
 
 
-def build_library(layer) -> Path:
-    """Path of the layer's cpu library, compiling it on a cache miss."""
-    abi = kernel_abi(layer)
+def build_library(tree) -> Path:
+    """Path of the tree's cpu library, compiling it on a cache miss."""
+    abi = kernel_abi(tree)
     if not hasattr(abi, "CPU_SOURCE"):
-        raise CpuBuildError(f"kv-canary: generated layer {layer.__name__} has no cpu source (generated before the "
+        raise CpuBuildError(f"kv-canary: generated tree {tree.__name__} has no cpu source (generated before the "
                             f"cpu backend existed); regenerate it")
     cxx, version = compiler()
     flags, sanitized = build_flags(CXX_FLAGS, library="cpu", error=CpuBuildError)
-    inputs = library_inputs(layer)
+    inputs = library_inputs(tree)
     key = content_key("kv-canary-cpu-1", version, " ".join(flags), host_cpu(),
                       *(part for name, text in inputs for part in (name, text)))
     out = cache_dir("cpu") / f"kv_canary_cpu_{'asan_ubsan_' if sanitized else ''}{key[:32]}.so"
-    tree = tree_dir(layer)
-    source = tree / abi.CPU_SOURCE
+    folder = tree_dir(tree)
+    source = folder / abi.CPU_SOURCE
 
     def compile_to(tmp: Path) -> None:
-        cmd = [cxx, *flags, f"-I{CSRC_DIR}", f"-I{(tree / abi.HEADER).parent}", str(source), "-o", str(tmp)]
+        cmd = [cxx, *flags, f"-I{CSRC_DIR}", f"-I{(folder / abi.HEADER).parent}", str(source), "-o", str(tmp)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CpuBuildError(f"kv-canary: {cxx} could not build the cpu library from {source}:\n"

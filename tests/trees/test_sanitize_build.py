@@ -1,11 +1,11 @@
-"""The sanitizer builds of the two host libraries share one helper (kv_canary/layer/sanitize.py); each
+"""The sanitizer builds of the two host libraries share one helper (kv_canary/trees/sanitize.py); each
 library keeps its own error class and names itself in the refusal."""
 from __future__ import annotations
 
 import pytest
 
 import kv_canary
-from kv_canary.layer import cpu_build, emulation_build, sanitize
+from kv_canary.trees import cpu_build, emulation_build, sanitize
 
 
 @pytest.mark.parametrize("module, error, library", [(cpu_build, cpu_build.CpuBuildError, "cpu"),

@@ -9,17 +9,17 @@ from typing import Callable, Generic, TypeVar
 T = TypeVar("T")
 
 
-class PerLayer(Generic[T]):
-    """`get(layer)`: `make(layer)`'s result for this layer, made on first use (under a lock)."""
+class PerTree(Generic[T]):
+    """`get(tree)`: `make(tree)`'s result for this tree, made on first use (under a lock)."""
 
     def __init__(self, make: Callable[[object], T]) -> None:
         self._make = make
         self._made: dict[str, tuple[object, T]] = {}
         self._lock = threading.Lock()
 
-    def get(self, layer) -> T:
+    def get(self, tree) -> T:
         with self._lock:
-            entry = self._made.get(layer.__name__)
-            if entry is None or entry[0] is not layer:
-                entry = self._made[layer.__name__] = (layer, self._make(layer))
+            entry = self._made.get(tree.__name__)
+            if entry is None or entry[0] is not tree:
+                entry = self._made[tree.__name__] = (tree, self._make(tree))
             return entry[1]

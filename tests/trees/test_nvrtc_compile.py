@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from support import budget
 
-from kv_canary.layer import csrc
-from kv_canary.layer import nvrtc as kv_nvrtc
-from kv_canary.layer.csrc import CSRC_DIR
-from kv_canary.layer.sources import kernel_abi, read_source, tree_dir
+from kv_canary.trees import csrc
+from kv_canary.trees import nvrtc as kv_nvrtc
+from kv_canary.trees.csrc import CSRC_DIR
+from kv_canary.trees.sources import kernel_abi, read_source, tree_dir
 
 ARCHS = (80, 90, 100)
 NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
@@ -56,31 +56,31 @@ def test_missing_bindings_fail_only_where_required(monkeypatch, environ, require
         import_nvrtc_bindings(environ)
 
 
-def _headers(layer) -> dict:
-    return {HEADER_INCLUDE: read_source(layer, kernel_abi(layer).HEADER)}
+def _headers(tree) -> dict:
+    return {HEADER_INCLUDE: read_source(tree, kernel_abi(tree).HEADER)}
 
 
 def _cubin(source: str, name: str, headers: dict, *, arch: int) -> bytes:
     """NVRTC's CUBIN of `source`, through the project's compile cache as the runtime compiles
-    (kv_canary/layer/nvrtc.py cached_binary: keyed by NVRTC version, arch, options, source and
+    (kv_canary/trees/nvrtc.py cached_binary: keyed by NVRTC version, arch, options, source and
     headers): a fresh machine compiles every kernel, a repeated run on it reuses what compiled."""
     return kv_nvrtc.cached_binary(source, name, headers, arch=arch).read_bytes()
 
 
-def archs_for(layer) -> tuple:
+def archs_for(tree) -> tuple:
     """Every arch for the default schema; the example schemas for sm_90 unless `make test-full`."""
     import kv_canary
-    return ARCHS if budget.FULL or layer is kv_canary.generated else (90,)
+    return ARCHS if budget.FULL or tree is kv_canary.generated else (90,)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_kernel_compiles_with_nvrtc(any_layer, arch):
-    if arch not in archs_for(any_layer):
+def test_every_kernel_compiles_with_nvrtc(any_tree, arch):
+    if arch not in archs_for(any_tree):
         pytest.skip(f"sm_{arch} for the example schemas runs under make test-full (KV_CANARY_FULL=1)")
-    abi = kernel_abi(any_layer)
+    abi = kernel_abi(any_tree)
     assert {k.operation for k in abi.KERNELS.values()} == {"write", "verify", "plan_offsets", "plan_entries", "scatter"}
     for kernel in abi.KERNELS.values():
-        cubin = _cubin(read_source(any_layer, kernel.source), kernel.source, _headers(any_layer), arch=arch)
+        cubin = _cubin(read_source(any_tree, kernel.source), kernel.source, _headers(any_tree), arch=arch)
         assert cubin[:4] == b"\x7fELF", f"{kernel.source}: NVRTC did not return a CUBIN"
         for symbol, _ in kernel.variants:  # every specialisation is its own extern "C" entry point
             assert symbol.encode() + b"\0" in cubin, f"{symbol} missing from the sm_{arch} cubin of {kernel.source}"
@@ -92,38 +92,38 @@ def test_every_kernel_compiles_with_nvrtc(any_layer, arch):
 def test_write_compiles_in_every_launch_shape(shape, threads):
     """kernels.yaml's write runs block_per_request; SGLang's per_request and a one-warp block come from
     the same template and must compile too (the block shape's shared memory is a static_assert)."""
-    from support.write_shapes import write_shape_layer
-    layer = write_shape_layer(shape, threads)
-    write = kernel_abi(layer).kernel_for_operation("write")
+    from support.write_shapes import write_shape_tree
+    tree = write_shape_tree(shape, threads)
+    write = kernel_abi(tree).kernel_for_operation("write")
     assert (write.shape, write.threads) == (shape, threads)
     for arch in ARCHS if budget.FULL else (90,):
-        cubin = _cubin(read_source(layer, write.source), write.source, _headers(layer), arch=arch)
+        cubin = _cubin(read_source(tree, write.source), write.source, _headers(tree), arch=arch)
         assert cubin[:4] == b"\x7fELF" and write.variants[0][0].encode() + b"\0" in cubin
 
 
 CHAIN_ONLY = Path(__file__).resolve().parents[2] / "bench" / "chain_only.cu"
 
 
-def test_chain_only_benchmark_kernel_compiles(any_layer):
+def test_chain_only_benchmark_kernel_compiles(any_tree):
     """bench/bench_gpu.py times the prefill write against bench/chain_only.cu, built against the
-    layer's header like the generated kernels: it must compile for every arch before a GPU sees it."""
-    for arch in archs_for(any_layer):
-        cubin = _cubin(CHAIN_ONLY.read_text(encoding="utf-8"), CHAIN_ONLY.name, _headers(any_layer), arch=arch)
+    tree's header like the generated kernels: it must compile for every arch before a GPU sees it."""
+    for arch in archs_for(any_tree):
+        cubin = _cubin(CHAIN_ONLY.read_text(encoding="utf-8"), CHAIN_ONLY.name, _headers(any_tree), arch=arch)
         assert cubin[:4] == b"\x7fELF" and b"kv_canary_chain_only\0" in cubin
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
-def test_chain_only_benchmark_kernel_compiles_with_nvcc(default_layer, tmp_path):
+def test_chain_only_benchmark_kernel_compiles_with_nvcc(default_tree, tmp_path):
     out = tmp_path / "chain_only.cubin"
     proc = subprocess.run([NVCC, "-cubin", "-arch=sm_90", "-std=c++17", "-Werror", "all-warnings",
-                           f"-I{tree_dir(default_layer) / 'cuda'}", f"-I{CSRC_DIR}", str(CHAIN_ONLY), "-o", str(out)],
+                           f"-I{tree_dir(default_tree) / 'cuda'}", f"-I{CSRC_DIR}", str(CHAIN_ONLY), "-o", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"nvcc failed on {CHAIN_ONLY.name}:\n{proc.stderr}"
     assert out.read_bytes()[:4] == b"\x7fELF"
 
 
-def test_verify_has_both_expected_token_specialisations(default_layer):
-    verify = kernel_abi(default_layer).kernel_for_operation("verify")
+def test_verify_has_both_expected_token_specialisations(default_tree):
+    verify = kernel_abi(default_tree).kernel_for_operation("verify")
     flags = {symbol: dict(values) for symbol, values in verify.variants}
     assert sorted(v["check_verify_expected_token"] for v in flags.values()) == [False, True]
     assert verify.entry_point(check_verify_expected_token=True) != verify.entry_point(check_verify_expected_token=False)
@@ -132,7 +132,7 @@ def test_verify_has_both_expected_token_specialisations(default_layer):
 def _nvcc_cases():
     # nvcc is a second compiler beside NVRTC (the runtime's compiler, which covers every kernel and
     # arch above) and slower: `make test-full` builds every schema for every arch with it.
-    from support.layers import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS
+    from support.trees import DEFAULT_SCHEMA, EXAMPLE_SCHEMAS
     if not budget.FULL:
         return [pytest.param(DEFAULT_SCHEMA, 90, marks=pytest.mark.skip(reason="nvcc runs under make test-full"))]
     return [(schema, arch) for schema in (DEFAULT_SCHEMA, *EXAMPLE_SCHEMAS) for arch in ARCHS]
@@ -141,72 +141,72 @@ def _nvcc_cases():
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("schema,arch", _nvcc_cases(), ids=lambda v: getattr(v, "stem", f"sm_{v}"))
 def test_every_kernel_compiles_with_nvcc(schema, arch, tmp_path):
-    from support.layers import DEFAULT_SCHEMA, generate_layer
+    from support.trees import DEFAULT_SCHEMA, generate_tree
 
     import kv_canary
-    layer = kv_canary.generated if schema == DEFAULT_SCHEMA else generate_layer(schema)
-    cuda_dir = tree_dir(layer) / "cuda"
-    for kernel in kernel_abi(layer).KERNELS.values():
+    tree = kv_canary.generated if schema == DEFAULT_SCHEMA else generate_tree(schema)
+    cuda_dir = tree_dir(tree) / "cuda"
+    for kernel in kernel_abi(tree).KERNELS.values():
         out = tmp_path / f"{kernel.name}.cubin"
         proc = subprocess.run([NVCC, "-cubin", f"-arch=sm_{arch}", "-std=c++17", "-Werror", "all-warnings",
-                               f"-I{cuda_dir}", f"-I{CSRC_DIR}", str(tree_dir(layer) / kernel.source), "-o", str(out)],
+                               f"-I{cuda_dir}", f"-I{CSRC_DIR}", str(tree_dir(tree) / kernel.source), "-o", str(out)],
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"nvcc failed on {kernel.source} for sm_{arch}:\n{proc.stderr}"
         assert out.read_bytes()[:4] == b"\x7fELF"
 
 
-def test_compile_error_names_the_template_line(default_layer):
+def test_compile_error_names_the_template_line(default_tree):
     """A compile error quotes the NVRTC log, which points at the template through #line."""
-    source = read_source(default_layer, "cuda/canary_verify.cu")
+    source = read_source(default_tree, "cuda/canary_verify.cu")
     match = re.search(r'#line (\d+) "(codegen/templates/cuda/verify\.cu\.j2)"\n', source)
     assert match, "generated verify source carries no #line directive"
     broken = source[:match.end()] + "this_is_not_cuda;\n" + source[match.end():]
     with pytest.raises(kv_nvrtc.CudaCompileError) as err:
-        kv_nvrtc.compile_source(broken, "canary_verify.cu", _headers(default_layer), arch=90)
+        kv_nvrtc.compile_source(broken, "canary_verify.cu", _headers(default_tree), arch=90)
     text = str(err.value)
     assert f"{match.group(2)}({match.group(1)})" in text, text
     assert "this_is_not_cuda" in text and "error" in text
     assert "canary_verify.cu" in text and "sm_90" in text
 
 
-def test_compile_cache_is_project_owned_and_keyed_by_content(default_layer, tmp_path, monkeypatch):
+def test_compile_cache_is_project_owned_and_keyed_by_content(default_tree, tmp_path, monkeypatch):
     monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path / "cache"))
-    source = read_source(default_layer, "cuda/canary_scatter_req_token_ids.cu")
-    first = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80)
+    source = read_source(default_tree, "cuda/canary_scatter_req_token_ids.cu")
+    first = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=80)
     assert first.parent == tmp_path / "cache" / "cuda" and first.suffix == ".cubin"
     stamp = first.stat().st_mtime_ns
-    again = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80)
+    again = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=80)
     assert again == first and again.stat().st_mtime_ns == stamp  # a hit: not rebuilt
-    other_arch = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=90)
-    edited = kv_nvrtc.cached_binary(source + "\n// edited\n", "scatter.cu", _headers(default_layer), arch=80)
+    other_arch = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=90)
+    edited = kv_nvrtc.cached_binary(source + "\n// edited\n", "scatter.cu", _headers(default_tree), arch=80)
     other_header = kv_nvrtc.cached_binary(source, "scatter.cu",
-                                          {HEADER_INCLUDE: _headers(default_layer)[HEADER_INCLUDE] + "\n"}, arch=80)
+                                          {HEADER_INCLUDE: _headers(default_tree)[HEADER_INCLUDE] + "\n"}, arch=80)
     assert len({first, other_arch, edited, other_header}) == 4
     assert not list(Path.cwd().glob("*.cubin"))
 
 
-def test_compile_cache_covers_the_csrc_headers(default_layer, tmp_path, monkeypatch):
+def test_compile_cache_covers_the_csrc_headers(default_tree, tmp_path, monkeypatch):
     """An edited kv_canary/csrc/ header changes the cache key: the kernels that include it recompile."""
     monkeypatch.setenv("KV_CANARY_CACHE_DIR", str(tmp_path / "cache"))
-    source = read_source(default_layer, "cuda/canary_scatter_req_token_ids.cu")
-    first = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80)
+    source = read_source(default_tree, "cuda/canary_scatter_req_token_ids.cu")
+    first = kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=80)
     copy = tmp_path / "csrc"
     shutil.copytree(CSRC_DIR, copy)
     monkeypatch.setattr(csrc, "CSRC_DIR", copy)
-    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80) == first
+    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=80) == first
     scatter = copy / "kvc_scatter.cuh"
     scatter.write_text(scatter.read_text(encoding="utf-8") + "// edited\n", encoding="utf-8")
-    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_layer), arch=80) != first
+    assert kv_nvrtc.cached_binary(source, "scatter.cu", _headers(default_tree), arch=80) != first
 
 
-def test_ptx_only_inside_the_portable_load_helper(any_layer):
+def test_ptx_only_inside_the_portable_load_helper(any_tree):
     """Inline PTX appears once, in the csrc helper with a host variant; no standard headers for NVRTC."""
     device = csrc.csrc_headers()
     assert sum(text.count("asm(") for text in device.values()) == 1
     helper = device["kvc_device.cuh"][device["kvc_device.cuh"].index("load_u64x2"):]
     assert helper.index("#if defined(KV_CANARY_HOST_EMULATION)") < helper.index("#else") < helper.index("asm(")
-    header = read_source(any_layer, kernel_abi(any_layer).HEADER)
-    for name, text in [(k.source, read_source(any_layer, k.source)) for k in kernel_abi(any_layer).KERNELS.values()] + [
+    header = read_source(any_tree, kernel_abi(any_tree).HEADER)
+    for name, text in [(k.source, read_source(any_tree, k.source)) for k in kernel_abi(any_tree).KERNELS.values()] + [
             (name, text) for name, text in device.items() if name.endswith(".cuh")] + [("layout header", header)]:
         assert "asm(" not in text or name == "kvc_device.cuh", name
         assert "#include <" not in text, name
