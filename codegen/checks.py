@@ -223,7 +223,7 @@ def _check_constants(schema: Schema, d: Diagnostics) -> None:
                     f"constant '{name}' must have type {ctype}, got {names[name].type}")
     # Any such value is at most the largest valid num_bytes_per_token (a C int, multiple of 16), so no
     # schema alone makes PARTIAL read past every source: a source with fewer bytes per slot is refused
-    # by the launch's validation (kv_canary/launch/validation.py check_partial_read).
+    # by the launch's validation (kv_canary/launch/operations.py, validation.py check_partial_read).
     partial = names.get("REAL_KV_PARTIAL_READ_BYTES")
     if partial is not None and (partial.value <= 0 or partial.value % REAL_KV_LOAD_BYTES):
         d.error(partial.where.get("value", partial.loc),

@@ -1,7 +1,8 @@
 """kv-canary's public launch functions, from the operation table (each operation's `public` launches).
 
-generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from them; kv_canary.launch.runtime dispatches them generically (`Validators.check(operation,
-arguments)`, then the backend's `<operation>`). A public launch is declared with its operation in
+generated/api.py renders every function, its `*_torch_reference` variant and `__all__` from them; each
+hands its arguments to its operation object (kv_canary/launch/operations.py: `Operation.validate`,
+then the backend's launch of that operation). A public launch is declared with its operation in
 codegen/operations.py (`Operation.public`) and takes its keywords (docs/adding-a-kernel.md).
 
 Signatures are SGLang's: keyword-only, in SGLang's order, with its defaults. Keywords for the input

@@ -15,7 +15,7 @@ that used to list operations by hand is rendered or derived from this table:
   generated/kernel_abi.py (`OPERATIONS`) and the public launches of codegen/launches.py
   (generated/api.py); the reference binding of generated/reference.py follows from its name;
 - the per-tensor rules (dtype, dims, device, contiguity, alignment, input or output) that
-  kv_canary/launch/validation.py checks at every launch, rendered as data into generated/kernel_abi.py
+  kv_canary/launch/rules.py checks at every launch, rendered as data into generated/kernel_abi.py
   (`OPERATIONS`), with the path that reaches each tensor from the operation's arguments;
 - the plan data classes' fields (`verify_plan_fields`, `WRITE_PLAN_FIELDS`) and the "unknown"
   sentinel they start with, rendered for kv_canary/launch/allocation.py.
