@@ -407,6 +407,15 @@ inline void fingerprints(const HostKv& hk, const kvc_i64* slots, kvc_i64 n, kvc_
 // the prefetches). One line per slot (PARTIAL) needs none: a block's loads are all independent and
 // in flight at once, and the prefetches only cost (measured on a 2-core Xeon: verify PARTIAL 1.42 ms
 // without, 1.73-1.78 ms with 5 to 32 entries ahead; verify ALL 2.44 ms without, 2.16-2.32 with).
+// Also tried for PARTIAL (issue 31), none clearly better over 65,536 entries, before and after
+// alternated on one loaded 2-core Xeon, best of 300: a PARTIAL block form (16 bytes per source per
+// slot loaded with no pointer table, then hashed) asking for the next block's lines a group of 8
+// slots at a time (verify in order 1.46-1.62 -> 1.49-1.61 ms, at random 1.63-1.67 -> 1.75-2.20 ms;
+// write in order 1.72-2.30 -> 1.76-1.82 ms, at random 1.86-2.59 -> 1.79-1.89 ms), the same with
+// prefetcht2 (verify in order 1.69-2.01 ms), and a whole block's lines 32 to 256 entries ahead at a
+// block's start (1.66-1.90 ms, 1.44 without). The same verify with every slot's K/V rows in cache
+// takes 0.86 ms (write 1.19 ms): PARTIAL's remaining time is the line misses of 2 rows per entry,
+// which the loops' compute does not hide.
 constexpr kvc_i64 kLinesAhead = 96;
 inline kvc_i64 prefetch_ahead(const HostKv& hk) {
   kvc_i64 lines = 1;  // the record
