@@ -13,6 +13,7 @@ names in between (docs/architecture.md, "The path of one launch").
 """
 from __future__ import annotations
 
+import operator
 import os
 from typing import Optional
 
@@ -260,6 +261,13 @@ def _write_capacity(v):
     return _capacity(v, "wcap", "write_capacity", "plan.write_seed_slot_indices capacity", "write_req_capacity")
 
 
+# The layout fields of a RealKvSource (after SGLang's four), in the kernels' parameter order, and a
+# validated source's values of them as one tuple (what real_kv_reach takes).
+REAL_KV_LAYOUT_FIELDS = ("token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes", "chunk_stride_bytes",
+                         "token_group_size", "token_group_stride_bytes", "chunk_group_size", "chunk_group_stride_bytes")
+source_layout = operator.attrgetter(*REAL_KV_LAYOUT_FIELDS)
+
+
 def real_kv_reach(num_bytes_per_token: int, page_size: int, layout: tuple, align: int) -> tuple[bool, int, int]:
     """Where one row of a real-KV source is read (`layout`: its REAL_KV_LAYOUT_FIELDS values, checked;
     `align`: REAL_KV_LOAD_ALIGN_BYTES): (packed: SGLang's layout, the load width, the end of the
@@ -360,10 +368,8 @@ class ContextOperation(Operation):
                               and row_bytes >= src.page_size * src.num_bytes_per_token
                               and t.storage_offset() * es + n <= t.untyped_storage().nbytes())
                     elif rows:  # slots where the layout puts them: every load aligned, every byte read in the storage
-                        _, width, reach = real_kv_reach(src.num_bytes_per_token, src.page_size, (
-                            src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
-                            src.chunk_stride_bytes, src.token_group_size, src.token_group_stride_bytes,
-                            src.chunk_group_size, src.chunk_group_stride_bytes), align)
+                        _, width, reach = real_kv_reach(src.num_bytes_per_token, src.page_size, source_layout(src),
+                                                        align)
                         end = (rows - 1) * row_stride * es + reach
                         ok = (not row_stride * es % width and not ptr % width
                               and end <= t.untyped_storage().nbytes() - t.storage_offset() * es)

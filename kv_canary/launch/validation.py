@@ -23,7 +23,7 @@ from typing import Any, Iterable, Optional
 import torch
 
 from .allocation import tree_classes
-from .operations import real_kv_reach
+from .operations import REAL_KV_LAYOUT_FIELDS, real_kv_reach, source_layout
 from .rules import FieldNames, Rules, operation_tensors
 
 _INT64 = torch.int64
@@ -98,10 +98,8 @@ class Validators(Rules):
                              ("read_bytes", read_bytes)):
             self.check_fits("RealKvSource." + field, value)
 
-    # The layout fields of a RealKvSource (after SGLang's four), in the kernels' parameter order.
-    REAL_KV_LAYOUT_FIELDS = ("token_stride_bytes", "num_heads", "head_stride_bytes", "chunk_bytes", "chunk_stride_bytes",
-                             "token_group_size", "token_group_stride_bytes", "chunk_group_size",
-                             "chunk_group_stride_bytes")
+    # The layout fields of a RealKvSource (after SGLang's four), in the kernels' parameter order (operations.py).
+    REAL_KV_LAYOUT_FIELDS = REAL_KV_LAYOUT_FIELDS
 
     def check_real_kv_layout(self, src: Any, num_bytes_per_token: int) -> tuple:
         """Where a source keeps a slot's bytes (its layout fields, SGLang's packed rows where it has
@@ -270,10 +268,8 @@ class Validators(Rules):
         for i, src in enumerate(context.real_kv_sources):  # a built source's layout may read past its view
             if type(src) is self.classes.source and src.tensor.data_ptr():
                 t = src.tensor
-                reach = real_kv_reach(src.num_bytes_per_token, src.page_size, (
-                    src.token_stride_bytes, src.num_heads, src.head_stride_bytes, src.chunk_bytes,
-                    src.chunk_stride_bytes, src.token_group_size, src.token_group_stride_bytes, src.chunk_group_size,
-                    src.chunk_group_stride_bytes), self.layout.REAL_KV_LOAD_ALIGN_BYTES)[2] + (t.shape[0] - 1) * t.stride(0) * t.element_size()
+                reach = real_kv_reach(src.num_bytes_per_token, src.page_size, source_layout(src),
+                                      self.layout.REAL_KV_LOAD_ALIGN_BYTES)[2] + (t.shape[0] - 1) * t.stride(0) * t.element_size()
                 if t.shape[0] and reach > self.extent(t):
                     inputs.append((t.data_ptr(), t.data_ptr() + reach, f"real_kv_sources[{i}].tensor", False))
         outputs = spans({name: getattr(context, name, None) for name in (
