@@ -10,6 +10,8 @@ same number of threads; at 1 thread and at every core this process may use; the 
 is the best of --repeats runs (a shared machine: the least disturbed run). The cpu backend's result
 is checked against the reference's before anything is timed. A closing note says what PARTIAL's reads
 move in whole 64-byte lines (the table's counting stays the bytes the launch must read and write).
+Beside the plain copy, a copy of the same part of each K/V row the launches read (128 and 16 bytes of
+each 256-byte row) says what memory gives that access pattern, as a fraction of the plain copy.
 
 Slots: the write stores 32 requests x 2,048 tokens and the verify walks one chain of 65,536 entries,
 first at the pool's slots in order (a fresh pool, or pages of consecutive slots: rows stream), then at
@@ -138,6 +140,20 @@ def copy_bandwidth(threads: int, repeats: int) -> float:
         torch.set_num_threads(saved)
 
 
+def row_copy_bandwidth(threads: int, width: int, repeats: int) -> float:
+    """Bytes read + written per second by a torch copy of the first `width` bytes of each ROW_BYTES row
+    (256 MiB of rows): the K/V reads' access pattern, which the hardware serves in whole lines and
+    prefetches past (a copy of part of each row is no faster per row than of all of it)."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        src = torch.randint(0, 256, (COPY_BYTES // ROW_BYTES, ROW_BYTES), dtype=torch.uint8)
+        dst = torch.empty((src.shape[0], width), dtype=torch.uint8)
+        return 2 * dst.numel() / best(lambda: dst.copy_(src[:, :width]), repeats)
+    finally:
+        torch.set_num_threads(saved)
+
+
 def check_equal(launch: str, case: dict) -> None:
     ref, got = scenarios.clone_case(case), scenarios.clone_case(case)
     getattr(RT, launch)(**ref, backend="torch")
@@ -160,6 +176,12 @@ def main() -> int:
           f"torch {torch.__version__}, {os.cpu_count()} CPUs, {cores} usable")
     print("copy bandwidth (torch dst.copy_(src), 256 MiB, read + written): "
           + ", ".join(f"{n} thread{'s' if n > 1 else ''} {copy[n] / 1e9:.1f} GB/s" for n in counts))
+    for mode in ("ALL", "PARTIAL"):
+        width = kv_bytes(mode) // SOURCES
+        rows = {n: row_copy_bandwidth(n, width, args.repeats) for n in counts}
+        print(f"copy of {width} B of each {ROW_BYTES} B row ({mode}'s K/V reads): "
+              + ", ".join(f"{n} thread{'s' if n > 1 else ''} {rows[n] / 1e9:.1f} GB/s ({rows[n] / copy[n]:.0%})"
+                          for n in counts))
     torch.set_num_threads(1)
     try:
         for how in (("sequential", "random") if args.slots == "both" else (args.slots,)):

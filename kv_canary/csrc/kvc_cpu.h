@@ -19,10 +19,12 @@
 // Order: docs/semantics.md §5.2 wants a host backend's verify rows in entry order, and the reference's
 // write semantics are sequential (a seed written by an earlier request of the launch is read with
 // its values; of two entries storing one slot the later wins). So verify threads append to private
-// rings that are appended to the launch's ring in range order afterwards, and the write stores its
-// requests in order on one thread (the fingerprints, the bulk of its work, are computed first, in
-// parallel: they read only the K/V sources; so are the requests' chains, when no chain starts from a
-// store of the same launch: see write()).
+// rings that are appended to the launch's ring in range order afterwards. The write computes its
+// fingerprints first, in parallel (the bulk of its work: they read only the K/V sources), and so the
+// requests' chains when no chain starts from a store of the same launch; its stores then go in
+// request order, either each thread storing a share of the requests through a private ring, or,
+// where two shares store one slot or the chains depend on the launch's own stores, on one thread
+// (see write()).
 #pragma once
 
 #include <algorithm>
@@ -781,16 +783,43 @@ constexpr bool folds_fingerprint(kvc::Words<W...>) {
   return ((W == kvc::KV_FINGERPRINT_WORD) || ...);
 }
 
-// The requests in order, with their chains known: checks, violation rows and stores as walk_request
-// does them. Returns the entries stored.
+// The slots one team member stores, a bit each: a slot two members store is seen when their marks
+// are compared (a member stores its own in order).
+class SlotMarks {
+ public:
+  explicit SlotMarks(size_t words) : bits_(words, 0) {}
+  inline void mark(kvc_i64 slot) { bits_[static_cast<size_t>(slot) >> 6] |= kvc_u64{1} << (slot & 63); }
+  // Whether two members marked one slot.
+  static bool overlap(const std::vector<SlotMarks>& members) {
+    for (size_t w = 0; members.size() > 1 && w < members[0].bits_.size(); ++w) {
+      kvc_u64 seen = 0;
+      for (const SlotMarks& m : members) {
+        if (seen & m.bits_[w]) return true;
+        seen |= m.bits_[w];
+      }
+    }
+    return false;
+  }
+
+ private:
+  std::vector<kvc_u64> bits_;
+};
+
+// Requests [rlo, rhi) in order, with their chains known: checks, violation rows and stores as
+// walk_request does them, each stored slot marked in `marks` when there are any. after_step() runs
+// after each request's start and each entry: each appends 2 rows at most.
+template <class AfterStep>
 inline unsigned long long store_requests(const kvc_write::Args& a, const kvc_write::Inputs& in, const HostKv& hk,
                                          const kvc::Ring& ring, const kvc_u64* fp, const kvc_u64* link,
-                                         const kvc_u64* prev_pos) {
+                                         const kvc_u64* prev_pos, kvc_i64 rlo, kvc_i64 rhi, SlotMarks* marks,
+                                         const AfterStep& after_step) {
   const bool with_fp = hk.sources > 0;
   unsigned long long stored = 0;
-  for (kvc_i64 r = 0; r < a.write_req_capacity; ++r) {
+  for (kvc_i64 r = rlo; r < rhi; ++r) {
     kvc_write::Request q;
-    if (!kvc_write::begin_request(a, ring, r, true, q)) continue;  // reports an out-of-range seed, in order
+    const bool begun = kvc_write::begin_request(a, ring, r, true, q);  // reports an out-of-range seed, in order
+    after_step();
+    if (!begun) continue;
     for (kvc_i64 i = q.lo; i < q.hi; ++i) {
       if (i + kBlock < q.hi)
         prefetch_record<1>(a.canary_buf, a.num_slots, a.slot_stride_bytes, in.out_cache_loc[i + kBlock]);
@@ -799,19 +828,77 @@ inline unsigned long long store_requests(const kvc_write::Args& a, const kvc_wri
       if (e.stored) e.rec[kvc::KV_FINGERPRINT_WORD] = with_fp ? static_cast<kvc_i64>(fp[i]) : 0;
       e.rec[kvc::CHAIN_LINK_WORD] = static_cast<kvc_i64>(link[i]);
       if (kvc_write::finish_entry(in, i, e, static_cast<kvc_i64>(prev_pos[i]), q.position_assert, true, ring,
-                                  a.canary_buf, a.slot_stride_bytes))
+                                  a.canary_buf, a.slot_stride_bytes)) {
         ++stored;
+        if (marks != nullptr) marks->mark(e.slot);
+      }
+      after_step();
     }
   }
   return stored;
+}
+
+// The stores of store_requests over every request, on up to `team` threads: each takes a contiguous
+// share of the requests (about as many tokens each) and appends its rows to a private ring, whose rows
+// go to the launch's ring in share order afterwards (request order, as on one thread). A slot stored
+// by two requests must hold the later one's record: a member stores its own requests in order, and a
+// slot two members store (their marks overlap: a launch that stores a slot twice, which the engine
+// does not do) has every request stored again in order on this thread, before any row is appended.
+// One thread, or a pool too large for the marks: in order on this thread.
+inline unsigned long long store_in_order(int team, const kvc_write::Args& a, const kvc_write::Inputs& in,
+                                         const HostKv& hk, const kvc::Ring& ring, const kvc_u64* fp,
+                                         const kvc_u64* link, const kvc_u64* prev_pos) {
+  kvc_i64 active = *a.write_num_valid_reqs;
+  if (active > a.write_req_capacity) active = a.write_req_capacity;
+  if (active < 0) active = 0;
+  const size_t words = static_cast<size_t>(a.num_slots / 64 + 1);
+  auto in_order = [&] { return store_requests(a, in, hk, ring, fp, link, prev_pos, 0, active, nullptr, [] {}); };
+  if (team <= 1 || active < team || words > static_cast<size_t>(a.num_tokens)) return in_order();
+  std::vector<kvc_i64> share(static_cast<size_t>(team) + 1, active);  // member t: requests [share[t], share[t + 1])
+  share[0] = 0;
+  {
+    auto tokens = [&](kvc_i64 r) {
+      const kvc_i64 lo = std::max<kvc_i64>(a.write_offsets[r], 0), hi = std::min(a.write_offsets[r + 1], a.num_tokens);
+      return hi > lo ? hi - lo : 0;
+    };
+    kvc_i64 total = 0, seen = 0;
+    for (kvc_i64 r = 0; r < active; ++r) total += tokens(r);
+    int t = 1;
+    for (kvc_i64 r = 0; r < active && t < team; ++r) {
+      while (t < team && seen >= total / team * t + total % team * t / team) share[t++] = r;
+      seen += tokens(r);
+    }
+  }
+  std::vector<SlotMarks> marks(static_cast<size_t>(team), SlotMarks(words));
+  std::vector<std::vector<kvc::ViolationRow>> rows(static_cast<size_t>(team));
+  std::vector<unsigned long long> stored(static_cast<size_t>(team), 0);
+  parallel_ranges(team, team, [&](int t, kvc_i64, kvc_i64) {
+    std::vector<kvc::ViolationRow> block(kRowBlock);
+    int count = 0;
+    const kvc::Ring local{ring.launch_tag, &block[0].col[0], kRowBlock, &count, nullptr};
+    auto keep = [&] {  // a step appends 2 rows at most: the block is emptied before it can fill
+      if (count <= kRowBlock - 2) return;
+      rows[t].insert(rows[t].end(), block.begin(), block.begin() + count);
+      count = 0;
+    };
+    stored[t] = store_requests(a, in, hk, local, fp, link, prev_pos, share[t], share[t + 1], &marks[t], keep);
+    rows[t].insert(rows[t].end(), block.begin(), block.begin() + count);
+  });
+  if (SlotMarks::overlap(marks)) return in_order();
+  unsigned long long total = 0;
+  for (int t = 0; t < team; ++t) {
+    for (const auto& row : rows[t]) ring.append(row);
+    total += stored[t];
+  }
+  return total;
 }
 
 // The write in passes: every token's fingerprint (the bulk of the work: the K/V bytes; it reads
 // nothing the walk writes, so its tokens are split over the team); when the chains do not depend on
 // the launch's own stores (chains_independent), every request's chain folded apart (split over the
 // team by requests; between the fingerprints' blocks where the fold does not read them), then the
-// checks and stores in request order on this thread (in-batch duplicate slots and the ring want
-// request order); else the requests walked in order on this thread.
+// checks and stores in request order (store_in_order: shares of the requests over the team); else
+// the requests walked in order on this thread.
 inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write::Inputs& in,
                   const kvc::RealKvSources& kv, const kvc::Ring& ring) {
   atomicAdd(a.kernel_run_counter, 1ULL);  // every launch
@@ -848,7 +935,7 @@ inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write
         ChainFold(a, in, hk, fp, reqs.data(), lo, hi, link, prev_pos).step(-1);
       });
     }
-    stored = store_requests(a, in, hk, ring, fp, link, prev_pos);
+    stored = store_in_order(team, a, in, hk, ring, fp, link, prev_pos);
   } else {
     if (hk.sources == 0)
       for (size_t i = 0; i < tokens; ++i) fp[i] = 0;

@@ -221,3 +221,82 @@ def test_an_operation_whose_kernel_has_no_cpu_loop_runs_the_torch_reference(back
     compare(tree, "scatter", scatter, "cpu", ordered=True)
     compare(tree, "plan", plan, "cpu", ordered=True)
     compare(tree, "write", write, "cpu", ordered=True)
+
+
+def _continuing_write(rng: random.Random, fault: str, threads: int) -> dict:
+    """A large write continuing chains an earlier launch wrote (seeds, the position assert on), with
+    requests of 1 to thousands of tokens, seeds that the next request of the launch stores, and
+    `fault`: none (the position assert on or off), or what the write must report or order: a slot
+    stored twice (by one request, or by the two requests where two of `threads` threads' shares meet,
+    the later one's store first in time), a position or an input not as expected, one or every seed
+    out of range, a slot out of range."""
+    tree = kv_canary.generated
+    reqs = 2500 if fault == "every seed out of range" else 40  # a row per request: more than a block of rows
+    # long requests where a thread's share must outlast the start of the next thread, or rows must fill a block
+    long = {"slots twice far apart": (8000, 16000), "every position": (2000, 3000)}.get(fault, (100, 300))
+    lengths = [1 if reqs > 40 else rng.choice((1, 1, 2, rng.randint(3, 40), rng.randint(*long))) for _ in range(reqs)]
+    n = sum(lengths)
+    num_slots = 2 * n + reqs + 64
+    sources = scenarios.make_sources(rng, tree, num_slots, count=2)
+    ctx = kv_canary.allocate_context(num_slots=num_slots, ring_capacity=64, device="cpu", real_kv_sources=sources,
+                                     real_kv_hash_mode=kv_canary.RealKvHashMode.ALL)
+    ctx.enable_chain_position_assert.fill_(int(fault != "none, no position assert"))
+    order = (torch.randperm(num_slots - 1) + 1).tolist()
+    seeds, fresh = order[:reqs], order[reqs:reqs + n]
+    first = kv_canary.WritePlan.allocate(write_req_capacity=reqs, device="cpu")  # one token per request
+    first.write_offsets.copy_(torch.arange(reqs + 1))
+    first.write_seed_slot_indices.fill_(-1)
+    first.write_num_valid_reqs.fill_(reqs)
+    kv_canary.launch_canary_write_kernel(context=ctx, plan=first, input_ids=torch.randint(0, 1000, (reqs,)),
+                                         positions=torch.zeros(reqs, dtype=torch.int64),
+                                         out_cache_loc=torch.tensor(seeds), enable_write_input_assert=False,
+                                         backend="torch")
+    plan = kv_canary.WritePlan.allocate(write_req_capacity=reqs, device="cpu")
+    plan.write_offsets.copy_(torch.tensor([0] + lengths).cumsum(0))
+    plan.write_seed_slot_indices.copy_(torch.tensor(seeds))
+    plan.write_num_valid_reqs.fill_(reqs)
+    locs = torch.tensor(fresh)
+    starts = plan.write_offsets.tolist()
+    for k in range(reqs - 1):  # request k+1's first token stores request k's seed, after request k read it
+        locs[starts[k + 1]] = seeds[k]
+    positions = torch.cat([torch.arange(1, k + 1) for k in lengths])
+    tokens = torch.randint(0, 1000, (n,))
+    expected_tokens, expected_positions = tokens.clone(), positions.clone()
+    i = rng.randrange(1, n - 1)
+    if fault == "slot twice in a request":
+        j = rng.choice([k for k in range(1, n) if k not in starts])
+        locs[j] = locs[j - 1]
+    elif fault == "slots twice far apart":  # by the two requests where the threads' shares meet
+        for part in ([n * t // threads for t in range(1, threads)] or [n // 2]):
+            b = next(k for k in starts if k >= part)  # the first request of a share
+            locs[b - 1] = locs[b]
+    elif fault == "position":
+        positions[i] += 5
+    elif fault == "every position":  # a row for every token of the longest request: more than a block of rows
+        r = max(range(reqs), key=lambda k: lengths[k])
+        positions[starts[r]:starts[r + 1]] = 1
+    elif fault == "input":
+        expected_tokens[i] += 1
+    elif fault == "seed out of range":
+        plan.write_seed_slot_indices[rng.randrange(reqs)] = num_slots + 2
+    elif fault == "every seed out of range":
+        plan.write_seed_slot_indices.copy_(num_slots + 2 + torch.arange(reqs))  # rows that differ: in order
+    elif fault == "slot out of range":
+        locs[i] = num_slots
+    asserted = fault in ("none", "input")  # the input assert on, clean or not
+    return dict(context=ctx, plan=plan, input_ids=tokens, positions=positions, out_cache_loc=locs,
+                enable_write_input_assert=asserted, expected_input_tokens=expected_tokens if asserted else None,
+                expected_input_positions=expected_positions if asserted else None)
+
+
+@pytest.mark.parametrize("fault", ["none", "none, no position assert", "slot twice in a request", "slots twice far apart", "position", "every position", "input",
+                                   "seed out of range", "every seed out of range", "slot out of range"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_large_writes_split_over_threads_match_the_reference(backend, threads, fault):
+    """kvc_cpu.h's write of independent chains (chains_independent) folds them apart and stores its
+    requests on every thread (store_in_order): each thread a share of the requests, its rows through a
+    private ring appended in share order, a slot two shares store making the launch store again in
+    order on one thread. The reference's end state with each fault, on one, two and three threads."""
+    backend.set_threads(threads, grain=64)
+    rng = random.Random(hash((threads, fault)) & 0xFFFF)
+    compare(kv_canary.generated, "write", _continuing_write(rng, fault, threads), "cpu", ordered=True)

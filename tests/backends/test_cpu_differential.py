@@ -5,8 +5,9 @@ As many cases as the emulated suite (80 per kernel on the default schema, 20 on 
 schema, times KV_CANARY_CASES) as a default launch runs them (the scenarios' small launches stay
 on one thread), and a quarter of them split over three threads of one entry or more each (grain 1), so
 that the parallel paths (verify's private rings appended in entry order, the write's precomputed
-fingerprints, the plan entries' ranges) see every case too. Rings are compared exactly: the cpu
-backend appends in entry order, and walks write requests in order. Seeds are fixed (seed i = case i).
+fingerprints and its shares of stores, the plan entries' ranges) see every case too. Rings are
+compared exactly: the cpu backend appends in entry order, and write rows in request order. Seeds
+are fixed (seed i = case i).
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ def each_case(tree, kind: str, make, split: str) -> None:
 
 
 def test_write_matches_reference(any_tree, split):
-    # Requests are walked in order on one thread, so duplicates and in-batch seeds (overlap cases)
-    # are exact; only the fingerprints are computed in parallel.
+    # Duplicate slots and in-batch seeds (overlap cases) want request order: the stores of a split run
+    # go by shares of the requests (a slot two shares store: all again on one thread), or the
+    # requests are walked in order on one thread where a chain starts from the launch's own store.
     each_case(any_tree, "write",
               lambda rng, tree: scenarios.make_write_case(rng, tree, overlap=rng.random() < 0.5), split)
 
