@@ -915,6 +915,12 @@ inline void write(const Team& threads, const kvc_write::Args& a, const kvc_write
   // of the requests between the blocks of its share of the tokens: the fingerprints wait on memory,
   // the fold on the multiplier (measured on a 2-core Xeon, sequential slots: write PARTIAL 1.38 -> 1.28
   // ms, write ALL 1.85 -> 1.70 ms).
+  // (Tried for issue 31 and not kept, alternated against this form on a loaded 2-core Xeon, one thread,
+  // 65,536 tokens, best of each run: the stores trailing the fold between the fingerprints' blocks,
+  // slower: write PARTIAL in order 1.65-1.68 -> 1.87-1.97 ms, write ALL 2.01-2.10 -> 2.26-2.29 ms; the
+  // whole write in one pass, kChains requests' blocks of entries fingerprinted, folded, checked and
+  // stored at once (a slot stored twice or a row to report: stored again in order), slower too: 0.083
+  // -> 0.107 ms for 4,096 tokens in cache, write PARTIAL in order 1.72 -> 2.2 ms.)
   const bool between = independent && hk.sources > 0 && !folds_fingerprint(kvc::ChainFoldWords{});
   if (hk.sources > 0)
     parallel_ranges(team, a.num_tokens, [&](int t, kvc_i64 lo, kvc_i64 hi) {
