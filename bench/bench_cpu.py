@@ -7,8 +7,9 @@ the K/V rows, counted from the layout), as a fraction of a plain torch copy's ba
 + bytes written per second of `dst.copy_(src)` over 256 MiB) measured in the same run with the
 same number of threads, before and after the tables (the faster kept); at 1 thread and at every
 core this process may use, with the speed-up; the torch reference (one thread) beside it. Launches
-are bound once (Runtime.bind) and run again and again; each figure is the best of --repeats runs (a
-shared machine: the least disturbed run). The cpu backend's result
+are bound once (Runtime.bind) and run again and again; each figure is the best of --repeats runs and
+of as many more as fit in 0.3 s (a shared machine: the least disturbed run; the copies are sampled
+the same way). The cpu backend's result
 is checked against the reference's before anything is timed. A closing note says what PARTIAL's reads
 move in whole 64-byte lines (the table's counting stays the bytes the launch must read and write).
 Beside the plain copy, a copy of the same part of each K/V row the launches read (128 and 16 bytes of
@@ -119,10 +120,15 @@ def verify_case(mode: str, how: str) -> dict:
     return dict(context=ctx, plan=vplan, check_verify_expected_token=False)
 
 
-def best(fn, repeats: int) -> float:
+SPAN = 0.3  # seconds each figure is sampled for at least (a quiet spell of the shared machine is short)
+
+
+def best(fn, repeats: int, span: float = SPAN) -> float:
+    """The fastest of `repeats` runs of fn, and of more while `span` seconds have not passed."""
     fn()  # warm-up (first touch, caches)
     times = []
-    for _ in range(repeats):
+    end = time.perf_counter() + span
+    while len(times) < repeats or time.perf_counter() < end:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
@@ -217,7 +223,7 @@ def table(how: str, counts: list, cpu, repeats: int) -> list:
             case = make(mode, how)
             check_equal(launch, case)
             ref = RT.bind(launch, **scenarios.clone_case(case), backend="torch")
-            t_ref = best(ref.run, max(2, repeats // 3))
+            t_ref = best(ref.run, max(2, repeats // 3), span=0)
             times = {}
             for n in counts:
                 cpu.set_threads(n)
