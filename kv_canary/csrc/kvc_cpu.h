@@ -844,7 +844,9 @@ inline unsigned long long store_requests(const kvc_write::Args& a, const kvc_wri
 // by two requests must hold the later one's record: a member stores its own requests in order, and a
 // slot two members store (their marks overlap: a launch that stores a slot twice, which the engine
 // does not do) has every request stored again in order on this thread, before any row is appended.
-// One thread, or a pool too large for the marks: in order on this thread.
+// One thread, or a pool too large for the marks (more words of them than tokens): in order on this
+// thread. (Measured on a 2-core Xeon, 65,536 tokens in 32 requests: 228 us of stores on one thread,
+// 191 us on two, a thread's start included: ~40-70 us.)
 inline unsigned long long store_in_order(int team, const kvc_write::Args& a, const kvc_write::Inputs& in,
                                          const HostKv& hk, const kvc::Ring& ring, const kvc_u64* fp,
                                          const kvc_u64* link, const kvc_u64* prev_pos) {
