@@ -13,7 +13,8 @@ the same way). The cpu backend's result
 is checked against the reference's before anything is timed. A closing note says what PARTIAL's reads
 move in whole 64-byte lines (the table's counting stays the bytes the launch must read and write).
 Beside the plain copy, a copy of the same part of each K/V row the launches read (128 and 16 bytes of
-each 256-byte row) says what memory gives that access pattern, as a fraction of the plain copy.
+each 256-byte row): what a plain copy reaches on that access pattern, as a fraction of its rate on
+whole rows (the 16-byte copy pays a per-row cost too, not only its lines).
 
 Slots: the write stores 32 requests x 2,048 tokens and the verify walks one chain of 65,536 entries,
 first at the pool's slots in order (a fresh pool, or pages of consecutive slots: rows stream), then at
@@ -149,8 +150,8 @@ def copy_bandwidth(threads: int, repeats: int) -> float:
 
 def row_copy_bandwidth(threads: int, width: int, repeats: int) -> float:
     """Bytes read + written per second by a torch copy of the first `width` bytes of each ROW_BYTES row
-    (256 MiB of rows): the K/V reads' access pattern, which the hardware serves in whole lines and
-    prefetches past (a copy of part of each row is no faster per row than of all of it)."""
+    (256 MiB of rows): the K/V reads' access pattern, which memory serves in whole lines and the
+    prefetchers read past."""
     saved = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
