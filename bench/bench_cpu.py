@@ -9,9 +9,9 @@ same number of threads, before and after the tables (the faster kept); at 1 thre
 core this process may use, with the speed-up; the torch reference (one thread) beside it. Launches
 are bound once (Runtime.bind) and run again and again; each figure is the best of --repeats runs and
 of as many more as fit in 0.3 s (a shared machine: the least disturbed run; the copies are sampled
-the same way). The cpu backend's result
-is checked against the reference's before anything is timed. A closing note says what PARTIAL's reads
-move in whole 64-byte lines (the table's counting stays the bytes the launch must read and write).
+the same way). The cpu backend's result is checked against the reference's before anything is
+timed. A closing note says what PARTIAL's reads move in whole 64-byte lines (the table's counting
+stays the bytes the launch must read and write).
 Beside the plain copy, a copy of the same part of each K/V row the launches read (128 and 16 bytes of
 each 256-byte row): what a plain copy reaches on that access pattern, as a fraction of its rate on
 whole rows (the 16-byte copy pays a per-row cost too, not only its lines).
