@@ -379,10 +379,10 @@ def test_a_source_without_layout_fields_reads_packed_rows():
 
 # -- random layouts through the differential cases ----------------------------------------------------
 @pytest.mark.parametrize("kind", ("write", "verify"))
-def test_random_layouts_match_the_oracle_and_the_emulated_kernels(kind):
+def test_random_layouts_match_the_oracle_and_the_host_kernels(kind):
     """Random batches over sources of which about half keep their bytes another way
-    (scenarios.layout_source): the torch reference against the scalar oracle, the emulated kernels
-    against the reference."""
+    (scenarios.layout_source): the torch reference against the scalar oracle, the emulated and the
+    cpu kernels against the reference."""
     import random
 
     from support import budget, kernel_diff, scenarios
@@ -399,6 +399,22 @@ def test_random_layouts_match_the_oracle_and_the_emulated_kernels(kind):
         scenarios.compare_state(ref, oracle)
         if shutil.which("g++"):
             kernel_diff.compare(kv_canary.generated, kind, case, "emulated", ordered=kind == "write")
+            kernel_diff.compare(kv_canary.generated, kind, case, "cpu", ordered=True)
+
+
+@needs_gxx
+@pytest.mark.parametrize("kind", ("write", "verify"))
+def test_random_layouts_on_the_cpu_backend_match_the_reference(kind):
+    """More of those batches, larger, for the cpu backend alone (it reads a source that is not one run
+    through a list of offsets made per launch, kvc_cpu.h Pieces; kLanes slots at a time)."""
+    import random
+
+    from support import budget, kernel_diff, scenarios
+
+    make = getattr(scenarios, f"make_{kind}_case")
+    for seed in range(budget.cases(60)):
+        case = make(random.Random(1000 + seed), kv_canary.generated, layouts=True)
+        kernel_diff.compare(kv_canary.generated, kind, case, "cpu", ordered=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
