@@ -208,9 +208,7 @@ inline void add_pieces(const kvc::RealKvSources& kv, int s, int n, Pieces& g) {
       const int c = o / cb;
       g.offset.push_back(q + kvc::real_kv_chunk_offset(kv, s, c) + (o - c * cb));
     } else {
-      for (int k = 0; k < kWord / cb; ++k)
-        g.offset.push_back(kv.chunk_group_size[s] == 0 ? q + (o / cb) * kv.chunk_stride_bytes[s] + k * kv.chunk_stride_bytes[s]
-                                                       : q + kvc::real_kv_chunk_offset(kv, s, o / cb + k));
+      for (int k = 0; k < kWord / cb; ++k) g.offset.push_back(q + kvc::real_kv_chunk_offset(kv, s, o / cb + k));
     }
   }
 }
@@ -457,12 +455,12 @@ inline void load_piece_words(const unsigned char* const* p, const kvc_i64* off, 
 inline void piece_fingerprints(const HostKv& hk, const kvc_i64* slots, kvc_i64 n, kvc_u64* out) {
   const Pieces& g = hk.pieces;
   for (kvc_i64 k0 = 0; k0 < n; k0 += kLanes) {
-    kvc_i64 slot[kLanes];  // the last ones padded with a copy (its fingerprint is dropped)
+    kvc_i64 slot[kLanes];  // the last ones padded with a copy (their fingerprints are dropped)
     for (int j = 0; j < kLanes; ++j) slot[j] = slots[k0 + j < n ? k0 + j : n - 1];
     Lanes total = {};
     for (int s = 0; s < hk.sources; ++s) {
       const unsigned char* p[kLanes];
-      for (int j = 0; j < kLanes; ++j) p[j] = kvc::real_kv_slot(*hk.kv, s, slot[j]);
+      for (int j = 0; j < kLanes; ++j) p[j] = hk.row(s, slot[j]);
       const kvc_i64* off = g.offset.data() + g.first[s];
       const int per = g.per_word[s];
       Lanes h = {};
